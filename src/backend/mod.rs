@@ -1,0 +1,64 @@
+//! Where bucket state lives: one trait, an in-process [`memory`] backend and a shared [`redis`] one.
+//!
+//! Both evaluate every bucket of one request in one atomic step with the arithmetic of
+//! [`crate::algorithm::token_bucket`]; `tests/conformance.rs` runs one suite against each so they
+//! cannot drift.
+
+pub mod memory;
+pub mod redis;
+
+use std::future::Future;
+
+use crate::algorithm::{BucketParams, Demand, Verdict};
+
+/// One bucket touched by a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hit {
+    /// Full storage key from [`crate::key`]; distinct within one call.
+    pub key: String,
+    pub demand: Demand,
+}
+
+impl Hit {
+    pub fn new(key: impl Into<String>, params: BucketParams, tokens: u64) -> Self {
+        Hit {
+            key: key.into(),
+            demand: Demand {
+                params,
+                tokens,
+                refund: false,
+                shadow: false,
+            },
+        }
+    }
+}
+
+/// Why a backend could not decide. Mapped to the failure policy by the resilience layer and to a
+/// gRPC status at the edge.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum BackendError {
+    #[error("backend call timed out after {0} ms")]
+    Timeout(u64),
+    #[error("backend unavailable: {0}")]
+    Unavailable(String),
+    #[error("backend protocol error: {0}")]
+    Protocol(String),
+    #[error("backend circuit breaker is open")]
+    CircuitOpen,
+    #[error("backend overloaded: {0}")]
+    Overloaded(String),
+}
+
+/// A store of token buckets.
+pub trait Backend: Send + Sync + 'static {
+    /// Decides all `hits` of one request. Keys are distinct. Atomic for hits that share a storage
+    /// shard (all of them in memory and standalone Redis; those of one slot in Redis Cluster).
+    /// Returns one verdict per hit, in order.
+    fn check(&self, hits: &[Hit]) -> impl Future<Output = Result<Vec<Verdict>, BackendError>> + Send;
+
+    /// Short name for logs and metrics (`memory`, `redis`).
+    fn name(&self) -> &'static str;
+
+    /// A cheap end-to-end health probe (for Redis: the script itself, not just PING).
+    fn probe(&self) -> impl Future<Output = Result<(), BackendError>> + Send;
+}

@@ -1,0 +1,3 @@
+//! Storage keys: `<prefix>{<domain>|<first entry>}<rest>`, injective and hash-tagged.
+//!
+//! OWNER: algorithm/memory helper.

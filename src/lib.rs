@@ -1,0 +1,30 @@
+//! sluice — an Envoy external rate-limit service (`envoy.service.ratelimit.v3.RateLimitService`).
+//!
+//! Every replica checks and updates one shared token bucket per client in Redis through one atomic
+//! Lua script that refills against Redis's clock, so a limit means the same at 2 replicas or 200.
+//! Without Redis it runs on an embedded in-memory backend with identical semantics.
+//!
+//! Crate map (pure core, thin edges):
+//!
+//! - [`rule`]: compiled rule types — units, rates, failure modes.
+//! - [`request`]: a validated rate-limit request in plain Rust.
+//! - [`config`]: YAML model, validation with file:line errors, loading a file or directory.
+//! - [`descriptor`]: compiled descriptor tree; request entries → the rule they reach.
+//! - [`key`]: the storage key of a bucket: injective, hash-tagged for Redis Cluster.
+//! - [`algorithm`]: pure token-bucket arithmetic; time is an argument.
+//! - [`clock`]: injected time, so tests step it.
+//! - [`backend`]: the `Backend` trait; `memory` and `redis` implementations.
+//! - [`limiter`]: request → rules → one backend call → [`limiter::Decision`].
+//! - [`service`]: the tonic `RateLimitService` adapter: protobuf in, protobuf + headers out.
+//! - [`admin`]: HTTP admin — health, readiness, active config.
+//! - [`settings`]: CLI flags and environment → [`settings::Settings`].
+//! - [`server`]: `run(settings, shutdown)` — wires the pieces and serves.
+
+pub mod algorithm;
+pub mod backend;
+pub mod clock;
+pub mod config;
+pub mod descriptor;
+pub mod key;
+pub mod request;
+pub mod rule;

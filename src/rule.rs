@@ -1,0 +1,205 @@
+//! Compiled rules: what a descriptor config says about one bucket.
+//!
+//! Produced by [`crate::config`], found by [`crate::descriptor`], consumed by
+//! [`crate::limiter`]. Plain data, no behaviour beyond unit arithmetic.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::algorithm::BucketParams;
+
+/// A rate-limit time unit, with envoyproxy/ratelimit's lengths (a month is 30 days, a year 365).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Unit {
+    Second,
+    Minute,
+    Hour,
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+impl Unit {
+    pub const ALL: [Unit; 7] = [
+        Unit::Second,
+        Unit::Minute,
+        Unit::Hour,
+        Unit::Day,
+        Unit::Week,
+        Unit::Month,
+        Unit::Year,
+    ];
+
+    pub const fn seconds(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+            Unit::Week => 7 * 86_400,
+            Unit::Month => 30 * 86_400,
+            Unit::Year => 365 * 86_400,
+        }
+    }
+
+    pub const fn millis(self) -> u64 {
+        self.seconds() * 1_000
+    }
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
+        }
+    }
+
+    /// Parses a config spelling; envoyproxy/ratelimit configs use upper case (`SECOND`), so case is ignored.
+    pub fn parse(s: &str) -> Option<Unit> {
+        Unit::ALL.into_iter().find(|u| u.as_str().eq_ignore_ascii_case(s))
+    }
+
+    /// From Envoy's `RateLimitUnit` enum value (`envoy.type.v3.RateLimitUnit`); UNKNOWN (0) is `None`.
+    pub const fn from_proto(value: i32) -> Option<Unit> {
+        match value {
+            1 => Some(Unit::Second),
+            2 => Some(Unit::Minute),
+            3 => Some(Unit::Hour),
+            4 => Some(Unit::Day),
+            5 => Some(Unit::Month),
+            6 => Some(Unit::Year),
+            7 => Some(Unit::Week),
+            _ => None,
+        }
+    }
+
+    pub const fn to_proto(self) -> i32 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 2,
+            Unit::Hour => 3,
+            Unit::Day => 4,
+            Unit::Month => 5,
+            Unit::Year => 6,
+            Unit::Week => 7,
+        }
+    }
+}
+
+impl fmt::Display for Unit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A token bucket's size and refill: `requests_per_unit` tokens per `unit`, holding at most
+/// `burst` (default `requests_per_unit`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct RateLimit {
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
+}
+
+impl RateLimit {
+    pub const fn capacity(&self) -> u64 {
+        match self.burst {
+            Some(b) => b as u64,
+            None => self.requests_per_unit as u64,
+        }
+    }
+
+    pub const fn bucket(&self) -> BucketParams {
+        BucketParams {
+            capacity: self.capacity(),
+            requests_per_unit: self.requests_per_unit as u64,
+            unit_ms: self.unit.millis(),
+        }
+    }
+}
+
+/// What a rule limits to: a bucket, or nothing (`unlimited: true`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Limit {
+    Unlimited,
+    Bucket(RateLimit),
+}
+
+/// What to answer when the shared backend cannot be asked.
+///
+/// The default is `Error`: like envoyproxy/ratelimit, the RPC fails with UNAVAILABLE and Envoy's
+/// own `failure_mode_deny` decides, so switching to sluice changes nothing until an operator opts in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailureMode {
+    /// Answer OK.
+    Open,
+    /// Answer OVER_LIMIT.
+    Closed,
+    /// Decide with an in-process bucket of limit / live replicas.
+    Local,
+    /// Fail the RPC with UNAVAILABLE.
+    #[default]
+    Error,
+}
+
+impl FailureMode {
+    pub fn parse(s: &str) -> Option<FailureMode> {
+        match s.to_ascii_lowercase().as_str() {
+            "open" => Some(FailureMode::Open),
+            "closed" => Some(FailureMode::Closed),
+            "local" => Some(FailureMode::Local),
+            "error" => Some(FailureMode::Error),
+            _ => None,
+        }
+    }
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FailureMode::Open => "open",
+            FailureMode::Closed => "closed",
+            FailureMode::Local => "local",
+            FailureMode::Error => "error",
+        }
+    }
+}
+
+/// Dense index of a rule within one loaded config (stable for the life of that config only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct RuleId(pub u32);
+
+/// One configured descriptor that carries a `rate_limit`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Rule {
+    pub id: RuleId,
+    pub domain: Arc<str>,
+    /// Dotted config path, as envoyproxy/ratelimit names its stats: `domain.key_value.key`
+    /// (a wildcard value keeps its `*`). Used as the metric label.
+    pub path: Arc<str>,
+    /// `rate_limit.name`, the handle `replaces` refers to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<Arc<str>>,
+    pub limit: Limit,
+    pub shadow_mode: bool,
+    pub detailed_metric: bool,
+    /// Tokens per hit (weighted endpoints); at least 1.
+    pub cost: u64,
+    /// Descriptor override, else the domain's; `None` means the global default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure_mode: Option<FailureMode>,
+    /// Names of rules this one replaces when both match one request.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub replaces: Vec<Arc<str>>,
+    /// YAML source location (`file:line`) of the descriptor, for `explain` and diagnostics.
+    pub source: Arc<str>,
+}
