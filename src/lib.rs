@@ -17,14 +17,23 @@
 //! - [`limiter`]: request → rules → one backend call → [`limiter::Decision`].
 //! - [`service`]: the tonic `RateLimitService` adapter: protobuf in, protobuf + headers out.
 //! - [`admin`]: HTTP admin — health, readiness, active config.
+//! - [`telemetry`]: logging setup (stderr, text or JSON).
+//! - [`cli`]: the `check-config` subcommand's output and exit code.
 //! - [`settings`]: CLI flags and environment → [`settings::Settings`].
 //! - [`server`]: `run(settings, shutdown)` — wires the pieces and serves.
 
+pub mod admin;
 pub mod algorithm;
 pub mod backend;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod descriptor;
 pub mod key;
+pub mod limiter;
 pub mod request;
 pub mod rule;
+pub mod server;
+pub mod service;
+pub mod settings;
+pub mod telemetry;

@@ -62,3 +62,18 @@ pub trait Backend: Send + Sync + 'static {
     /// A cheap end-to-end health probe (for Redis: the script itself, not just PING).
     fn probe(&self) -> impl Future<Output = Result<(), BackendError>> + Send;
 }
+
+/// Shared ownership of a backend (the server keeps a handle for its sweeper and probes).
+impl<B: Backend> Backend for std::sync::Arc<B> {
+    fn check(&self, hits: &[Hit]) -> impl Future<Output = Result<Vec<Verdict>, BackendError>> + Send {
+        B::check(self, hits)
+    }
+
+    fn name(&self) -> &'static str {
+        B::name(self)
+    }
+
+    fn probe(&self) -> impl Future<Output = Result<(), BackendError>> + Send {
+        B::probe(self)
+    }
+}

@@ -1,0 +1,86 @@
+//! Admin HTTP: liveness, readiness and the active config. Read-only by design: nothing here
+//! changes state, so exposing the port leaks at most the config.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use arc_swap::ArcSwap;
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Json};
+use axum::routing::get;
+
+use crate::config::Config;
+
+/// Readiness inputs, flipped by the server as it starts, degrades and drains.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    config_loaded: AtomicBool,
+    backend_ready: AtomicBool,
+    draining: AtomicBool,
+}
+
+impl Readiness {
+    pub fn set_config_loaded(&self, v: bool) {
+        self.config_loaded.store(v, Ordering::SeqCst);
+    }
+    pub fn set_backend_ready(&self, v: bool) {
+        self.backend_ready.store(v, Ordering::SeqCst);
+    }
+    pub fn set_draining(&self, v: bool) {
+        self.draining.store(v, Ordering::SeqCst);
+    }
+    pub fn is_ready(&self) -> bool {
+        self.config_loaded.load(Ordering::SeqCst)
+            && self.backend_ready.load(Ordering::SeqCst)
+            && !self.draining.load(Ordering::SeqCst)
+    }
+    fn reasons(&self) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        if !self.config_loaded.load(Ordering::SeqCst) {
+            out.push("config not loaded");
+        }
+        if !self.backend_ready.load(Ordering::SeqCst) {
+            out.push("backend not ready");
+        }
+        if self.draining.load(Ordering::SeqCst) {
+            out.push("draining");
+        }
+        out
+    }
+}
+
+/// What the admin handlers read.
+#[derive(Clone)]
+pub struct AdminState {
+    pub config: Arc<ArcSwap<Config>>,
+    pub readiness: Arc<Readiness>,
+}
+
+pub fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/config", get(config))
+        .with_state(state)
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
+    if state.readiness.is_ready() {
+        (StatusCode::OK, "ready\n".to_string())
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {}\n", state.readiness.reasons().join(", ")),
+        )
+    }
+}
+
+async fn config(State(state): State<AdminState>) -> Json<serde_json::Value> {
+    Json(state.config.load().to_json())
+}

@@ -1,0 +1,281 @@
+//! Wiring: settings → config, backend, limiter, gRPC and admin listeners → serve until shutdown.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::admin::{self, AdminState, Readiness};
+use crate::backend::Backend;
+use crate::backend::memory::{MemoryBackend, MemoryOptions};
+use crate::clock::MonotonicClock;
+use crate::config::{self, Config, ConfigErrors};
+use crate::limiter::{Limiter, LimiterOptions};
+use crate::service::{HeaderOptions, RateLimitGrpc, RequestBounds};
+use crate::settings::{BackendKind, Settings};
+
+/// Hard ceiling tonic enforces before our own `max_message_bytes` check can name the field.
+const TRANSPORT_MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
+
+/// Why the service could not start or stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("invalid config:\n{0}")]
+    Config(#[from] ConfigErrors),
+    #[error("invalid setting: {0}")]
+    Setting(String),
+    #[error("cannot bind {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("backend: {0}")]
+    Backend(String),
+    #[error("gRPC server: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+}
+
+/// A started service: its bound addresses and a handle to stop it.
+pub struct Running {
+    pub grpc_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub readiness: Arc<Readiness>,
+    pub config: Arc<ArcSwap<Config>>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<Result<(), ServeError>>,
+}
+
+impl Running {
+    /// Stops accepting, lets in-flight calls finish (up to the drain timeout), and waits.
+    pub async fn shutdown(self) -> Result<(), ServeError> {
+        let _ = self.stop.send(true);
+        self.wait().await
+    }
+
+    /// Waits until the service stops by itself or through [`Running::shutdown`].
+    pub async fn wait(self) -> Result<(), ServeError> {
+        match self.task.await {
+            Ok(result) => result,
+            Err(join) => Err(ServeError::Backend(format!("server task failed: {join}"))),
+        }
+    }
+}
+
+/// Runs the service until `shutdown` resolves, then drains.
+pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
+    let running = start(settings).await?;
+    println!(
+        "sluice ready grpc={} admin={}",
+        running.grpc_addr, running.admin_addr
+    );
+    let Running { stop, mut task, .. } = running;
+    let joined = tokio::select! {
+        joined = &mut task => joined,
+        () = shutdown => {
+            let _ = stop.send(true);
+            task.await
+        }
+    };
+    joined.map_err(|e| ServeError::Backend(format!("server task failed: {e}")))?
+}
+
+/// Loads the config, connects the backend, binds both listeners and starts serving.
+pub async fn start(settings: Settings) -> Result<Running, ServeError> {
+    if settings.key_prefix.contains(['{', '}']) {
+        return Err(ServeError::Setting(
+            "--key-prefix must not contain `{` or `}` (they would move the Redis Cluster hash tag)"
+                .into(),
+        ));
+    }
+    let loaded = config::load_path(&settings.config)?;
+    tracing::info!(
+        path = %settings.config.display(),
+        summary = %loaded.summary(),
+        "config loaded"
+    );
+    let config = Arc::new(ArcSwap::from_pointee(loaded));
+
+    match settings.backend {
+        BackendKind::Memory => {
+            let backend = Arc::new(MemoryBackend::new(
+                Arc::new(MonotonicClock::new()),
+                MemoryOptions {
+                    max_buckets: settings.memory_max_buckets,
+                    ..MemoryOptions::default()
+                },
+            ));
+            let sweeper = backend.spawn_sweeper(Duration::from_secs(1));
+            let running = serve(settings, config, backend).await;
+            if running.is_err() {
+                sweeper.abort();
+            }
+            running
+        }
+        BackendKind::Redis => {
+            let backend = crate::backend::redis::connect_from_settings(&settings)
+                .await
+                .map_err(|e| ServeError::Backend(e.to_string()))?;
+            serve(settings, config, backend).await
+        }
+    }
+}
+
+async fn serve<B: Backend>(
+    settings: Settings,
+    config: Arc<ArcSwap<Config>>,
+    backend: B,
+) -> Result<Running, ServeError> {
+    let readiness = Arc::new(Readiness::default());
+    readiness.set_config_loaded(true);
+    readiness.set_backend_ready(backend.probe().await.is_ok());
+
+    let limiter = Arc::new(Limiter::new(
+        config.clone(),
+        backend,
+        LimiterOptions {
+            key_prefix: settings.key_prefix.clone(),
+            default_failure_mode: settings.failure_mode.into(),
+        },
+    ));
+    let service = RateLimitGrpc::new(
+        limiter,
+        RequestBounds {
+            max_message_bytes: settings.max_message_bytes,
+            max_descriptors: settings.max_descriptors,
+            max_entries: settings.max_entries,
+            max_key_bytes: settings.max_key_bytes,
+            max_value_bytes: settings.max_value_bytes,
+        },
+        HeaderOptions {
+            enabled: settings.response_headers,
+            limit: settings.header_limit.clone(),
+            remaining: settings.header_remaining.clone(),
+            reset: settings.header_reset.clone(),
+            retry_after: settings.header_retry_after.clone(),
+        },
+    );
+
+    let grpc_listener = bind(settings.grpc_addr).await?;
+    let admin_listener = bind(settings.admin_addr).await?;
+    let grpc_addr = local_addr(&grpc_listener, settings.grpc_addr)?;
+    let admin_addr = local_addr(&admin_listener, settings.admin_addr)?;
+
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    let rls_name = <RateLimitServiceServer<RateLimitGrpc<B>> as tonic::server::NamedService>::NAME;
+    health_reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    health_reporter
+        .set_service_status(rls_name, tonic_health::ServingStatus::Serving)
+        .await;
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let admin_router = admin::router(AdminState {
+        config: config.clone(),
+        readiness: readiness.clone(),
+    });
+    let mut admin_stop = stop_rx.clone();
+    let admin_task = tokio::spawn(async move {
+        let result = axum::serve(admin_listener, admin_router)
+            .with_graceful_shutdown(async move {
+                let _ = admin_stop.wait_for(|s| *s).await;
+            })
+            .await;
+        if let Err(e) = result {
+            tracing::error!(error = %e, "admin server failed");
+        }
+    });
+
+    let rls = RateLimitServiceServer::new(service)
+        .max_decoding_message_size(TRANSPORT_MAX_MESSAGE_BYTES);
+    let drain = settings.drain_timeout;
+    let drain_readiness = readiness.clone();
+    let mut grpc_stop = stop_rx.clone();
+    let task = tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = grpc_stop.wait_for(|s| *s).await;
+            drain_readiness.set_draining(true);
+            health_reporter
+                .set_service_status("", tonic_health::ServingStatus::NotServing)
+                .await;
+            health_reporter
+                .set_service_status(rls_name, tonic_health::ServingStatus::NotServing)
+                .await;
+            tracing::info!("shutting down: no new connections, draining in-flight calls");
+        };
+        let server = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            .tcp_nodelay(true)
+            .add_service(health_service)
+            .add_service(rls)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), shutdown);
+        let mut drain_stop = stop_rx.clone();
+        let result = tokio::select! {
+            r = server => r.map_err(ServeError::from),
+            () = async move {
+                let _ = drain_stop.wait_for(|s| *s).await;
+                tokio::time::sleep(drain).await;
+            } => {
+                tracing::warn!(?drain, "drain timeout reached; closing remaining calls");
+                Ok(())
+            }
+        };
+        let _ = admin_task.await;
+        result
+    });
+
+    Ok(Running {
+        grpc_addr,
+        admin_addr,
+        readiness,
+        config,
+        stop: stop_tx,
+        task,
+    })
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })
+}
+
+fn local_addr(listener: &TcpListener, addr: SocketAddr) -> Result<SocketAddr, ServeError> {
+    listener
+        .local_addr()
+        .map_err(|source| ServeError::Bind { addr, source })
+}
+
+/// Resolves on SIGTERM or SIGINT (Ctrl-C).
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("SIGINT received"),
+        () = term => tracing::info!("SIGTERM received"),
+    }
+}

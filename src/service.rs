@@ -1,0 +1,318 @@
+//! The tonic adapter for `envoy.service.ratelimit.v3.RateLimitService`: validate and convert the
+//! protobuf request, delegate to the [`Limiter`], convert the [`Decision`] back with headers.
+//!
+//! No decisions are made here; this module only translates.
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code as PbCode, DescriptorStatus, RateLimit as PbRateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use prost::Message;
+use tonic::{Request, Response, Status as GrpcStatus};
+
+use crate::backend::{Backend, BackendError};
+use crate::limiter::{Code, Decision, LimitError, Limiter, Status};
+use crate::request::{Entry, LimitOverride, LimitRequest, RequestDescriptor};
+use crate::rule::Unit;
+
+/// Size bounds on incoming requests; anything larger is `INVALID_ARGUMENT`.
+#[derive(Clone, Debug)]
+pub struct RequestBounds {
+    pub max_message_bytes: usize,
+    pub max_descriptors: usize,
+    pub max_entries: usize,
+    pub max_key_bytes: usize,
+    pub max_value_bytes: usize,
+}
+
+impl Default for RequestBounds {
+    fn default() -> Self {
+        RequestBounds {
+            max_message_bytes: 64 * 1024,
+            max_descriptors: 64,
+            max_entries: 32,
+            max_key_bytes: 256,
+            max_value_bytes: 4096,
+        }
+    }
+}
+
+/// Which rate-limit headers to add to the response, and their names.
+#[derive(Clone, Debug)]
+pub struct HeaderOptions {
+    pub enabled: bool,
+    pub limit: String,
+    pub remaining: String,
+    pub reset: String,
+    pub retry_after: String,
+}
+
+impl Default for HeaderOptions {
+    fn default() -> Self {
+        HeaderOptions {
+            enabled: true,
+            limit: "x-ratelimit-limit".into(),
+            remaining: "x-ratelimit-remaining".into(),
+            reset: "x-ratelimit-reset".into(),
+            retry_after: "retry-after".into(),
+        }
+    }
+}
+
+/// The gRPC service object.
+pub struct RateLimitGrpc<B> {
+    limiter: Arc<Limiter<B>>,
+    bounds: RequestBounds,
+    headers: HeaderOptions,
+}
+
+impl<B> RateLimitGrpc<B> {
+    pub fn new(limiter: Arc<Limiter<B>>, bounds: RequestBounds, headers: HeaderOptions) -> Self {
+        RateLimitGrpc {
+            limiter,
+            bounds,
+            headers,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl<B: Backend> RateLimitService for RateLimitGrpc<B> {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, GrpcStatus> {
+        let request = to_limit_request(request.into_inner(), &self.bounds)?;
+        let decision = self.limiter.decide(&request).await.map_err(to_grpc_status)?;
+        Ok(Response::new(to_response(&decision, &self.headers)))
+    }
+}
+
+/// Validates a protobuf request and converts it. Every error names the offending field.
+pub fn to_limit_request(
+    request: RateLimitRequest,
+    bounds: &RequestBounds,
+) -> Result<LimitRequest, GrpcStatus> {
+    let size = request.encoded_len();
+    if size > bounds.max_message_bytes {
+        return Err(invalid(format!(
+            "message: {size} bytes exceed the limit of {}",
+            bounds.max_message_bytes
+        )));
+    }
+    if request.domain.is_empty() {
+        return Err(invalid("domain: must not be empty".into()));
+    }
+    if request.descriptors.is_empty() {
+        return Err(invalid(
+            "descriptors: at least one descriptor is required".into(),
+        ));
+    }
+    if request.descriptors.len() > bounds.max_descriptors {
+        return Err(invalid(format!(
+            "descriptors: {} descriptors exceed the limit of {}",
+            request.descriptors.len(),
+            bounds.max_descriptors
+        )));
+    }
+    let mut descriptors = Vec::with_capacity(request.descriptors.len());
+    for (i, d) in request.descriptors.into_iter().enumerate() {
+        if d.entries.is_empty() {
+            return Err(invalid(format!(
+                "descriptors[{i}].entries: at least one entry is required"
+            )));
+        }
+        if d.entries.len() > bounds.max_entries {
+            return Err(invalid(format!(
+                "descriptors[{i}].entries: {} entries exceed the limit of {}",
+                d.entries.len(),
+                bounds.max_entries
+            )));
+        }
+        let mut entries = Vec::with_capacity(d.entries.len());
+        for (j, e) in d.entries.into_iter().enumerate() {
+            if e.key.is_empty() {
+                return Err(invalid(format!(
+                    "descriptors[{i}].entries[{j}].key: must not be empty"
+                )));
+            }
+            if e.key.len() > bounds.max_key_bytes {
+                return Err(invalid(format!(
+                    "descriptors[{i}].entries[{j}].key: {} bytes exceed the limit of {}",
+                    e.key.len(),
+                    bounds.max_key_bytes
+                )));
+            }
+            if e.value.len() > bounds.max_value_bytes {
+                return Err(invalid(format!(
+                    "descriptors[{i}].entries[{j}].value: {} bytes exceed the limit of {}",
+                    e.value.len(),
+                    bounds.max_value_bytes
+                )));
+            }
+            entries.push(Entry {
+                key: e.key,
+                value: e.value,
+            });
+        }
+        let limit_override = match d.limit {
+            None => None,
+            Some(l) => {
+                let unit = Unit::from_proto(l.unit).ok_or_else(|| {
+                    invalid(format!(
+                        "descriptors[{i}].limit.unit: {} is not a valid unit (UNKNOWN or unrecognised)",
+                        l.unit
+                    ))
+                })?;
+                if l.requests_per_unit == 0 {
+                    return Err(invalid(format!(
+                        "descriptors[{i}].limit.requests_per_unit: must be at least 1"
+                    )));
+                }
+                Some(LimitOverride {
+                    requests_per_unit: l.requests_per_unit,
+                    unit,
+                })
+            }
+        };
+        descriptors.push(RequestDescriptor {
+            entries,
+            limit_override,
+            hits_addend: d.hits_addend.map(|h| h.value),
+            is_negative_hits: d.is_negative_hits,
+        });
+    }
+    Ok(LimitRequest {
+        domain: request.domain,
+        descriptors,
+        hits_addend: u64::from(request.hits_addend),
+    })
+}
+
+fn invalid(message: String) -> GrpcStatus {
+    GrpcStatus::invalid_argument(message)
+}
+
+/// UNAVAILABLE, not UNKNOWN or INTERNAL: Envoy's ratelimit filter treats any error as a failed
+/// call and applies its `failure_mode_deny`, and UNAVAILABLE tells operators and retry policies
+/// that the condition is transient and lies in the backend.
+pub fn to_grpc_status(error: LimitError) -> GrpcStatus {
+    match error {
+        LimitError::Unavailable(BackendError::Overloaded(m)) => GrpcStatus::resource_exhausted(m),
+        LimitError::Unavailable(e) => GrpcStatus::unavailable(e.to_string()),
+    }
+}
+
+/// Converts a decision to Envoy's response, with rate-limit headers when enabled.
+pub fn to_response(decision: &Decision, headers: &HeaderOptions) -> RateLimitResponse {
+    let statuses = decision.statuses.iter().map(to_descriptor_status).collect();
+    let response_headers_to_add = if headers.enabled {
+        rate_limit_headers(decision, headers)
+    } else {
+        Vec::new()
+    };
+    RateLimitResponse {
+        overall_code: to_code(decision.overall) as i32,
+        statuses,
+        response_headers_to_add,
+        ..Default::default()
+    }
+}
+
+fn to_code(code: Code) -> PbCode {
+    match code {
+        Code::Ok => PbCode::Ok,
+        Code::OverLimit => PbCode::OverLimit,
+    }
+}
+
+fn to_descriptor_status(status: &Status) -> DescriptorStatus {
+    DescriptorStatus {
+        code: to_code(status.code) as i32,
+        current_limit: status.limit.as_ref().map(|l| PbRateLimit {
+            name: l.name.as_deref().unwrap_or_default().to_string(),
+            requests_per_unit: l.requests_per_unit,
+            unit: l.unit.to_proto(),
+        }),
+        limit_remaining: status.remaining.min(u32::MAX as u64) as u32,
+        duration_until_reset: status.limit.as_ref().map(|_| duration_ms(status.reset_ms)),
+        ..Default::default()
+    }
+}
+
+fn duration_ms(ms: u64) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: (ms / 1000).min(i64::MAX as u64) as i64,
+        nanos: ((ms % 1000) * 1_000_000) as i32,
+    }
+}
+
+/// The status the headers describe: when over limit, the rejecting descriptor that asks the
+/// longest wait; otherwise the limited descriptor with the fewest tokens left.
+fn most_constrained(decision: &Decision) -> Option<&Status> {
+    let limited = decision.statuses.iter().filter(|s| s.limit.is_some());
+    if decision.overall == Code::OverLimit {
+        limited
+            .filter(|s| s.code == Code::OverLimit)
+            .max_by_key(|s| wait_ms(s))
+    } else {
+        limited
+            .filter(|s| !s.shadow)
+            .min_by_key(|s| (s.remaining, std::cmp::Reverse(s.reset_ms)))
+    }
+}
+
+fn wait_ms(status: &Status) -> u64 {
+    match status.retry_after_ms {
+        Some(Some(ms)) => ms,
+        Some(None) => u64::MAX,
+        None => 0,
+    }
+}
+
+fn ceil_secs(ms: u64) -> u64 {
+    ms.div_ceil(1000)
+}
+
+/// Headers in the IETF draft's shape that Envoy itself emits (`x-ratelimit-limit: 10, 10;w=60`).
+/// `retry-after` is omitted when no wait helps (the hit costs more than the bucket holds).
+fn rate_limit_headers(decision: &Decision, options: &HeaderOptions) -> Vec<HeaderValueOption> {
+    let Some(status) = most_constrained(decision) else {
+        return Vec::new();
+    };
+    let Some(limit) = &status.limit else {
+        return Vec::new();
+    };
+    let mut out = Vec::with_capacity(4);
+    let mut push = |key: &str, value: String| {
+        out.push(HeaderValueOption {
+            header: Some(HeaderValue {
+                key: key.to_string(),
+                value,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    };
+    push(
+        &options.limit,
+        format!(
+            "{}, {};w={}",
+            limit.capacity,
+            limit.requests_per_unit,
+            limit.unit.seconds()
+        ),
+    );
+    push(&options.remaining, status.remaining.to_string());
+    push(&options.reset, ceil_secs(status.reset_ms).to_string());
+    if decision.overall == Code::OverLimit {
+        if let Some(Some(ms)) = status.retry_after_ms {
+            push(&options.retry_after, ceil_secs(ms).max(1).to_string());
+        }
+    }
+    out
+}

@@ -1,0 +1,250 @@
+//! Command line and environment → [`Settings`]. Every flag also reads `SLUICE_<FLAG_IN_CAPS>`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::rule::FailureMode;
+
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about = "Envoy external rate-limit service")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve envoy.service.ratelimit.v3.RateLimitService over gRPC.
+    Serve(Box<Settings>),
+    /// Validate a config file or directory: exit 0 with a summary, or 1 with file:line errors.
+    CheckConfig {
+        /// A YAML file or a directory of *.yaml / *.yml files.
+        path: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendKind {
+    /// Embedded in-process buckets (one replica; development, tests).
+    Memory,
+    /// Shared buckets in Redis (standalone, Cluster or Sentinel).
+    Redis,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RedisModeArg {
+    Standalone,
+    Cluster,
+    Sentinel,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FailureModeArg {
+    Open,
+    Closed,
+    Local,
+    Error,
+}
+
+impl From<FailureModeArg> for FailureMode {
+    fn from(value: FailureModeArg) -> Self {
+        match value {
+            FailureModeArg::Open => FailureMode::Open,
+            FailureModeArg::Closed => FailureMode::Closed,
+            FailureModeArg::Local => FailureMode::Local,
+            FailureModeArg::Error => FailureMode::Error,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Everything `serve` needs.
+#[derive(Clone, Debug, Args)]
+pub struct Settings {
+    /// A YAML file or a directory of *.yaml / *.yml descriptor configs.
+    #[arg(long, env = "SLUICE_CONFIG")]
+    pub config: PathBuf,
+
+    /// gRPC listen address (RateLimitService and grpc.health.v1).
+    #[arg(long, env = "SLUICE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
+    pub grpc_addr: SocketAddr,
+
+    /// Admin HTTP listen address (health, readiness, config). Loopback by default.
+    #[arg(long, env = "SLUICE_ADMIN_ADDR", default_value = "127.0.0.1:6070")]
+    pub admin_addr: SocketAddr,
+
+    /// Where buckets live.
+    #[arg(long, env = "SLUICE_BACKEND", value_enum, default_value = "memory")]
+    pub backend: BackendKind,
+
+    /// redis://[user:pass@]host:port[/db] or rediss:// for TLS; several, comma-separated, for
+    /// Cluster seeds or Sentinels.
+    #[arg(long, env = "SLUICE_REDIS_URL", value_delimiter = ',', default_value = "redis://127.0.0.1:6379")]
+    pub redis_url: Vec<String>,
+
+    #[arg(long, env = "SLUICE_REDIS_MODE", value_enum, default_value = "standalone")]
+    pub redis_mode: RedisModeArg,
+
+    /// Master name to ask the Sentinels for.
+    #[arg(long, env = "SLUICE_REDIS_SENTINEL_MASTER", default_value = "mymaster")]
+    pub redis_sentinel_master: String,
+
+    /// Deadline of one Redis call, well under Envoy's 20 ms filter timeout.
+    #[arg(long, env = "SLUICE_REDIS_TIMEOUT", value_parser = parse_duration, default_value = "15ms")]
+    pub redis_timeout: Duration,
+
+    /// Deadline for establishing a Redis connection.
+    #[arg(long, env = "SLUICE_REDIS_CONNECT_TIMEOUT", value_parser = parse_duration, default_value = "250ms")]
+    pub redis_connect_timeout: Duration,
+
+    /// Prefix of every bucket key (must not contain `{` or `}`).
+    #[arg(long, env = "SLUICE_KEY_PREFIX", default_value = "sluice:")]
+    pub key_prefix: String,
+
+    /// Failure mode of domains and rules that set none.
+    #[arg(long, env = "SLUICE_FAILURE_MODE", value_enum, default_value = "error")]
+    pub failure_mode: FailureModeArg,
+
+    /// Add x-ratelimit-* and retry-after headers to responses (switch off when Envoy's
+    /// `enable_x_ratelimit_headers` adds its own).
+    #[arg(long, env = "SLUICE_RESPONSE_HEADERS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub response_headers: bool,
+
+    #[arg(long, env = "SLUICE_HEADER_LIMIT", default_value = "x-ratelimit-limit")]
+    pub header_limit: String,
+
+    #[arg(long, env = "SLUICE_HEADER_REMAINING", default_value = "x-ratelimit-remaining")]
+    pub header_remaining: String,
+
+    #[arg(long, env = "SLUICE_HEADER_RESET", default_value = "x-ratelimit-reset")]
+    pub header_reset: String,
+
+    #[arg(long, env = "SLUICE_HEADER_RETRY_AFTER", default_value = "retry-after")]
+    pub header_retry_after: String,
+
+    /// Largest accepted request message, in bytes.
+    #[arg(long, env = "SLUICE_MAX_MESSAGE_BYTES", default_value_t = 64 * 1024)]
+    pub max_message_bytes: usize,
+
+    /// Most descriptors in one request.
+    #[arg(long, env = "SLUICE_MAX_DESCRIPTORS", default_value_t = 64)]
+    pub max_descriptors: usize,
+
+    /// Most entries in one descriptor.
+    #[arg(long, env = "SLUICE_MAX_ENTRIES", default_value_t = 32)]
+    pub max_entries: usize,
+
+    /// Longest descriptor entry key, in bytes.
+    #[arg(long, env = "SLUICE_MAX_KEY_BYTES", default_value_t = 256)]
+    pub max_key_bytes: usize,
+
+    /// Longest descriptor entry value, in bytes.
+    #[arg(long, env = "SLUICE_MAX_VALUE_BYTES", default_value_t = 4096)]
+    pub max_value_bytes: usize,
+
+    /// Most live buckets the memory backend keeps.
+    #[arg(long, env = "SLUICE_MEMORY_MAX_BUCKETS", default_value_t = 1_000_000)]
+    pub memory_max_buckets: usize,
+
+    /// How long in-flight calls may finish after SIGTERM/SIGINT.
+    #[arg(long, env = "SLUICE_DRAIN_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
+    pub drain_timeout: Duration,
+
+    /// Log level filter (RUST_LOG syntax), e.g. `info` or `sluice=debug`.
+    #[arg(long, env = "SLUICE_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+
+    #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+impl Settings {
+    /// Settings for `config` with every other value at its default (tests, embedding).
+    pub fn with_config(config: impl Into<PathBuf>) -> Settings {
+        let config = config.into();
+        let cli = Cli::try_parse_from([
+            "sluice".as_ref(),
+            "serve".as_ref(),
+            "--config".as_ref(),
+            config.as_os_str(),
+        ])
+        .expect("defaults parse");
+        match cli.command {
+            Command::Serve(s) => *s,
+            Command::CheckConfig { .. } => unreachable!("parsed serve"),
+        }
+    }
+}
+
+/// Parses `15ms`, `2s`, `1m`, or a bare number of milliseconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (number, scale_ms) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1_000.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60_000.0)
+    } else {
+        (s, 1.0)
+    };
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid duration `{s}` (examples: 15ms, 2s, 1m)"))?;
+    if !value.is_finite() || value < 0.0 {
+        return Err(format!("invalid duration `{s}`"));
+    }
+    Ok(Duration::from_micros((value * scale_ms * 1_000.0).round() as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("15ms"), Ok(Duration::from_millis(15)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("7"), Ok(Duration::from_millis(7)));
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn defaults_match_the_design() {
+        let s = Settings::with_config("config/");
+        assert_eq!(s.grpc_addr.to_string(), "0.0.0.0:8081");
+        assert_eq!(s.admin_addr.to_string(), "127.0.0.1:6070");
+        assert_eq!(s.backend, BackendKind::Memory);
+        assert!(s.response_headers);
+        assert!(s.redis_timeout < Duration::from_millis(20));
+    }
+
+    #[test]
+    fn several_redis_urls_split_on_commas() {
+        let cli = Cli::try_parse_from([
+            "sluice",
+            "serve",
+            "--config",
+            "c",
+            "--redis-url",
+            "redis://a:1,redis://b:2",
+        ])
+        .unwrap();
+        let Command::Serve(s) = cli.command else {
+            panic!("serve")
+        };
+        assert_eq!(s.redis_url, vec!["redis://a:1", "redis://b:2"]);
+    }
+}
