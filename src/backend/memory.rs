@@ -112,15 +112,15 @@ impl Shard {
         // Evicting a bucket resets it to full, so the bucket closest to full loses the least
         // information; sampling keeps this O(1) instead of scanning the shard.
         let len = self.buckets.len();
-        let candidates: Vec<usize> = if len <= EVICTION_SAMPLE {
-            (0..len).collect()
-        } else {
-            (0..EVICTION_SAMPLE)
-                .map(|_| rand::random_range(0..len))
-                .collect()
-        };
-        let victim = candidates
-            .into_iter()
+        let sampled = len > EVICTION_SAMPLE;
+        let victim = (0..len.min(EVICTION_SAMPLE))
+            .map(|i| {
+                if sampled {
+                    rand::random_range(0..len)
+                } else {
+                    i
+                }
+            })
             .filter_map(|i| {
                 self.buckets
                     .get_index(i)
