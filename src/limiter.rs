@@ -56,7 +56,7 @@ pub enum Basis {
 }
 
 /// One descriptor's answer, in request order.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Status {
     pub code: Code,
     pub basis: Basis,
@@ -95,7 +95,7 @@ impl Status {
 }
 
 /// The answer to a whole request.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Decision {
     pub overall: Code,
     pub statuses: Vec<Status>,

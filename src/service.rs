@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code as PbCode, DescriptorStatus, RateLimit as PbRateLimit,
 };
@@ -244,8 +245,8 @@ fn to_descriptor_status(status: &Status) -> DescriptorStatus {
     }
 }
 
-fn duration_ms(ms: u64) -> prost_types::Duration {
-    prost_types::Duration {
+fn duration_ms(ms: u64) -> PbDuration {
+    PbDuration {
         seconds: (ms / 1000).min(i64::MAX as u64) as i64,
         nanos: ((ms % 1000) * 1_000_000) as i32,
     }
@@ -280,7 +281,7 @@ fn ceil_secs(ms: u64) -> u64 {
 
 /// Headers in the IETF draft's shape that Envoy itself emits (`x-ratelimit-limit: 10, 10;w=60`).
 /// `retry-after` is omitted when no wait helps (the hit costs more than the bucket holds).
-fn rate_limit_headers(decision: &Decision, options: &HeaderOptions) -> Vec<HeaderValueOption> {
+fn rate_limit_headers(decision: &Decision, options: &HeaderOptions) -> Vec<HeaderValue> {
     let Some(status) = most_constrained(decision) else {
         return Vec::new();
     };
@@ -289,12 +290,9 @@ fn rate_limit_headers(decision: &Decision, options: &HeaderOptions) -> Vec<Heade
     };
     let mut out = Vec::with_capacity(4);
     let mut push = |key: &str, value: String| {
-        out.push(HeaderValueOption {
-            header: Some(HeaderValue {
-                key: key.to_string(),
-                value,
-                ..Default::default()
-            }),
+        out.push(HeaderValue {
+            key: key.to_string(),
+            value,
             ..Default::default()
         })
     };

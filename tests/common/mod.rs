@@ -98,7 +98,6 @@ pub fn header<'a>(response: &'a RateLimitResponse, name: &str) -> Option<&'a str
     response
         .response_headers_to_add
         .iter()
-        .filter_map(|h| h.header.as_ref())
         .find(|h| h.key == name)
         .map(|h| h.value.as_str())
 }

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The test command (README "Run the tests"): every Rust test (unit, in-process end-to-end, and
+# integration tests against real redis-server processes) plus validation of deploy/.
+# Needs redis-server/redis-cli (Debian package `redis-server`) and python3; .ci/run installs them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+for tool in redis-server redis-cli; do
+  if ! command -v "$tool" >/dev/null; then
+    echo "error: $tool not found: install the Debian package redis-server (apt-get install -y redis-server)" >&2
+    exit 1
+  fi
+done
+
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --all-targets --locked --profile "${NEXTEST_PROFILE:-default}"
+else
+  echo "cargo-nextest not found; falling back to cargo test" >&2
+  cargo test --workspace --all-targets --locked
+fi
+
+if [ -f deploy/validate.py ]; then
+  venv="${SLUICE_VENV:-target/venv}"
+  if [ ! -x "$venv/bin/python" ]; then
+    python3 -m venv "$venv"
+  fi
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r deploy/requirements.txt
+  "$venv/bin/python" deploy/validate.py
+  "$venv/bin/python" -m pytest -q deploy/test_validate.py
+fi
