@@ -1,9 +1,9 @@
 //! Descriptor configs: the YAML model, validation with `file:line:column` errors, loading a file
 //! or a directory, and the compiled [`Config`] the request path reads.
 //!
-//! Pipeline per source: [`yaml`] (located tree) → [`raw`] (schema shape) → [`validate`] (meaning)
-//! → [`compile`] (rules and descriptor trees). Every stage reports into a [`Sink`] and carries on,
-//! so one run lists every problem of every file.
+//! Pipeline per source: `yaml` (located tree) → `raw` (schema shape) → `validate` (meaning) →
+//! `compile` (rules and descriptor trees). Every stage reports into a `Sink` and carries on, so
+//! one run lists every problem of every file.
 
 mod compile;
 mod load;
@@ -205,6 +205,7 @@ pub fn load_sources(sources: &[(String, String)]) -> Result<Config, ConfigErrors
         })
         .collect();
     if !diagnostics.is_empty() {
+        // A YAML alias repeats a subtree, and with it that subtree's problems at the same place.
         diagnostics.dedup();
         return Err(ConfigErrors(diagnostics));
     }
@@ -278,7 +279,7 @@ impl Sink<'_> {
             file: self.file.to_owned(),
             line: at.line,
             column: at.column,
-            message: message.into(),
+            message: yaml::escape_controls(&message.into()),
         });
     }
 }

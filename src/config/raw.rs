@@ -209,7 +209,7 @@ impl<'n> Fields<'n> {
                     key.at,
                     format!(
                         "unknown field `{}` in {what}; expected one of: {}",
-                        name.escape_debug(),
+                        name,
                         allowed.join(", ")
                     ),
                 ),

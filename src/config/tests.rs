@@ -555,6 +555,46 @@ descriptors:
 }
 
 #[test]
+fn config_text_in_messages_cannot_break_lines() {
+    assert_eq!(
+        errors(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: \"a\\nb\\u001b[31m\", requests_per_unit: 1}\n"
+        ),
+        [
+            "4:24: invalid unit `a\\nb\\u{1b}[31m`; expected one of: second, minute, hour, day, week, month, year"
+        ]
+    );
+}
+
+#[test]
+fn anchors_and_aliases_share_subtrees() {
+    let config = load(
+        "domain: d
+descriptors:
+  - key: a
+    descriptors: &per_user
+      - key: user
+        rate_limit: {unit: second, requests_per_unit: 1}
+  - key: b
+    descriptors: *per_user
+",
+    )
+    .unwrap();
+    let d = config.domain("d").unwrap();
+    assert_eq!(
+        path_of(d, &[("a", "1"), ("user", "u")]).as_deref(),
+        Some("d.a.user")
+    );
+    assert_eq!(
+        path_of(d, &[("b", "1"), ("user", "u")]).as_deref(),
+        Some("d.b.user")
+    );
+    // Each use is its own rule, located where it is used.
+    let sources: Vec<&str> = config.rules().map(|r| &*r.source).collect();
+    assert_eq!(sources, ["t.yaml:5", "t.yaml:8"]);
+}
+
+#[test]
 fn a_domain_without_descriptors_is_known_and_empty() {
     let config = load("domain: empty\n").unwrap();
     let domain = config.domain("empty").unwrap();

@@ -248,7 +248,7 @@ fn limit(rate_limit: &Sp<RawRateLimit>, sink: &mut Sink) -> Option<Limit> {
                     unit.at,
                     format!(
                         "invalid unit `{}`; expected one of: {}",
-                        unit.value.escape_debug(),
+                        unit.value,
                         Unit::ALL.map(Unit::as_str).join(", ")
                     ),
                 );
@@ -299,7 +299,7 @@ fn failure_mode(field: &Field<String>, sink: &mut Sink) -> Option<FailureMode> {
             given.at,
             format!(
                 "invalid failure_mode `{}`; expected one of: open, closed, local, error",
-                given.value.escape_debug()
+                given.value
             ),
         );
     }
