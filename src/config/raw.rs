@@ -1,0 +1,327 @@
+//! The raw model: one struct per mapping of the schema, every field optional and located.
+//!
+//! Reading checks shape only — known field names, and that each field is a string, boolean,
+//! integer, list or mapping as the schema says — and reports every problem it meets instead of
+//! stopping. What values mean (units, ranges, duplicates, references) is checked in `validate`.
+//!
+//! A new optional field (say `algorithm` or `shards` under `rate_limit`) is one struct member, one
+//! name in the mapping's field list and one line in its reader.
+
+use super::Sink;
+use super::yaml::{Kind, Node, Pos, Typed};
+
+/// A value read from the source, with the positions of its field name and of the value.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Sp<T> {
+    pub value: T,
+    /// Position of the value.
+    pub at: Pos,
+    /// Position of the field name (equal to `at` for list items).
+    pub key_at: Pos,
+}
+
+/// An optional field. `Invalid` was present but had the wrong shape and has been reported, so
+/// later checks neither use it nor call it missing.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) enum Field<T> {
+    #[default]
+    Absent,
+    Invalid,
+    Given(Sp<T>),
+}
+
+impl<T> Field<T> {
+    pub fn given(&self) -> Option<&Sp<T>> {
+        match self {
+            Field::Given(sp) => Some(sp),
+            _ => None,
+        }
+    }
+
+    pub fn is_absent(&self) -> bool {
+        matches!(self, Field::Absent)
+    }
+
+    /// Present in the source, whether or not it was well-formed.
+    pub fn is_present(&self) -> bool {
+        !self.is_absent()
+    }
+}
+
+/// One config file: one domain.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct RawDomain {
+    pub at: Pos,
+    pub domain: Field<String>,
+    pub failure_mode: Field<String>,
+    pub descriptors: Vec<RawDescriptor>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct RawDescriptor {
+    pub at: Pos,
+    pub key: Field<String>,
+    pub value: Field<String>,
+    pub rate_limit: Field<RawRateLimit>,
+    pub shadow_mode: Field<bool>,
+    pub detailed_metric: Field<bool>,
+    pub cost: Field<i128>,
+    pub failure_mode: Field<String>,
+    pub descriptors: Vec<RawDescriptor>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct RawRateLimit {
+    pub unit: Field<String>,
+    pub requests_per_unit: Field<i128>,
+    pub burst: Field<i128>,
+    pub name: Field<String>,
+    pub unlimited: Field<bool>,
+    pub replaces: Vec<RawReplace>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct RawReplace {
+    pub at: Pos,
+    pub name: Field<String>,
+}
+
+const DOMAIN_FIELDS: &[&str] = &["domain", "failure_mode", "descriptors"];
+const DESCRIPTOR_FIELDS: &[&str] = &[
+    "key",
+    "value",
+    "rate_limit",
+    "descriptors",
+    "shadow_mode",
+    "detailed_metric",
+    "cost",
+    "failure_mode",
+];
+const RATE_LIMIT_FIELDS: &[&str] = &[
+    "unit",
+    "requests_per_unit",
+    "burst",
+    "name",
+    "unlimited",
+    "replaces",
+];
+const REPLACE_FIELDS: &[&str] = &["name"];
+
+/// Fields of newer envoyproxy/ratelimit releases that sluice does not implement; named in the
+/// error so an operator migrating a config knows it is not a typo.
+const ENVOY_ONLY_FIELDS: &[&str] = &[
+    "quota_mode",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
+];
+
+/// Reads a document's root mapping; `None` (reported) when it is not one.
+pub(crate) fn read_domain(doc: &Node, sink: &mut Sink) -> Option<RawDomain> {
+    let fields = Fields::read(doc, "the config file", DOMAIN_FIELDS, sink)?;
+    Some(RawDomain {
+        at: doc.at,
+        domain: fields.string("domain", sink),
+        failure_mode: fields.string("failure_mode", sink),
+        descriptors: fields.descriptors(sink),
+    })
+}
+
+fn read_descriptor(node: &Node, sink: &mut Sink) -> Option<RawDescriptor> {
+    let fields = Fields::read(node, "a descriptor", DESCRIPTOR_FIELDS, sink)?;
+    Some(RawDescriptor {
+        at: node.at,
+        key: fields.string("key", sink),
+        value: fields.string("value", sink),
+        rate_limit: fields.rate_limit(sink),
+        shadow_mode: fields.boolean("shadow_mode", sink),
+        detailed_metric: fields.boolean("detailed_metric", sink),
+        cost: fields.integer("cost", sink),
+        failure_mode: fields.string("failure_mode", sink),
+        descriptors: fields.descriptors(sink),
+    })
+}
+
+fn read_rate_limit(fields: &Fields, sink: &mut Sink) -> RawRateLimit {
+    RawRateLimit {
+        unit: fields.string("unit", sink),
+        requests_per_unit: fields.integer("requests_per_unit", sink),
+        burst: fields.integer("burst", sink),
+        name: fields.string("name", sink),
+        unlimited: fields.boolean("unlimited", sink),
+        replaces: fields
+            .list("replaces", sink)
+            .iter()
+            .filter_map(|item| {
+                let entry = Fields::read(item, "a `replaces` entry", REPLACE_FIELDS, sink)?;
+                Some(RawReplace {
+                    at: item.at,
+                    name: entry.string("name", sink),
+                })
+            })
+            .collect(),
+    }
+}
+
+/// The known fields of one mapping, after unknown ones have been reported.
+struct Fields<'n> {
+    entries: Vec<(&'static str, &'n Node, &'n Node)>,
+}
+
+impl<'n> Fields<'n> {
+    /// `what` names the mapping in messages ("a descriptor"). Reports a non-mapping and unknown
+    /// fields.
+    fn read(
+        node: &'n Node,
+        what: &str,
+        allowed: &[&'static str],
+        sink: &mut Sink,
+    ) -> Option<Fields<'n>> {
+        let Kind::Map(pairs) = &node.kind else {
+            sink.error(
+                node.at,
+                format!("{what} must be a mapping, got {}", node.describe()),
+            );
+            return None;
+        };
+        let mut entries = Vec::with_capacity(pairs.len());
+        for (key, value) in pairs {
+            let Some(name) = key.scalar().filter(|s| s.typed != Typed::Null) else {
+                sink.error(
+                    key.at,
+                    format!(
+                        "field names must be plain strings, got {} in {what}",
+                        key.describe()
+                    ),
+                );
+                continue;
+            };
+            let name = name.text.as_str();
+            match allowed.iter().find(|a| **a == name) {
+                Some(known) => entries.push((*known, key, value)),
+                None if ENVOY_ONLY_FIELDS.contains(&name) => sink.error(
+                    key.at,
+                    format!(
+                        "field `{name}` of envoyproxy/ratelimit is not supported by sluice (in {what})"
+                    ),
+                ),
+                None => sink.error(
+                    key.at,
+                    format!(
+                        "unknown field `{}` in {what}; expected one of: {}",
+                        name,
+                        allowed.join(", ")
+                    ),
+                ),
+            }
+        }
+        Some(Fields { entries })
+    }
+
+    /// The field, unless absent or null (YAML `name:` with nothing after it means "not given",
+    /// as in envoyproxy/ratelimit).
+    fn get(&self, name: &str) -> Option<(&'n Node, &'n Node)> {
+        self.entries
+            .iter()
+            .find(|(n, _, _)| *n == name)
+            .map(|(_, k, v)| (*k, *v))
+            .filter(|(_, v)| !v.is_null())
+    }
+
+    fn located<T>(value: T, key: &Node, node: &Node) -> Field<T> {
+        Field::Given(Sp {
+            value,
+            at: node.at,
+            key_at: key.at,
+        })
+    }
+
+    /// Any scalar, as written: Go's yaml.v2 reads `value: 200` or `value: on` into a string field
+    /// as its text, and configs rely on that.
+    fn string(&self, name: &str, sink: &mut Sink) -> Field<String> {
+        let Some((key, node)) = self.get(name) else {
+            return Field::Absent;
+        };
+        match node.scalar() {
+            Some(s) => Self::located(s.text.clone(), key, node),
+            None => {
+                sink.error(
+                    node.at,
+                    format!("`{name}` must be a string, got {}", node.describe()),
+                );
+                Field::Invalid
+            }
+        }
+    }
+
+    fn boolean(&self, name: &str, sink: &mut Sink) -> Field<bool> {
+        let Some((key, node)) = self.get(name) else {
+            return Field::Absent;
+        };
+        match node.scalar().map(|s| s.typed) {
+            Some(Typed::Bool(b)) => Self::located(b, key, node),
+            _ => {
+                sink.error(
+                    node.at,
+                    format!("`{name}` must be true or false, got {}", node.describe()),
+                );
+                Field::Invalid
+            }
+        }
+    }
+
+    fn integer(&self, name: &str, sink: &mut Sink) -> Field<i128> {
+        let Some((key, node)) = self.get(name) else {
+            return Field::Absent;
+        };
+        match node.scalar().map(|s| s.typed) {
+            Some(Typed::Int(i)) => Self::located(i, key, node),
+            _ => {
+                sink.error(
+                    node.at,
+                    format!("`{name}` must be an integer, got {}", node.describe()),
+                );
+                Field::Invalid
+            }
+        }
+    }
+
+    fn list(&self, name: &str, sink: &mut Sink) -> &'n [Node] {
+        let Some((_, node)) = self.get(name) else {
+            return &[];
+        };
+        match &node.kind {
+            Kind::Seq(items) => items,
+            _ => {
+                sink.error(
+                    node.at,
+                    format!("`{name}` must be a list, got {}", node.describe()),
+                );
+                &[]
+            }
+        }
+    }
+
+    fn descriptors(&self, sink: &mut Sink) -> Vec<RawDescriptor> {
+        self.list("descriptors", sink)
+            .iter()
+            .filter_map(|item| read_descriptor(item, sink))
+            .collect()
+    }
+
+    /// Unlike other fields, an empty `rate_limit:` is not "absent": a limit left blank is far more
+    /// likely a mistake than a wish for no limit, so it is read as an empty mapping and then
+    /// reported as missing its unit and rate.
+    fn rate_limit(&self, sink: &mut Sink) -> Field<RawRateLimit> {
+        let Some((_, key, node)) = self.entries.iter().find(|(n, _, _)| *n == "rate_limit") else {
+            return Field::Absent;
+        };
+        if node.is_null() {
+            return Self::located(RawRateLimit::default(), key, node);
+        }
+        match Fields::read(node, "`rate_limit`", RATE_LIMIT_FIELDS, sink) {
+            Some(fields) => Self::located(read_rate_limit(&fields, sink), key, node),
+            None => Field::Invalid,
+        }
+    }
+}

@@ -1,0 +1,1011 @@
+//! Loading, validation and matching through the public interface.
+
+use super::*;
+use crate::rule::{Limit, RateLimit, Unit};
+
+fn load(src: &str) -> Result<Config, ConfigErrors> {
+    load_sources(&[("t.yaml".to_owned(), src.to_owned())])
+}
+
+/// Every diagnostic of a one-file set as `line:column: message`.
+fn errors(src: &str) -> Vec<String> {
+    match load(src) {
+        Ok(_) => panic!("config loaded, expected errors:\n{src}"),
+        Err(ConfigErrors(diags)) => diags
+            .into_iter()
+            .map(|d| {
+                assert_eq!(d.file, "t.yaml");
+                format!("{}:{}: {}", d.line, d.column, d.message)
+            })
+            .collect(),
+    }
+}
+
+fn entries(pairs: &[(&str, &str)]) -> Vec<Entry> {
+    pairs.iter().map(|(k, v)| Entry::new(*k, *v)).collect()
+}
+
+fn path_of(domain: &Domain, pairs: &[(&str, &str)]) -> Option<String> {
+    domain.find(&entries(pairs)).map(|r| r.path.to_string())
+}
+
+fn bucket(requests_per_unit: u32, unit: Unit, burst: Option<u32>) -> Limit {
+    Limit::Bucket(RateLimit {
+        requests_per_unit,
+        unit,
+        burst,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation
+
+#[test]
+fn every_problem_of_a_file_is_reported_in_order() {
+    let src = r#"domain: edge
+failure_mode: sometimes
+extra: 1
+descriptors:
+  - value: x
+    rate_limit:
+      unit: fortnight
+      requests_per_unit: 0
+  - key: ""
+  - key: a
+    rate_limit:
+      unlimited: true
+      unit: second
+      requests_per_unit: 5
+      burst: 2
+  - key: a
+    cost: 0
+    rate_limit:
+      requests_per_unit: -1
+      burst: 0
+      shards: 4
+      name: n
+      replaces:
+        - name: n
+        - {}
+        - name: ""
+  - key: b
+    failure_mode: maybe
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1.5
+    descriptors:
+      - key: c
+        rate_limit: {unit: second, requests_per_unit: 1, name: n}
+"#;
+    assert_eq!(
+        errors(src),
+        [
+            "2:15: invalid failure_mode `sometimes`; expected one of: open, closed, local, error",
+            "3:1: unknown field `extra` in the config file; expected one of: domain, failure_mode, descriptors",
+            "5:5: descriptor is missing required field `key`",
+            "7:13: invalid unit `fortnight`; expected one of: second, minute, hour, day, week, month, year",
+            "8:26: `requests_per_unit` must be an integer from 1 to 4294967295, got 0",
+            "9:10: descriptor `key` must not be empty",
+            "13:7: `unit` must not be given with `unlimited: true`",
+            "14:7: `requests_per_unit` must not be given with `unlimited: true`",
+            "15:7: `burst` must not be given with `unlimited: true`",
+            "16:5: duplicate descriptor `a` (no value) at this level (first at line 10)",
+            "17:11: `cost` must be an integer from 1 to 4294967295, got 0",
+            "18:5: `rate_limit` is missing `unit` (or `unlimited: true`)",
+            "19:26: `requests_per_unit` must be an integer from 1 to 4294967295, got -1",
+            "20:14: `burst` must be an integer from 1 to 4294967295, got 0",
+            "21:7: unknown field `shards` in `rate_limit`; expected one of: unit, requests_per_unit, burst, name, unlimited, replaces",
+            "24:17: rule `n` cannot replace itself",
+            "25:11: `replaces` entry is missing `name`",
+            "26:17: `replaces` entry has an empty `name`",
+            "28:19: invalid failure_mode `maybe`; expected one of: open, closed, local, error",
+            "31:26: `requests_per_unit` must be an integer, got `1.5`",
+            "34:64: duplicate rate_limit name `n` in this domain (first at line 22); `replaces` would be ambiguous",
+        ]
+    );
+}
+
+#[test]
+fn every_problem_of_every_file_is_reported() {
+    let sources = [
+        (
+            "a.yaml",
+            "domain: a\ndescriptors:\n  - key: k\n    bogus: 1\n",
+        ),
+        ("b.yaml", "domain: b\ndescriptors: [1\n"),
+        ("c.yaml", "domain: c\n"),
+        ("d.yaml", "domain: a\n"),
+    ]
+    .map(|(n, t)| (n.to_owned(), t.to_owned()));
+    let ConfigErrors(diags) = load_sources(&sources).unwrap_err();
+    let shown: Vec<String> = diags.iter().map(ToString::to_string).collect();
+    assert_eq!(shown.len(), 3, "{shown:#?}");
+    assert!(shown[0].starts_with("a.yaml:4:5: unknown field `bogus` in a descriptor"));
+    assert!(shown[1].starts_with("b.yaml:2:"), "{}", shown[1]);
+    assert_eq!(
+        shown[2],
+        "d.yaml:1:9: duplicate domain `a`: already defined at a.yaml:1:9"
+    );
+    // Display: one diagnostic per line.
+    let display = ConfigErrors(diags).to_string();
+    assert_eq!(display.lines().count(), 3);
+}
+
+#[test]
+fn domain_must_be_given_and_not_empty() {
+    assert_eq!(
+        errors("descriptors:\n  - key: a\n"),
+        ["1:1: missing required field `domain`"]
+    );
+    assert_eq!(
+        errors("domain:\ndescriptors: []\n"),
+        ["1:1: missing required field `domain`"]
+    );
+    assert_eq!(
+        errors("domain: \"\"\n"),
+        ["1:9: `domain` must not be empty"]
+    );
+    assert_eq!(
+        errors("domain: [a]\n"),
+        ["1:9: `domain` must be a string, got a list"]
+    );
+}
+
+#[test]
+fn duplicate_domain_points_at_the_second_file() {
+    let sources = [
+        ("one.yaml", "domain: shared\n"),
+        ("two.yaml", "# comment\ndomain:   shared\n"),
+    ]
+    .map(|(n, t)| (n.to_owned(), t.to_owned()));
+    let ConfigErrors(diags) = load_sources(&sources).unwrap_err();
+    assert_eq!(
+        diags,
+        [Diagnostic {
+            file: "two.yaml".into(),
+            line: 2,
+            column: 11,
+            message: "duplicate domain `shared`: already defined at one.yaml:1:9".into(),
+        }]
+    );
+}
+
+#[test]
+fn descriptor_key_is_required() {
+    assert_eq!(
+        errors("domain: d\ndescriptors:\n  - value: v\n"),
+        ["3:5: descriptor is missing required field `key`"]
+    );
+    assert_eq!(
+        errors("domain: d\ndescriptors:\n  - key: ''\n"),
+        ["3:10: descriptor `key` must not be empty"]
+    );
+    // A missing key deeper down is found too.
+    assert_eq!(
+        errors(
+            "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - rate_limit: {unlimited: true}\n"
+        ),
+        ["5:9: descriptor is missing required field `key`"]
+    );
+}
+
+#[test]
+fn duplicate_key_value_at_one_level() {
+    let src = "domain: d
+descriptors:
+  - key: k
+    value: v
+  - key: k
+    value: w
+  - key: k
+    value: v*
+  - key: k
+    value: v
+  - key: k
+  - key: k
+    value: ''
+  - key: other
+    descriptors:
+      - key: k
+        value: v
+";
+    assert_eq!(
+        errors(src),
+        [
+            "9:5: duplicate descriptor `k` = `v` at this level (first at line 3)",
+            // An empty value is no value, as in envoyproxy/ratelimit.
+            "12:5: duplicate descriptor `k` (no value) at this level (first at line 11)",
+        ]
+    );
+}
+
+#[test]
+fn unknown_fields_are_named_wherever_they_are() {
+    let src = "domian: d
+descriptors:
+  - key: k
+    rate_limt: {unit: second, requests_per_unit: 1}
+  - key: j
+    quota_mode: true
+    rate_limit:
+      unit: second
+      requests_per_unit: 1
+      replaces:
+        - name: x
+          why: because
+";
+    assert_eq!(
+        errors(src),
+        [
+            "1:1: unknown field `domian` in the config file; expected one of: domain, failure_mode, descriptors",
+            "1:1: missing required field `domain`",
+            "4:5: unknown field `rate_limt` in a descriptor; expected one of: key, value, rate_limit, descriptors, shadow_mode, detailed_metric, cost, failure_mode",
+            "6:5: field `quota_mode` of envoyproxy/ratelimit is not supported by sluice (in a descriptor)",
+            "12:11: unknown field `why` in a `replaces` entry; expected one of: name",
+        ]
+    );
+}
+
+#[test]
+fn units_are_checked_and_case_insensitive() {
+    assert_eq!(
+        errors(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n"
+        ),
+        [
+            "4:24: invalid unit `fortnight`; expected one of: second, minute, hour, day, week, month, year"
+        ]
+    );
+    let config = load(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: SECOND, requests_per_unit: 1}\n  - key: b\n    rate_limit: {unit: Week, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    let units: Vec<Limit> = config.rules().map(|r| r.limit).collect();
+    assert_eq!(
+        units,
+        [bucket(1, Unit::Second, None), bucket(1, Unit::Week, None)]
+    );
+}
+
+#[test]
+fn rate_limit_needs_unit_and_rate_unless_unlimited() {
+    let src = "domain: d
+descriptors:
+  - key: a
+    rate_limit:
+      requests_per_unit: 1
+  - key: b
+    rate_limit:
+      unit: second
+  - key: c
+    rate_limit:
+  - key: d
+    rate_limit:
+      unlimited: false
+";
+    assert_eq!(
+        errors(src),
+        [
+            "4:5: `rate_limit` is missing `unit` (or `unlimited: true`)",
+            "7:5: `rate_limit` is missing `requests_per_unit` (or `unlimited: true`)",
+            "10:5: `rate_limit` is missing `unit` (or `unlimited: true`)",
+            "10:5: `rate_limit` is missing `requests_per_unit` (or `unlimited: true`)",
+            "12:5: `rate_limit` is missing `unit` (or `unlimited: true`)",
+            "12:5: `rate_limit` is missing `requests_per_unit` (or `unlimited: true`)",
+        ]
+    );
+}
+
+#[test]
+fn unlimited_excludes_unit_rate_and_burst() {
+    let src = "domain: d
+descriptors:
+  - key: a
+    rate_limit:
+      unit: second
+      unlimited: true
+";
+    assert_eq!(
+        errors(src),
+        ["5:7: `unit` must not be given with `unlimited: true`"]
+    );
+    let ok = load(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, name: free}\n",
+    )
+    .unwrap();
+    assert_eq!(ok.rules().next().unwrap().limit, Limit::Unlimited);
+}
+
+#[test]
+fn counts_must_be_positive_integers_that_fit() {
+    let src = "domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: b
+    rate_limit: {unit: second, requests_per_unit: -5}
+  - key: c
+    rate_limit: {unit: second, requests_per_unit: 2.5}
+  - key: e
+    rate_limit: {unit: second, requests_per_unit: \"10\"}
+  - key: f
+    rate_limit: {unit: second, requests_per_unit: 4294967296}
+  - key: g
+    rate_limit: {unit: second, requests_per_unit: 4294967295, burst: -1}
+  - key: h
+    cost: 1.0
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: i
+    cost: -2
+    rate_limit: {unit: second, requests_per_unit: 1}
+";
+    assert_eq!(
+        errors(src),
+        [
+            "4:51: `requests_per_unit` must be an integer from 1 to 4294967295, got 0",
+            "6:51: `requests_per_unit` must be an integer from 1 to 4294967295, got -5",
+            "8:51: `requests_per_unit` must be an integer, got `2.5`",
+            "10:51: `requests_per_unit` must be an integer, got `10`",
+            "12:51: `requests_per_unit` must be an integer from 1 to 4294967295, got 4294967296",
+            "14:70: `burst` must be an integer from 1 to 4294967295, got -1",
+            "16:11: `cost` must be an integer, got `1.0`",
+            "19:11: `cost` must be an integer from 1 to 4294967295, got -2",
+        ]
+    );
+}
+
+#[test]
+fn failure_mode_is_checked_at_both_levels() {
+    let src = "domain: d
+failure_mode: shut
+descriptors:
+  - key: a
+    failure_mode: Closed
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: b
+    failure_mode: half-open
+    rate_limit: {unit: second, requests_per_unit: 1}
+";
+    assert_eq!(
+        errors(src),
+        [
+            "2:15: invalid failure_mode `shut`; expected one of: open, closed, local, error",
+            "8:19: invalid failure_mode `half-open`; expected one of: open, closed, local, error",
+        ]
+    );
+}
+
+#[test]
+fn rule_settings_on_a_node_without_rate_limit_are_refused() {
+    let src = "domain: d
+descriptors:
+  - key: a
+    cost: 2
+    failure_mode: open
+    shadow_mode: true
+    descriptors:
+      - key: b
+        rate_limit: {unit: second, requests_per_unit: 1}
+";
+    assert_eq!(
+        errors(src),
+        [
+            "4:5: `cost` applies only to a descriptor with a `rate_limit` (it is not inherited)",
+            "5:5: `failure_mode` applies only to a descriptor with a `rate_limit` (it is not inherited)",
+        ]
+    );
+}
+
+#[test]
+fn replaces_entries_are_checked() {
+    let src = "domain: d
+descriptors:
+  - key: a
+    rate_limit:
+      name: a
+      unit: second
+      requests_per_unit: 1
+      replaces:
+        - name: a
+        - name:
+        - name: ''
+        - other
+  - key: b
+    rate_limit:
+      unit: second
+      requests_per_unit: 1
+      replaces: {name: a}
+";
+    assert_eq!(
+        errors(src),
+        [
+            "9:17: rule `a` cannot replace itself",
+            "10:11: `replaces` entry is missing `name`",
+            "11:17: `replaces` entry has an empty `name`",
+            "12:11: a `replaces` entry must be a mapping, got `other`",
+            "17:17: `replaces` must be a list, got a mapping",
+        ]
+    );
+}
+
+#[test]
+fn rate_limit_names_are_unique_per_domain() {
+    let src = "domain: d
+descriptors:
+  - key: a
+    rate_limit: {name: n, unit: second, requests_per_unit: 1}
+    descriptors:
+      - key: b
+        rate_limit:
+          name: n
+          unit: second
+          requests_per_unit: 1
+  - key: c
+    rate_limit: {name: '', unit: second, requests_per_unit: 1}
+";
+    assert_eq!(
+        errors(src),
+        [
+            "8:17: duplicate rate_limit name `n` in this domain (first at line 4); `replaces` would be ambiguous",
+            "12:24: `rate_limit.name` must not be empty",
+        ]
+    );
+    // The same name in two domains is fine: `replaces` works within a domain.
+    let sources = [
+        (
+            "a.yaml",
+            "domain: a\ndescriptors: [{key: k, rate_limit: {name: n, unlimited: true}}]\n",
+        ),
+        (
+            "b.yaml",
+            "domain: b\ndescriptors: [{key: k, rate_limit: {name: n, unlimited: true}}]\n",
+        ),
+    ]
+    .map(|(n, t)| (n.to_owned(), t.to_owned()));
+    assert_eq!(load_sources(&sources).unwrap().rule_count(), 2);
+}
+
+#[test]
+fn shapes_are_checked() {
+    let src = "domain: d
+descriptors:
+  - just-a-string
+  - key: [a, b]
+  - key: c
+    shadow_mode: maybe
+    detailed_metric: 1
+    descriptors: {key: x}
+  - key: e
+    rate_limit: 60
+  - key: f
+    value: {a: 1}
+";
+    assert_eq!(
+        errors(src),
+        [
+            "3:5: a descriptor must be a mapping, got `just-a-string`",
+            "4:10: `key` must be a string, got a list",
+            "6:18: `shadow_mode` must be true or false, got `maybe`",
+            "7:22: `detailed_metric` must be true or false, got `1`",
+            "8:18: `descriptors` must be a list, got a mapping",
+            "10:17: `rate_limit` must be a mapping, got `60`",
+            "12:12: `value` must be a string, got a mapping",
+        ]
+    );
+    assert_eq!(
+        errors("- domain: d\n"),
+        ["1:1: the config file must be a mapping, got a list"]
+    );
+}
+
+#[test]
+fn yaml_problems_are_located() {
+    let errs = errors("domain: d\ndescriptors:\n  - key: a\n    key: b\n");
+    assert_eq!(errs.len(), 1);
+    assert!(
+        errs[0].starts_with("4:5: ") && errs[0].contains("duplicate"),
+        "{errs:?}"
+    );
+
+    let errs = errors("domain: d\ndescriptors: [\n");
+    assert_eq!(errs.len(), 1);
+    assert!(errs[0].starts_with("2:"), "{errs:?}");
+
+    assert_eq!(
+        errors("domain: d\n---\ndomain: e\n"),
+        ["3:1: a config file holds one domain; found a second YAML document"]
+    );
+    assert_eq!(
+        errors("# nothing here\n"),
+        ["1:1: no domain in this file: expected a mapping with `domain` and `descriptors`"]
+    );
+}
+
+#[test]
+fn string_fields_keep_their_spelling() {
+    // yaml.v2 (envoyproxy/ratelimit) reads these as the text written, not as bool/float/int.
+    let config = load(
+        "domain: 2024
+descriptors:
+  - key: enabled
+    value: on
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: version
+    value: 1.50
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: 404
+    rate_limit: {unit: second, requests_per_unit: 1}
+",
+    )
+    .unwrap();
+    let domain = config.domain("2024").unwrap();
+    assert_eq!(
+        path_of(domain, &[("enabled", "on")]).as_deref(),
+        Some("2024.enabled_on")
+    );
+    assert_eq!(path_of(domain, &[("enabled", "true")]), None);
+    assert_eq!(
+        path_of(domain, &[("version", "1.50")]).as_deref(),
+        Some("2024.version_1.50")
+    );
+    assert_eq!(
+        path_of(domain, &[("404", "x")]).as_deref(),
+        Some("2024.404")
+    );
+}
+
+#[test]
+fn config_text_in_messages_cannot_break_lines() {
+    assert_eq!(
+        errors(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: \"a\\nb\\u001b[31m\", requests_per_unit: 1}\n"
+        ),
+        [
+            "4:24: invalid unit `a\\nb\\u{1b}[31m`; expected one of: second, minute, hour, day, week, month, year"
+        ]
+    );
+}
+
+#[test]
+fn anchors_and_aliases_share_subtrees() {
+    let config = load(
+        "domain: d
+descriptors:
+  - key: a
+    descriptors: &per_user
+      - key: user
+        rate_limit: {unit: second, requests_per_unit: 1}
+  - key: b
+    descriptors: *per_user
+",
+    )
+    .unwrap();
+    let d = config.domain("d").unwrap();
+    assert_eq!(
+        path_of(d, &[("a", "1"), ("user", "u")]).as_deref(),
+        Some("d.a.user")
+    );
+    assert_eq!(
+        path_of(d, &[("b", "1"), ("user", "u")]).as_deref(),
+        Some("d.b.user")
+    );
+    // Each use is its own rule, located where it is used.
+    let sources: Vec<&str> = config.rules().map(|r| &*r.source).collect();
+    assert_eq!(sources, ["t.yaml:5", "t.yaml:8"]);
+}
+
+#[test]
+fn a_domain_without_descriptors_is_known_and_empty() {
+    let config = load("domain: empty\n").unwrap();
+    let domain = config.domain("empty").unwrap();
+    assert!(domain.rules().is_empty());
+    assert_eq!(path_of(domain, &[("k", "v")]), None);
+    assert!(config.domain("other").is_none());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Compiled rules and matching
+
+const NESTED: &str = "domain: api
+failure_mode: local
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 400}
+    descriptors:
+      - key: route
+        value: export
+        cost: 10
+        failure_mode: closed
+        rate_limit: {unit: second, requests_per_unit: 5, burst: 50}
+      - key: route
+        value: admin-*
+        descriptors:
+          - key: user
+            shadow_mode: true
+            rate_limit: {unit: hour, requests_per_unit: 3, name: admin-user, replaces: [{name: other}]}
+  - key: tenant
+    value: acme
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+";
+
+#[test]
+fn rules_carry_path_limit_and_settings() {
+    let config = load(NESTED).unwrap();
+    assert_eq!(config.rule_count(), 4);
+    let rules: Vec<&Arc<Rule>> = config.rules().collect();
+    for (i, rule) in rules.iter().enumerate() {
+        assert_eq!(rule.id, RuleId(i as u32));
+        assert_eq!(&*rule.domain, "api");
+        assert!(Arc::ptr_eq(config.rule(rule.id).unwrap(), rule));
+    }
+    let paths: Vec<&str> = rules.iter().map(|r| &*r.path).collect();
+    assert_eq!(
+        paths,
+        [
+            "api.tenant",
+            "api.tenant.route_export",
+            "api.tenant.route_admin-*.user",
+            "api.tenant_acme"
+        ]
+    );
+
+    let tenant = rules[0];
+    assert_eq!(tenant.limit, bucket(400, Unit::Minute, None));
+    assert_eq!(tenant.cost, 1);
+    assert_eq!(tenant.failure_mode, Some(FailureMode::Local));
+    assert_eq!(&*tenant.source, "t.yaml:4");
+    assert!(!tenant.shadow_mode && !tenant.detailed_metric);
+
+    let export = rules[1];
+    assert_eq!(export.limit, bucket(5, Unit::Second, Some(50)));
+    assert_eq!(export.cost, 10);
+    assert_eq!(export.failure_mode, Some(FailureMode::Closed));
+    assert_eq!(&*export.source, "t.yaml:7");
+
+    let admin = rules[2];
+    assert!(admin.shadow_mode);
+    assert_eq!(admin.name.as_deref(), Some("admin-user"));
+    assert_eq!(admin.replaces, [Arc::<str>::from("other")]);
+    // Not inherited from the `route: admin-*` or `tenant` ancestors: the domain's.
+    assert_eq!(admin.failure_mode, Some(FailureMode::Local));
+
+    // Without a domain default, a rule without its own failure_mode has none.
+    let plain =
+        load("domain: p\ndescriptors: [{key: k, rate_limit: {unit: day, requests_per_unit: 9}}]\n")
+            .unwrap();
+    assert_eq!(plain.rules().next().unwrap().failure_mode, None);
+}
+
+#[test]
+fn matching_walks_the_compiled_tree() {
+    let config = load(NESTED).unwrap();
+    let api = config.domain("api").unwrap();
+    let find = |pairs: &[(&str, &str)]| path_of(api, pairs);
+
+    // Exact beats bare.
+    assert_eq!(
+        find(&[("tenant", "acme")]).as_deref(),
+        Some("api.tenant_acme")
+    );
+    assert_eq!(find(&[("tenant", "globex")]).as_deref(), Some("api.tenant"));
+    // Nested rule under a bare key.
+    assert_eq!(
+        find(&[("tenant", "globex"), ("route", "export")]).as_deref(),
+        Some("api.tenant.route_export")
+    );
+    // Wildcard in the middle of a path.
+    assert_eq!(
+        find(&[
+            ("tenant", "globex"),
+            ("route", "admin-users"),
+            ("user", "u1")
+        ])
+        .as_deref(),
+        Some("api.tenant.route_admin-*.user")
+    );
+    // Rule deeper than the request.
+    assert_eq!(
+        find(&[("tenant", "globex"), ("route", "admin-users")]),
+        None
+    );
+    // Request deeper than the config.
+    assert_eq!(
+        find(&[("tenant", "globex"), ("route", "export"), ("x", "y")]),
+        None
+    );
+    // The exact `tenant: acme` node has no children: no fallback to the bare `tenant` node.
+    assert_eq!(find(&[("tenant", "acme"), ("route", "export")]), None);
+    // Unknown key or value.
+    assert_eq!(find(&[("route", "export")]), None);
+    assert_eq!(find(&[("tenant", "globex"), ("route", "import")]), None);
+    assert_eq!(find(&[]), None);
+}
+
+#[test]
+fn wildcards_match_by_prefix_in_config_order() {
+    let config = load(
+        "domain: w
+descriptors:
+  - key: path
+    value: /api/*
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: path
+    value: /api/v2/*
+    rate_limit: {unit: second, requests_per_unit: 2}
+  - key: path
+    value: /api/v2/health
+    rate_limit: {unlimited: true}
+  - key: path
+    rate_limit: {unit: second, requests_per_unit: 3}
+  - key: any
+    value: '*'
+    rate_limit: {unit: second, requests_per_unit: 4}
+  - key: literal
+    value: a*b
+    rate_limit: {unit: second, requests_per_unit: 5}
+",
+    )
+    .unwrap();
+    let w = config.domain("w").unwrap();
+    let find = |pairs: &[(&str, &str)]| path_of(w, pairs);
+    assert_eq!(
+        find(&[("path", "/api/v2/health")]).as_deref(),
+        Some("w.path_/api/v2/health")
+    );
+    // `/api/*` is listed first, so it wins over the narrower `/api/v2/*`.
+    assert_eq!(
+        find(&[("path", "/api/v2/users")]).as_deref(),
+        Some("w.path_/api/*")
+    );
+    assert_eq!(find(&[("path", "/api/")]).as_deref(), Some("w.path_/api/*"));
+    assert_eq!(find(&[("path", "/static")]).as_deref(), Some("w.path"));
+    // "*" alone matches every value, the empty one too.
+    assert_eq!(find(&[("any", "x")]).as_deref(), Some("w.any_*"));
+    assert_eq!(find(&[("any", "")]).as_deref(), Some("w.any_*"));
+    // A `*` not at the end is literal.
+    assert_eq!(
+        find(&[("literal", "a*b")]).as_deref(),
+        Some("w.literal_a*b")
+    );
+    assert_eq!(find(&[("literal", "axb")]), None);
+    // Unlimited rules are found like any other.
+    let health = w.find(&entries(&[("path", "/api/v2/health")])).unwrap();
+    assert_eq!(health.limit, Limit::Unlimited);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Config as a whole
+
+#[test]
+fn digest_depends_on_names_and_contents_only() {
+    let a = ("a.yaml".to_owned(), "domain: a\n".to_owned());
+    let b = ("b.yaml".to_owned(), "domain: b\n".to_owned());
+    let one = load_sources(&[a.clone(), b.clone()]).unwrap();
+    let swapped = load_sources(&[b.clone(), a.clone()]).unwrap();
+    assert_eq!(one.digest(), swapped.digest());
+    assert_eq!(one.digest().len(), 40);
+    assert!(one.digest().bytes().all(|c| c.is_ascii_hexdigit()));
+    let moved = load_sources(&[
+        ("/etc/sluice/a.yaml".to_owned(), a.1.clone()),
+        ("/etc/sluice/b.yaml".to_owned(), b.1.clone()),
+    ])
+    .unwrap();
+    assert_eq!(one.digest(), moved.digest());
+    let edited =
+        load_sources(&[a.clone(), ("b.yaml".to_owned(), "domain: b \n".to_owned())]).unwrap();
+    assert_ne!(one.digest(), edited.digest());
+    let renamed = load_sources(&[a, ("c.yaml".to_owned(), b.1)]).unwrap();
+    assert_ne!(one.digest(), renamed.digest());
+}
+
+#[test]
+fn summary_and_json_describe_the_active_config() {
+    let config = load(NESTED).unwrap();
+    assert_eq!(
+        config.summary(),
+        format!("ok: 1 domain, 4 rules, digest {}", &config.digest()[..8])
+    );
+    let json = config.to_json();
+    assert_eq!(json["digest"], config.digest());
+    assert_eq!(json["rule_count"], 4);
+    let domain = &json["domains"][0];
+    assert_eq!(domain["domain"], "api");
+    assert_eq!(domain["file"], "t.yaml");
+    assert_eq!(domain["failure_mode"], "local");
+    let export = &domain["rules"][1];
+    assert_eq!(export["path"], "api.tenant.route_export");
+    assert_eq!(export["cost"], 10);
+    assert_eq!(export["failure_mode"], "closed");
+    assert_eq!(export["source"], "t.yaml:7");
+    assert_eq!(
+        export["limit"],
+        serde_json::json!({"bucket": {"requests_per_unit": 5, "unit": "second", "burst": 50}})
+    );
+    assert_eq!(domain["rules"][2]["name"], "admin-user");
+    assert_eq!(domain["rules"][2]["replaces"][0], "other");
+
+    let empty = Config::default();
+    assert_eq!(empty.rule_count(), 0);
+    assert_eq!(empty.domains().count(), 0);
+    assert_eq!(
+        empty.summary(),
+        format!("ok: 0 domains, 0 rules, digest {}", &empty.digest()[..8])
+    );
+}
+
+#[test]
+fn envoyproxy_ratelimit_readme_config_loads_unchanged() {
+    // The shapes of envoyproxy/ratelimit's README examples, upper-case units as often written.
+    let src = "---
+domain: example
+descriptors:
+  - key: database
+    value: users
+    rate_limit:
+      unit: SECOND
+      requests_per_unit: 500
+
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit:
+          unit: DAY
+          requests_per_unit: 5
+
+  - key: to_number
+    rate_limit:
+      unit: DAY
+      requests_per_unit: 100
+
+  - key: remote_address
+    rate_limit:
+      unit: Second
+      requests_per_unit: 10
+
+  - key: ldap
+    rate_limit:
+      unlimited: true
+
+  - key: service
+    descriptors:
+      - key: user
+        value: user-a
+        rate_limit:
+          requests_per_unit: 10
+          unit: SECOND
+        shadow_mode: true
+
+  - key: key_1
+    value: value_1
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit:
+          name: specific_limit
+          requests_per_unit: 5
+          unit: SECOND
+  - key: key_2
+    value: value_2
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit:
+          replaces:
+            - name: specific_limit
+          requests_per_unit: 10
+          unit: SECOND
+
+  - key: key1
+    detailed_metric: true
+    rate_limit:
+      unit: MINUTE
+      requests_per_unit: 10
+  - key: foo
+    value: bar*
+    rate_limit:
+      unit: HOUR
+      requests_per_unit: 3
+";
+    let config = load(src).unwrap();
+    assert_eq!(config.rule_count(), 10);
+    let d = config.domain("example").unwrap();
+    let rule = |pairs: &[(&str, &str)]| d.find(&entries(pairs)).unwrap().clone();
+    assert_eq!(
+        rule(&[("message_type", "marketing"), ("to_number", "2061111111")]).limit,
+        bucket(5, Unit::Day, None)
+    );
+    assert_eq!(
+        rule(&[("to_number", "2061111111")]).limit,
+        bucket(100, Unit::Day, None)
+    );
+    assert_eq!(rule(&[("ldap", "x")]).limit, Limit::Unlimited);
+    assert!(rule(&[("service", "s"), ("user", "user-a")]).shadow_mode);
+    assert_eq!(
+        rule(&[("key_2", "value_2"), ("user", "bkthomps")]).replaces,
+        [Arc::<str>::from("specific_limit")]
+    );
+    assert!(rule(&[("key1", "v")]).detailed_metric);
+    assert_eq!(&*rule(&[("foo", "barbaz")]).path, "example.foo_bar*");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The shipped example configs
+
+fn examples() -> Config {
+    load_path(&Path::new(env!("CARGO_MANIFEST_DIR")).join("config"))
+        .unwrap_or_else(|e| panic!("config/ must load:\n{e}"))
+}
+
+#[test]
+fn example_edge_config_matches_as_documented() {
+    let config = examples();
+    let edge = config.domain("edge").unwrap();
+    assert_eq!(edge.failure_mode, Some(FailureMode::Local));
+    let rule = |pairs: &[(&str, &str)]| edge.find(&entries(pairs)).cloned();
+
+    let tenant = rule(&[("tenant", "acme")]).unwrap();
+    assert_eq!(&*tenant.path, "edge.tenant");
+    assert_eq!(tenant.limit, bucket(600, Unit::Minute, Some(100)));
+    assert_eq!(tenant.name.as_deref(), Some("tenant-default"));
+    assert_eq!(tenant.failure_mode, Some(FailureMode::Local));
+
+    let export = rule(&[("tenant", "acme"), ("route", "export")]).unwrap();
+    assert_eq!(&*export.path, "edge.tenant.route_export");
+    assert_eq!(export.limit, bucket(5, Unit::Second, Some(50)));
+    assert_eq!(export.cost, 10);
+
+    let login = rule(&[("tenant", "acme"), ("route", "login")]).unwrap();
+    assert_eq!(login.limit, bucket(20, Unit::Minute, None));
+    assert_eq!(login.failure_mode, Some(FailureMode::Closed));
+    assert_eq!(rule(&[("tenant", "acme"), ("route", "other")]), None);
+
+    let internal = rule(&[("tenant", "internal-billing")]).unwrap();
+    assert_eq!(&*internal.path, "edge.tenant_internal-*");
+    assert_eq!(internal.limit, Limit::Unlimited);
+    assert_eq!(
+        rule(&[("tenant", "internal-billing"), ("route", "export")]),
+        None
+    );
+
+    let ip = rule(&[("remote_address", "10.0.0.1")]).unwrap();
+    assert_eq!(ip.limit, bucket(50, Unit::Second, None));
+    assert!(ip.shadow_mode && ip.detailed_metric);
+
+    let free = rule(&[("plan", "free"), ("tenant", "acme")]).unwrap();
+    assert_eq!(&*free.path, "edge.plan_free.tenant");
+    assert_eq!(free.limit, bucket(100, Unit::Minute, None));
+    assert_eq!(free.name.as_deref(), Some("free-tenant"));
+    assert_eq!(free.replaces, [Arc::<str>::from("tenant-default")]);
+    assert_eq!(rule(&[("plan", "free")]), None);
+    assert_eq!(rule(&[("plan", "paid"), ("tenant", "acme")]), None);
+
+    assert_eq!(edge.rules().len(), 6);
+    assert!(edge.file().ends_with("edge.yaml"));
+}
+
+#[test]
+fn example_internal_config_matches_as_documented() {
+    let config = examples();
+    assert_eq!(config.domains().count(), 2);
+    let internal = config.domain("internal").unwrap();
+    assert_eq!(internal.failure_mode, Some(FailureMode::Open));
+    let rule = |pairs: &[(&str, &str)]| internal.find(&entries(pairs)).cloned().unwrap();
+    assert_eq!(
+        rule(&[("service", "reports")]).limit,
+        bucket(1000, Unit::Hour, None)
+    );
+    assert_eq!(
+        rule(&[("service", "search")]).limit,
+        bucket(50_000, Unit::Day, None)
+    );
+    let per_user = rule(&[("job", "nightly"), ("user", "u1")]);
+    assert_eq!(per_user.limit, bucket(60, Unit::Hour, None));
+    assert_eq!(per_user.failure_mode, Some(FailureMode::Open));
+    assert_eq!(config.rule_count(), 9);
+    assert!(
+        config
+            .summary()
+            .starts_with("ok: 2 domains, 9 rules, digest ")
+    );
+}

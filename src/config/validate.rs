@@ -1,0 +1,311 @@
+//! Meaning checks on the raw model of one file, producing the checked model `compile` builds from.
+//!
+//! Every problem is reported with the position of the value (or field) at fault; checking goes on
+//! past each one so a single run lists them all.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
+use super::Sink;
+use super::raw::{Field, RawDescriptor, RawDomain, RawRateLimit, Sp};
+use super::yaml::Pos;
+use crate::rule::{FailureMode, Limit, RateLimit, Unit};
+
+/// One domain whose every field is known good.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct DomainSpec {
+    pub name: Sp<String>,
+    pub failure_mode: Option<FailureMode>,
+    pub descriptors: Vec<DescriptorSpec>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct DescriptorSpec {
+    pub at: Pos,
+    pub key: String,
+    /// `None` for a bare key; an empty `value: ""` counts as none, as in envoyproxy/ratelimit.
+    pub value: Option<String>,
+    pub rule: Option<RuleSpec>,
+    pub children: Vec<DescriptorSpec>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct RuleSpec {
+    pub limit: Limit,
+    pub name: Option<String>,
+    pub replaces: Vec<String>,
+    pub shadow_mode: bool,
+    pub detailed_metric: bool,
+    pub cost: u64,
+    pub failure_mode: Option<FailureMode>,
+}
+
+/// Limits for `requests_per_unit`, `burst` and `cost`: bucket sizes are `u32` on the wire
+/// (`RateLimitResponse.RateLimit.requests_per_unit`), and a cost above any capacity is meaningless.
+const COUNT_MAX: i128 = u32::MAX as i128;
+
+/// Checks one file. `None` when the domain itself is unusable; problems are in `sink` either way.
+pub(crate) fn domain(raw: &RawDomain, sink: &mut Sink) -> Option<DomainSpec> {
+    let failure_mode = failure_mode(&raw.failure_mode, sink);
+    let name = match &raw.domain {
+        Field::Absent => {
+            sink.error(raw.at, "missing required field `domain`");
+            None
+        }
+        Field::Invalid => None,
+        Field::Given(name) if name.value.is_empty() => {
+            sink.error(name.at, "`domain` must not be empty");
+            None
+        }
+        Field::Given(name) => Some(name.clone()),
+    };
+    let mut names = HashMap::new();
+    let descriptors = level(&raw.descriptors, &mut names, sink);
+    Some(DomainSpec {
+        name: name?,
+        failure_mode,
+        descriptors,
+    })
+}
+
+/// One list of sibling descriptors. `names` holds the domain's `rate_limit.name`s seen so far.
+fn level(
+    raws: &[RawDescriptor],
+    names: &mut HashMap<String, Pos>,
+    sink: &mut Sink,
+) -> Vec<DescriptorSpec> {
+    let mut seen: HashMap<(&str, Option<&str>), Pos> = HashMap::new();
+    let mut specs = Vec::with_capacity(raws.len());
+    for raw in raws {
+        let key = match &raw.key {
+            Field::Absent => {
+                sink.error(raw.at, "descriptor is missing required field `key`");
+                None
+            }
+            Field::Invalid => None,
+            Field::Given(key) if key.value.is_empty() => {
+                sink.error(key.at, "descriptor `key` must not be empty");
+                None
+            }
+            Field::Given(key) => Some(key.value.as_str()),
+        };
+        let value = raw
+            .value
+            .given()
+            .map(|v| v.value.as_str())
+            .filter(|v| !v.is_empty());
+        // A malformed value is already reported; comparing it as "no value" would add noise.
+        if let (Some(key), false) = (key, matches!(raw.value, Field::Invalid)) {
+            match seen.entry((key, value)) {
+                Entry::Occupied(first) => {
+                    let what = match value {
+                        Some(value) => format!("`{key}` = `{value}`"),
+                        None => format!("`{key}` (no value)"),
+                    };
+                    sink.error(
+                        raw.at,
+                        format!(
+                            "duplicate descriptor {what} at this level (first at line {})",
+                            first.get().line
+                        ),
+                    );
+                }
+                Entry::Vacant(slot) => {
+                    slot.insert(raw.at);
+                }
+            }
+        }
+        let rule = rule(raw, names, sink);
+        let children = level(&raw.descriptors, names, sink);
+        if let Some(key) = key {
+            specs.push(DescriptorSpec {
+                at: raw.at,
+                key: key.to_owned(),
+                value: value.map(str::to_owned),
+                rule,
+                children,
+            });
+        }
+    }
+    specs
+}
+
+/// The rule a descriptor defines, if it has a well-formed `rate_limit`.
+fn rule(
+    raw: &RawDescriptor,
+    names: &mut HashMap<String, Pos>,
+    sink: &mut Sink,
+) -> Option<RuleSpec> {
+    let cost = count("cost", &raw.cost, sink);
+    let failure_mode = failure_mode(&raw.failure_mode, sink);
+    let rate_limit = match &raw.rate_limit {
+        Field::Given(rl) => rl,
+        Field::Invalid => return None,
+        Field::Absent => {
+            // Rule settings on a pure tree node would silently do nothing: they are not inherited.
+            let stray = [
+                ("cost", raw.cost.given().map(|f| f.key_at)),
+                ("failure_mode", raw.failure_mode.given().map(|f| f.key_at)),
+            ];
+            for (field, at) in stray {
+                if let Some(at) = at {
+                    sink.error(
+                        at,
+                        format!(
+                            "`{field}` applies only to a descriptor with a `rate_limit` (it is not inherited)"
+                        ),
+                    );
+                }
+            }
+            return None;
+        }
+    };
+    let limit = limit(rate_limit, sink);
+    let name = match &rate_limit.value.name {
+        Field::Given(name) if name.value.is_empty() => {
+            sink.error(name.at, "`rate_limit.name` must not be empty");
+            None
+        }
+        Field::Given(name) => {
+            match names.entry(name.value.clone()) {
+                Entry::Occupied(first) => sink.error(
+                    name.at,
+                    format!(
+                        "duplicate rate_limit name `{}` in this domain (first at line {}); `replaces` would be ambiguous",
+                        name.value,
+                        first.get().line
+                    ),
+                ),
+                Entry::Vacant(slot) => {
+                    slot.insert(name.at);
+                }
+            }
+            Some(name.value.clone())
+        }
+        _ => None,
+    };
+    let mut replaces = Vec::with_capacity(rate_limit.value.replaces.len());
+    for entry in &rate_limit.value.replaces {
+        match &entry.name {
+            Field::Absent => sink.error(entry.at, "`replaces` entry is missing `name`"),
+            Field::Invalid => {}
+            Field::Given(target) if target.value.is_empty() => {
+                sink.error(target.at, "`replaces` entry has an empty `name`")
+            }
+            Field::Given(target) if Some(&target.value) == name.as_ref() => sink.error(
+                target.at,
+                format!("rule `{}` cannot replace itself", target.value),
+            ),
+            Field::Given(target) => replaces.push(target.value.clone()),
+        }
+    }
+    Some(RuleSpec {
+        limit: limit?,
+        name,
+        replaces,
+        shadow_mode: flag(&raw.shadow_mode),
+        detailed_metric: flag(&raw.detailed_metric),
+        cost: cost.map_or(1, u64::from),
+        failure_mode,
+    })
+}
+
+fn limit(rate_limit: &Sp<RawRateLimit>, sink: &mut Sink) -> Option<Limit> {
+    let raw = &rate_limit.value;
+    if flag(&raw.unlimited) {
+        let mut ok = true;
+        for (name, given) in [
+            ("unit", raw.unit.given().map(|f| f.key_at)),
+            (
+                "requests_per_unit",
+                raw.requests_per_unit.given().map(|f| f.key_at),
+            ),
+            ("burst", raw.burst.given().map(|f| f.key_at)),
+        ] {
+            if let Some(at) = given {
+                sink.error(
+                    at,
+                    format!("`{name}` must not be given with `unlimited: true`"),
+                );
+                ok = false;
+            }
+        }
+        return ok.then_some(Limit::Unlimited);
+    }
+    let unit = match &raw.unit {
+        Field::Absent => {
+            sink.error(
+                rate_limit.key_at,
+                "`rate_limit` is missing `unit` (or `unlimited: true`)",
+            );
+            None
+        }
+        Field::Invalid => None,
+        Field::Given(unit) => {
+            let parsed = Unit::parse(&unit.value);
+            if parsed.is_none() {
+                sink.error(
+                    unit.at,
+                    format!(
+                        "invalid unit `{}`; expected one of: {}",
+                        unit.value,
+                        Unit::ALL.map(Unit::as_str).join(", ")
+                    ),
+                );
+            }
+            parsed
+        }
+    };
+    if raw.requests_per_unit.is_absent() {
+        sink.error(
+            rate_limit.key_at,
+            "`rate_limit` is missing `requests_per_unit` (or `unlimited: true`)",
+        );
+    }
+    let requests_per_unit = count("requests_per_unit", &raw.requests_per_unit, sink);
+    let burst = count("burst", &raw.burst, sink);
+    if raw.burst.is_present() && burst.is_none() {
+        return None;
+    }
+    Some(Limit::Bucket(RateLimit {
+        requests_per_unit: requests_per_unit?,
+        unit: unit?,
+        burst,
+    }))
+}
+
+/// A positive count that fits a bucket; `None` when absent or reported.
+fn count(name: &str, field: &Field<i128>, sink: &mut Sink) -> Option<u32> {
+    let given = field.given()?;
+    if (1..=COUNT_MAX).contains(&given.value) {
+        Some(given.value as u32)
+    } else {
+        sink.error(
+            given.at,
+            format!(
+                "`{name}` must be an integer from 1 to {COUNT_MAX}, got {}",
+                given.value
+            ),
+        );
+        None
+    }
+}
+
+fn failure_mode(field: &Field<String>, sink: &mut Sink) -> Option<FailureMode> {
+    let given = field.given()?;
+    let parsed = FailureMode::parse(&given.value);
+    if parsed.is_none() {
+        sink.error(
+            given.at,
+            format!(
+                "invalid failure_mode `{}`; expected one of: open, closed, local, error",
+                given.value
+            ),
+        );
+    }
+    parsed
+}
+
+fn flag(field: &Field<bool>) -> bool {
+    field.given().is_some_and(|f| f.value)
+}
