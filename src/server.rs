@@ -15,11 +15,12 @@ use tokio_stream::wrappers::TcpListenerStream;
 use crate::admin::{self, AdminState, Readiness};
 use crate::backend::Backend;
 use crate::backend::memory::{MemoryBackend, MemoryOptions};
+use crate::backend::redis::{RedisBackend, RedisMode, RedisOptions};
 use crate::clock::MonotonicClock;
 use crate::config::{self, Config, ConfigErrors};
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::service::{HeaderOptions, RateLimitGrpc, RequestBounds};
-use crate::settings::{BackendKind, Settings};
+use crate::settings::{BackendKind, RedisModeArg, Settings};
 
 /// Hard ceiling tonic enforces before our own `max_message_bytes` check can name the field.
 const TRANSPORT_MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
@@ -119,7 +120,7 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
             running
         }
         BackendKind::Redis => {
-            let backend = crate::backend::redis::connect_from_settings(&settings)
+            let backend = RedisBackend::connect(redis_options(&settings))
                 .await
                 .map_err(|e| ServeError::Backend(e.to_string()))?;
             serve(settings, config, backend).await
@@ -241,6 +242,21 @@ async fn serve<B: Backend>(
         stop: stop_tx,
         task,
     })
+}
+
+fn redis_options(settings: &Settings) -> RedisOptions {
+    RedisOptions {
+        urls: settings.redis_url.clone(),
+        mode: match settings.redis_mode {
+            RedisModeArg::Standalone => RedisMode::Standalone,
+            RedisModeArg::Cluster => RedisMode::Cluster,
+            RedisModeArg::Sentinel => RedisMode::Sentinel,
+        },
+        sentinel_master: Some(settings.redis_sentinel_master.clone()),
+        connect_timeout: settings.redis_connect_timeout,
+        command_timeout: settings.redis_timeout,
+        ..RedisOptions::default()
+    }
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
