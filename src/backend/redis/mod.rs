@@ -1,3 +1,314 @@
 //! The Redis backend: one atomic Lua script call per request (per slot in Cluster mode).
 //!
-//! OWNER: redis helper.
+//! Every replica runs `lua/token_bucket.lua`, which refills against Redis's own `TIME`, so the
+//! limit is one limit however many replicas share the server. The script is loaded with
+//! `SCRIPT LOAD` at start (on every master in Cluster mode) and called with `EVALSHA`; a
+//! `NOSCRIPT` reply (restart, failover, `SCRIPT FLUSH`) costs one `EVAL`, which re-caches it.
+//!
+//! Connections are multiplexed: a [`ConnectionManager`] that reconnects on its own
+//! (standalone), a cluster connection that follows MOVED/ASK/TRYAGAIN (Cluster), or a master
+//! resolved through the sentinels and re-resolved after errors so a failover is followed
+//! (Sentinel). Every call is bounded by [`RedisOptions::command_timeout`].
+//!
+//! In Cluster mode the hits of one slot are decided atomically together; hits in different
+//! slots are separate calls (issued concurrently), each all-or-nothing on its own. Keys of one
+//! request that share domain and first entry share a hash tag, hence a slot.
+
+mod cluster;
+mod script;
+mod sentinel;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+use crate::algorithm::{BucketParams, Verdict};
+use crate::backend::{Backend, BackendError, Hit};
+use crate::clock::SharedClock;
+
+use self::sentinel::SentinelLink;
+
+/// How sluice finds its Redis.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RedisMode {
+    /// One server (or a proxy); exactly one URL.
+    #[default]
+    Standalone,
+    /// Redis Cluster; the URLs are seed nodes, the topology is discovered.
+    Cluster,
+    /// The URLs are sentinels; [`RedisOptions::sentinel_master`] names the monitored master.
+    Sentinel,
+}
+
+/// Connection settings for [`RedisBackend::connect`].
+#[derive(Clone, Debug)]
+pub struct RedisOptions {
+    /// `redis://[user:password@]host:port[/db]`, `rediss://` for TLS. Credentials in the URL are
+    /// sent with `AUTH` (ACL user or the default user); in Sentinel mode they are used for the
+    /// sentinels and for the master alike.
+    pub urls: Vec<String>,
+    pub mode: RedisMode,
+    /// Master name the sentinels monitor (Sentinel mode only).
+    pub sentinel_master: Option<String>,
+    /// Bound on establishing a connection: each startup step and each reconnect attempt.
+    pub connect_timeout: Duration,
+    /// Bound on one check (all of its round trips); well under Envoy's 20 ms filter timeout.
+    pub command_timeout: Duration,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        RedisOptions {
+            urls: Vec::new(),
+            mode: RedisMode::Standalone,
+            sentinel_master: None,
+            connect_timeout: Duration::from_millis(250),
+            command_timeout: Duration::from_millis(15),
+        }
+    }
+}
+
+/// Shared token buckets in Redis. Cheap to clone: clones share the connections.
+#[derive(Clone)]
+pub struct RedisBackend {
+    link: Link,
+    command_timeout: Duration,
+    /// Test-only override of Redis's clock (see [`RedisBackend::with_test_clock`]).
+    test_clock: Option<SharedClock>,
+}
+
+#[derive(Clone)]
+enum Link {
+    Standalone(ConnectionManager),
+    Sentinel(Arc<SentinelLink>),
+    Cluster(ClusterConnection),
+}
+
+/// Key of the bucket [`Backend::probe`] checks (check-only, so it never limits anything).
+const PROBE_KEY: &str = "sluice:probe";
+
+/// Reconnect backoff of the standalone connection: first retry soon (a restarted server is
+/// back within a few hundred ms), then at most every half second, and never give up — a check
+/// in the meantime fails by its own timeout and the failure policy answers.
+const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(10);
+const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(500);
+const RECONNECT_ATTEMPTS: usize = usize::MAX;
+
+impl RedisBackend {
+    /// Connects and loads the script. Fails when the options are inconsistent or Redis cannot
+    /// be reached within [`RedisOptions::connect_timeout`] per step.
+    pub async fn connect(opts: RedisOptions) -> Result<RedisBackend, BackendError> {
+        if opts.urls.is_empty() {
+            return Err(config_error("no Redis URL given"));
+        }
+        let link = match opts.mode {
+            RedisMode::Standalone => {
+                let [url] = opts.urls.as_slice() else {
+                    return Err(config_error("standalone mode takes exactly one Redis URL"));
+                };
+                Link::Standalone(connect_standalone(url, &opts).await?)
+            }
+            RedisMode::Cluster => Link::Cluster(cluster::connect(&opts).await?),
+            RedisMode::Sentinel => {
+                let Some(master) = opts.sentinel_master.as_deref() else {
+                    return Err(config_error("sentinel mode needs a sentinel master name"));
+                };
+                Link::Sentinel(SentinelLink::connect(&opts.urls, master, &opts).await?)
+            }
+        };
+        Ok(RedisBackend {
+            link,
+            command_timeout: opts.command_timeout,
+            test_clock: None,
+        })
+    }
+
+    /// Makes the script use `clock` instead of Redis's `TIME`, so a test can step time.
+    /// Production never calls this: Redis's clock is the only clock.
+    #[doc(hidden)]
+    pub fn with_test_clock(mut self, clock: SharedClock) -> Self {
+        self.test_clock = Some(clock);
+        self
+    }
+
+    async fn decide(&self, hits: &[Hit]) -> Result<Vec<Verdict>, BackendError> {
+        if hits.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now_ms = self.test_clock.as_ref().map(|clock| clock.now_ms());
+        match &self.link {
+            Link::Standalone(manager) => {
+                let mut conn = manager.clone();
+                let timeout = self.command_timeout;
+                bounded(timeout, async move {
+                    let reply = script::run(&mut conn, hits.iter(), hits.len(), now_ms)
+                        .await
+                        .map_err(classify)?;
+                    collect(&reply, hits.len())
+                })
+                .await
+            }
+            Link::Sentinel(link) => link.check(hits, now_ms, self.command_timeout).await,
+            Link::Cluster(conn) => {
+                bounded(self.command_timeout, cluster::check(conn, hits, now_ms)).await
+            }
+        }
+    }
+}
+
+impl Backend for RedisBackend {
+    fn check(&self, hits: &[Hit]) -> impl Future<Output = Result<Vec<Verdict>, BackendError>> + Send {
+        self.decide(hits)
+    }
+
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    /// Runs the script itself on a check-only demand, so a lost script cache, a read-only
+    /// replica or a refused `EVALSHA` (ACL) shows up, not just a dead socket.
+    fn probe(&self) -> impl Future<Output = Result<(), BackendError>> + Send {
+        let hit = Hit::new(
+            PROBE_KEY,
+            BucketParams {
+                capacity: 1,
+                requests_per_unit: 1,
+                unit_ms: 1_000,
+            },
+            0,
+        );
+        async move { self.decide(std::slice::from_ref(&hit)).await.map(drop) }
+    }
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mode = match self.link {
+            Link::Standalone(_) => RedisMode::Standalone,
+            Link::Sentinel(_) => RedisMode::Sentinel,
+            Link::Cluster(_) => RedisMode::Cluster,
+        };
+        f.debug_struct("RedisBackend")
+            .field("mode", &mode)
+            .field("command_timeout", &self.command_timeout)
+            .field("test_clock", &self.test_clock.is_some())
+            .finish()
+    }
+}
+
+async fn connect_standalone(
+    url: &str,
+    opts: &RedisOptions,
+) -> Result<ConnectionManager, BackendError> {
+    let client = redis::Client::open(url).map_err(|err| invalid_url(0, &err))?;
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(opts.connect_timeout))
+        // The caller bounds every call itself (command_timeout), including waits for a reconnect.
+        .set_response_timeout(None)
+        .set_min_delay(RECONNECT_MIN_DELAY)
+        .set_max_delay(RECONNECT_MAX_DELAY)
+        .set_number_of_retries(RECONNECT_ATTEMPTS);
+    let mut manager = ConnectionManager::new_lazy_with_config(client, config).map_err(classify)?;
+    let reply = bounded(opts.connect_timeout, async {
+        script::load_command()
+            .query_async::<redis::Value>(&mut manager)
+            .await
+            .map_err(classify)
+    })
+    .await?;
+    script::check_loaded(&reply)?;
+    Ok(manager)
+}
+
+/// Decodes a whole reply into verdicts in hit order.
+fn collect(reply: &redis::Value, count: usize) -> Result<Vec<Verdict>, BackendError> {
+    let mut verdicts = Vec::with_capacity(count);
+    for verdict in script::decode(reply, count)? {
+        verdicts.push(verdict?);
+    }
+    Ok(verdicts)
+}
+
+/// Runs `call` within `limit`; past it the call is dropped (a multiplexed connection discards the
+/// late reply) and the check fails with [`BackendError::Timeout`].
+async fn bounded<T>(
+    limit: Duration,
+    call: impl Future<Output = Result<T, BackendError>>,
+) -> Result<T, BackendError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(result) => result,
+        Err(_) => Err(BackendError::Timeout(limit.as_millis() as u64)),
+    }
+}
+
+/// Maps a redis-rs error: the server cannot serve now → `Unavailable`; it answered something
+/// sluice did not expect (script error, bad reply) → `Protocol`.
+fn classify(err: RedisError) -> BackendError {
+    match err.kind() {
+        ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {
+            BackendError::Protocol(err.to_string())
+        }
+        ErrorKind::Server(
+            ServerErrorKind::ResponseError
+            | ServerErrorKind::ExecAbort
+            | ServerErrorKind::CrossSlot
+            | ServerErrorKind::NotBusy
+            | ServerErrorKind::NoSub,
+        ) => BackendError::Protocol(err.to_string()),
+        _ => BackendError::Unavailable(err.to_string()),
+    }
+}
+
+/// True when an error means the current connection (or master) should be replaced.
+fn is_connection_error(err: &BackendError) -> bool {
+    matches!(err, BackendError::Unavailable(_))
+}
+
+fn config_error(message: &str) -> BackendError {
+    BackendError::Unavailable(format!("Redis configuration: {message}"))
+}
+
+/// The URL itself is left out of the message: it may carry a password.
+fn invalid_url(index: usize, err: &RedisError) -> BackendError {
+    BackendError::Unavailable(format!("Redis URL #{} is invalid: {err}", index + 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classify_separates_unavailable_from_protocol() {
+        let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(matches!(classify(refused), BackendError::Unavailable(_)));
+        let parse = RedisError::from((ErrorKind::Parse, "bad"));
+        assert!(matches!(classify(parse), BackendError::Protocol(_)));
+    }
+
+    #[tokio::test]
+    async fn connect_rejects_inconsistent_options() {
+        let none = RedisOptions::default();
+        assert!(RedisBackend::connect(none).await.is_err());
+        let two = RedisOptions {
+            urls: vec!["redis://127.0.0.1:1".into(), "redis://127.0.0.1:2".into()],
+            ..RedisOptions::default()
+        };
+        assert!(RedisBackend::connect(two).await.is_err());
+        let nameless = RedisOptions {
+            urls: vec!["redis://127.0.0.1:1".into()],
+            mode: RedisMode::Sentinel,
+            ..RedisOptions::default()
+        };
+        assert!(RedisBackend::connect(nameless).await.is_err());
+        let garbage = RedisOptions {
+            urls: vec!["http://user:secret@host".into()],
+            ..RedisOptions::default()
+        };
+        let err = RedisBackend::connect(garbage).await.unwrap_err();
+        assert!(!err.to_string().contains("secret"), "{err}");
+    }
+}

@@ -1,0 +1,277 @@
+//! The Lua token bucket as a Redis command: encoding a request's hits, the EVALSHA → EVAL
+//! fallback, and decoding the flat integer reply. See `lua/token_bucket.lua` for the contract.
+
+use std::sync::LazyLock;
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+
+use crate::algorithm::{Demand, Verdict};
+use crate::backend::{BackendError, Hit};
+
+/// The script source, sent with `SCRIPT LOAD` at start and with `EVAL` after a `NOSCRIPT`.
+pub(super) const SOURCE: &str = include_str!("../../../lua/token_bucket.lua");
+
+/// The SHA1 Redis files the script under.
+pub(super) static SHA: LazyLock<String> =
+    LazyLock::new(|| sha1_smol::Sha1::from(SOURCE).digest().to_string());
+
+/// Integers per key in the reply: allowed, remaining, retry_after_ms, until_full_ms.
+const REPLY_WIDTH: usize = 4;
+
+/// Wire value of `retry_after_ms` meaning "never" (the demand exceeds the capacity).
+const WIRE_NEVER: i64 = -1;
+/// Wire value of a count that saturated (Rust's `f64 as u64` of anything from 2^64 up).
+const WIRE_SATURATED: i64 = -2;
+
+const FLAG_REFUND: u8 = 1;
+const FLAG_SHADOW: u8 = 2;
+
+/// Placeholder for verdict slots that a reply overwrites; never returned.
+pub(super) const UNSET: Verdict = Verdict {
+    allowed: false,
+    remaining: 0,
+    retry_after_ms: None,
+    until_full_ms: 0,
+};
+
+/// Builds `EVALSHA <sha> ...` (or `EVAL <source> ...`) for `hits`; `count` is their number.
+/// `now_ms` is the test-only clock override; production passes `None` so the script reads `TIME`.
+fn command<'a, I>(verb: &str, script: &str, hits: I, count: usize, now_ms: Option<u64>) -> Cmd
+where
+    I: Iterator<Item = &'a Hit> + Clone,
+{
+    let mut cmd = redis::cmd(verb);
+    cmd.arg(script).arg(count);
+    for hit in hits.clone() {
+        cmd.arg(hit.key.as_str());
+    }
+    match now_ms {
+        Some(ms) => cmd.arg(ms),
+        None => cmd.arg(""),
+    };
+    for hit in hits {
+        let Demand {
+            params,
+            tokens,
+            refund,
+            shadow,
+        } = hit.demand;
+        let flags = if refund { FLAG_REFUND } else { 0 } | if shadow { FLAG_SHADOW } else { 0 };
+        cmd.arg(params.capacity)
+            .arg(params.requests_per_unit)
+            .arg(params.unit_ms)
+            .arg(tokens)
+            .arg(flags);
+    }
+    cmd
+}
+
+/// Runs the script over `hits` (all in one slot) in one round trip; after a `NOSCRIPT` (a
+/// restarted or failed-over server, or `SCRIPT FLUSH`) one `EVAL`, which also re-caches it.
+pub(super) async fn run<'a, C, I>(
+    conn: &mut C,
+    hits: I,
+    count: usize,
+    now_ms: Option<u64>,
+) -> Result<Value, RedisError>
+where
+    C: ConnectionLike,
+    I: Iterator<Item = &'a Hit> + Clone,
+{
+    let evalsha = command("EVALSHA", &SHA, hits.clone(), count, now_ms);
+    match evalsha.query_async::<Value>(conn).await {
+        Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            command("EVAL", SOURCE, hits, count, now_ms)
+                .query_async::<Value>(conn)
+                .await
+        }
+        other => other,
+    }
+}
+
+/// `SCRIPT LOAD <source>`; the reply is the SHA, checked by [`check_loaded`].
+pub(super) fn load_command() -> Cmd {
+    let mut cmd = redis::cmd("SCRIPT");
+    cmd.arg("LOAD").arg(SOURCE);
+    cmd
+}
+
+/// Confirms a `SCRIPT LOAD` reply names the script this build carries.
+pub(super) fn check_loaded(reply: &Value) -> Result<(), BackendError> {
+    let sha = match reply {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok(),
+        Value::SimpleString(s) => Some(s.as_str()),
+        _ => None,
+    };
+    match sha {
+        Some(sha) if sha.eq_ignore_ascii_case(&SHA) => Ok(()),
+        _ => Err(BackendError::Protocol(format!(
+            "SCRIPT LOAD answered {reply:?}, expected {}",
+            *SHA
+        ))),
+    }
+}
+
+/// Decodes the reply for `count` hits, in order. The length and shape are checked up front, so
+/// the iterator only fails on an out-of-range value.
+pub(super) fn decode(
+    reply: &Value,
+    count: usize,
+) -> Result<impl Iterator<Item = Result<Verdict, BackendError>> + '_, BackendError> {
+    let items = match reply {
+        Value::Array(items) if items.len() == count * REPLY_WIDTH => items,
+        other => {
+            return Err(BackendError::Protocol(format!(
+                "script reply for {count} keys: expected {} integers, got {}",
+                count * REPLY_WIDTH,
+                describe(other)
+            )));
+        }
+    };
+    Ok(items.chunks_exact(REPLY_WIDTH).map(|chunk| {
+        let [allowed, remaining, retry, until_full] = chunk else {
+            unreachable!("chunks_exact yields REPLY_WIDTH items");
+        };
+        let allowed = match int(allowed)? {
+            0 => false,
+            1 => true,
+            n => return Err(BackendError::Protocol(format!("allowed flag {n}"))),
+        };
+        let retry_after_ms = match int(retry)? {
+            WIRE_NEVER => None,
+            n => Some(count_from_wire(n)?),
+        };
+        Ok(Verdict {
+            allowed,
+            remaining: count_from_wire(int(remaining)?)?,
+            retry_after_ms,
+            until_full_ms: count_from_wire(int(until_full)?)?,
+        })
+    }))
+}
+
+fn int(value: &Value) -> Result<i64, BackendError> {
+    match value {
+        Value::Int(n) => Ok(*n),
+        other => Err(BackendError::Protocol(format!(
+            "script reply item: expected an integer, got {}",
+            describe(other)
+        ))),
+    }
+}
+
+/// A count as the script sends it: non-negative as is; [2^63, 2^64) as value - 2^64, so the
+/// two's-complement bits are the value; from 2^64 up as [`WIRE_SATURATED`].
+fn count_from_wire(n: i64) -> Result<u64, BackendError> {
+    match n {
+        WIRE_SATURATED => Ok(u64::MAX),
+        WIRE_NEVER => Err(BackendError::Protocol("count -1 outside retry_after".into())),
+        n => Ok(n as u64),
+    }
+}
+
+fn describe(value: &Value) -> String {
+    match value {
+        Value::Array(items) => format!("an array of {}", items.len()),
+        other => format!("{other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::BucketParams;
+
+    const PARAMS: BucketParams = BucketParams {
+        capacity: 10,
+        requests_per_unit: 5,
+        unit_ms: 1_000,
+    };
+
+    fn args(cmd: &Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8(bytes.to_vec()).unwrap(),
+                _ => "<not simple>".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn command_lists_keys_then_now_then_five_values_per_key() {
+        let mut refund = Hit::new("{t}b", PARAMS, 3);
+        refund.demand.refund = true;
+        refund.demand.shadow = true;
+        let hits = [Hit::new("{t}a", PARAMS, 2), refund];
+        let cmd = command("EVALSHA", &SHA, hits.iter(), hits.len(), None);
+        assert_eq!(
+            args(&cmd),
+            [
+                "EVALSHA", &SHA, "2", "{t}a", "{t}b", "", "10", "5", "1000", "2", "0", "10", "5",
+                "1000", "3", "3"
+            ]
+        );
+        let cmd = command("EVAL", SOURCE, hits[..1].iter(), 1, Some(42));
+        assert_eq!(args(&cmd)[3..], ["{t}a", "42", "10", "5", "1000", "2", "0"]);
+    }
+
+    #[test]
+    fn decode_maps_wire_values() {
+        let reply = Value::Array(
+            [1, 7, 0, 600, 0, 0, -1, 2000, 0, 3, -2, -4096]
+                .map(Value::Int)
+                .to_vec(),
+        );
+        let verdicts: Vec<Verdict> = decode(&reply, 3).unwrap().map(Result::unwrap).collect();
+        assert_eq!(
+            verdicts,
+            [
+                Verdict {
+                    allowed: true,
+                    remaining: 7,
+                    retry_after_ms: Some(0),
+                    until_full_ms: 600
+                },
+                Verdict {
+                    allowed: false,
+                    remaining: 0,
+                    retry_after_ms: None,
+                    until_full_ms: 2000
+                },
+                Verdict {
+                    allowed: false,
+                    remaining: 3,
+                    retry_after_ms: Some(u64::MAX),
+                    until_full_ms: u64::MAX - 4095
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn decode_rejects_wrong_shapes() {
+        let short = Value::Array(vec![Value::Int(1); 3]);
+        assert!(matches!(decode(&short, 1), Err(BackendError::Protocol(_))));
+        let not_int = Value::Array(vec![
+            Value::Int(1),
+            Value::BulkString(b"7".to_vec()),
+            Value::Int(0),
+            Value::Int(0),
+        ]);
+        assert!(matches!(
+            decode(&not_int, 1).unwrap().next(),
+            Some(Err(BackendError::Protocol(_)))
+        ));
+        let bad_flag = Value::Array([2, 0, 0, 0].map(Value::Int).to_vec());
+        assert!(decode(&bad_flag, 1).unwrap().next().unwrap().is_err());
+        assert!(decode(&Value::Nil, 1).is_err());
+    }
+
+    #[test]
+    fn sha_matches_script_load_reply() {
+        assert_eq!(SHA.len(), 40);
+        assert!(check_loaded(&Value::BulkString(SHA.as_bytes().to_vec())).is_ok());
+        assert!(check_loaded(&Value::BulkString(b"0000".to_vec())).is_err());
+    }
+}

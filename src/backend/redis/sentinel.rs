@@ -1,0 +1,160 @@
+//! Sentinel mode: the master is resolved through the sentinels, and resolved again after a
+//! failed or timed-out call, so checks follow a failover to the new master.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use redis::aio::MultiplexedConnection;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{AsyncConnectionConfig, ConnectionAddr, IntoConnectionInfo, TlsMode, Value};
+
+use super::{RedisOptions, bounded, classify, collect, invalid_url, is_connection_error, script};
+use crate::algorithm::Verdict;
+use crate::backend::{BackendError, Hit};
+
+/// After a resolution, the next one waits this long, so a master that stays down costs the
+/// sentinels a few queries per second, not one per request.
+const REFRESH_COOLDOWN: Duration = Duration::from_millis(100);
+
+pub(super) struct SentinelLink {
+    /// Asks the sentinels for the master (and checks it says it is one). One resolution at a time.
+    resolver: tokio::sync::Mutex<SentinelClient>,
+    master: ArcSwapOption<Master>,
+    /// A background resolution (or its cooldown) is under way.
+    refreshing: AtomicBool,
+    connect_timeout: Duration,
+    conn_config: AsyncConnectionConfig,
+}
+
+struct Master {
+    addr: ConnectionAddr,
+    conn: MultiplexedConnection,
+}
+
+impl SentinelLink {
+    pub(super) async fn connect(
+        urls: &[String],
+        master_name: &str,
+        opts: &RedisOptions,
+    ) -> Result<Arc<SentinelLink>, BackendError> {
+        let mut sentinels = Vec::with_capacity(urls.len());
+        for (index, url) in urls.iter().enumerate() {
+            let info = url
+                .as_str()
+                .into_connection_info()
+                .map_err(|err| invalid_url(index, &err))?;
+            sentinels.push(info);
+        }
+        // The master is reached like the sentinels: same TLS mode, same credentials and db.
+        let first = &sentinels[0];
+        let mut node = SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(first.redis_settings().clone());
+        if let ConnectionAddr::TcpTls { insecure, .. } = first.addr() {
+            node = node.set_tls_mode(if *insecure {
+                TlsMode::Insecure
+            } else {
+                TlsMode::Secure
+            });
+        }
+        let resolver =
+            SentinelClient::build(sentinels, master_name, Some(node), SentinelServerType::Master)
+                .map_err(|err| BackendError::Unavailable(format!("Redis Sentinel client: {err}")))?;
+        let link = Arc::new(SentinelLink {
+            resolver: tokio::sync::Mutex::new(resolver),
+            master: ArcSwapOption::empty(),
+            refreshing: AtomicBool::new(false),
+            connect_timeout: opts.connect_timeout,
+            conn_config: AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(opts.connect_timeout))
+                .set_response_timeout(None),
+        });
+        link.resolve(true).await?;
+        Ok(link)
+    }
+
+    /// One script call on the current master; an error schedules a re-resolution.
+    pub(super) async fn check(
+        self: &Arc<Self>,
+        hits: &[Hit],
+        now_ms: Option<u64>,
+        timeout: Duration,
+    ) -> Result<Vec<Verdict>, BackendError> {
+        let Some(master) = self.master.load_full() else {
+            self.refresh(true);
+            return Err(BackendError::Unavailable(
+                "no Redis master resolved through the sentinels yet".into(),
+            ));
+        };
+        let mut conn = master.conn.clone();
+        let result = bounded(timeout, async {
+            let reply = script::run(&mut conn, hits.iter(), hits.len(), now_ms)
+                .await
+                .map_err(classify)?;
+            collect(&reply, hits.len())
+        })
+        .await;
+        match &result {
+            Err(err) if is_connection_error(err) => self.refresh(true),
+            // A stalled master keeps its socket open: replace it only if the sentinels moved on.
+            Err(BackendError::Timeout(_)) => self.refresh(false),
+            _ => {}
+        }
+        result
+    }
+
+    /// Starts a background resolution unless one (or its cooldown) is running.
+    fn refresh(self: &Arc<Self>, reconnect: bool) {
+        if self.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let link = Arc::clone(self);
+        tokio::spawn(async move {
+            if let Err(err) = link.resolve(reconnect).await {
+                tracing::warn!(error = %err, "resolving the Redis master through the sentinels failed");
+            }
+            tokio::time::sleep(REFRESH_COOLDOWN).await;
+            link.refreshing.store(false, Ordering::Release);
+        });
+    }
+
+    /// Asks the sentinels for the master; connects to it and loads the script when it changed
+    /// (or always, with `reconnect`). Each step is bounded by the connect timeout.
+    async fn resolve(&self, reconnect: bool) -> Result<(), BackendError> {
+        let limit = self.connect_timeout;
+        let client = bounded(limit, async {
+            let mut resolver = self.resolver.lock().await;
+            resolver.async_get_client().await.map_err(classify)
+        })
+        .await?;
+        let addr = client.get_connection_info().addr().clone();
+        if !reconnect
+            && self
+                .master
+                .load()
+                .as_ref()
+                .is_some_and(|current| current.addr == addr)
+        {
+            return Ok(());
+        }
+        let mut conn = bounded(limit, async {
+            client
+                .get_multiplexed_async_connection_with_config(&self.conn_config)
+                .await
+                .map_err(classify)
+        })
+        .await?;
+        let reply = bounded(limit, async {
+            script::load_command()
+                .query_async::<Value>(&mut conn)
+                .await
+                .map_err(classify)
+        })
+        .await?;
+        script::check_loaded(&reply)?;
+        tracing::info!(master = %addr, "using the Redis master named by the sentinels");
+        self.master.store(Some(Arc::new(Master { addr, conn })));
+        Ok(())
+    }
+}
