@@ -323,10 +323,10 @@ impl<B: Backend> Limiter<B> {
             Limit::Unlimited => return Err(Status::unlimited(Basis::Unlimited, Some(rule))),
             Limit::Bucket(rate) => rate,
         };
-        if let Some(name) = &rule.name {
-            if replaced.iter().any(|r| r == name) {
-                return Err(Status::unlimited(Basis::Unlimited, Some(rule)));
-            }
+        if let Some(name) = &rule.name
+            && replaced.iter().any(|r| r == name)
+        {
+            return Err(Status::unlimited(Basis::Unlimited, Some(rule)));
         }
         let target = Target {
             name: rule.name.clone(),

@@ -64,7 +64,9 @@ impl Unit {
 
     /// Parses a config spelling; envoyproxy/ratelimit configs use upper case (`SECOND`), so case is ignored.
     pub fn parse(s: &str) -> Option<Unit> {
-        Unit::ALL.into_iter().find(|u| u.as_str().eq_ignore_ascii_case(s))
+        Unit::ALL
+            .into_iter()
+            .find(|u| u.as_str().eq_ignore_ascii_case(s))
     }
 
     /// From Envoy's `RateLimitUnit` enum value (`envoy.type.v3.RateLimitUnit`); UNKNOWN (0) is `None`.

@@ -195,8 +195,8 @@ async fn serve<B: Backend>(
         }
     });
 
-    let rls = RateLimitServiceServer::new(service)
-        .max_decoding_message_size(TRANSPORT_MAX_MESSAGE_BYTES);
+    let rls =
+        RateLimitServiceServer::new(service).max_decoding_message_size(TRANSPORT_MAX_MESSAGE_BYTES);
     let drain = settings.drain_timeout;
     let drain_readiness = readiness.clone();
     let mut grpc_stop = stop_rx.clone();
@@ -255,7 +255,6 @@ fn redis_options(settings: &Settings) -> RedisOptions {
         sentinel_master: Some(settings.redis_sentinel_master.clone()),
         connect_timeout: settings.redis_connect_timeout,
         command_timeout: settings.redis_timeout,
-        ..RedisOptions::default()
     }
 }
 
@@ -271,27 +270,44 @@ fn local_addr(listener: &TcpListener, addr: SocketAddr) -> Result<SocketAddr, Se
         .map_err(|source| ServeError::Bind { addr, source })
 }
 
-/// Resolves on SIGTERM or SIGINT (Ctrl-C).
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Resolves on SIGTERM or SIGINT (Ctrl-C). The handlers are installed when this is called, not
+/// when the future is first polled, so a signal that arrives right after the ready line is seen.
+pub fn shutdown_signal() -> impl Future<Output = ()> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| tracing::warn!(error = %e, "cannot listen for SIGTERM"))
+        .ok();
+    #[cfg(unix)]
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(|e| tracing::warn!(error = %e, "cannot listen for SIGINT"))
+        .ok();
+    async move {
+        #[cfg(unix)]
+        {
+            let term = async {
+                match term.as_mut() {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            let int = async {
+                match int.as_mut() {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                () = term => tracing::info!("SIGTERM received"),
+                () = int => tracing::info!("SIGINT received"),
             }
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => tracing::info!("SIGINT received"),
-        () = term => tracing::info!("SIGTERM received"),
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

@@ -6,12 +6,12 @@
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
-use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code as PbCode, DescriptorStatus, RateLimit as PbRateLimit,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use prost::Message;
 use tonic::{Request, Response, Status as GrpcStatus};
 
@@ -88,7 +88,11 @@ impl<B: Backend> RateLimitService for RateLimitGrpc<B> {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, GrpcStatus> {
         let request = to_limit_request(request.into_inner(), &self.bounds)?;
-        let decision = self.limiter.decide(&request).await.map_err(to_grpc_status)?;
+        let decision = self
+            .limiter
+            .decide(&request)
+            .await
+            .map_err(to_grpc_status)?;
         Ok(Response::new(to_response(&decision, &self.headers)))
     }
 }
@@ -307,10 +311,10 @@ fn rate_limit_headers(decision: &Decision, options: &HeaderOptions) -> Vec<Heade
     );
     push(&options.remaining, status.remaining.to_string());
     push(&options.reset, ceil_secs(status.reset_ms).to_string());
-    if decision.overall == Code::OverLimit {
-        if let Some(Some(ms)) = status.retry_after_ms {
-            push(&options.retry_after, ceil_secs(ms).max(1).to_string());
-        }
+    if decision.overall == Code::OverLimit
+        && let Some(Some(ms)) = status.retry_after_ms
+    {
+        push(&options.retry_after, ceil_secs(ms).max(1).to_string());
     }
     out
 }

@@ -87,10 +87,20 @@ pub struct Settings {
 
     /// redis://[user:pass@]host:port[/db] or rediss:// for TLS; several, comma-separated, for
     /// Cluster seeds or Sentinels.
-    #[arg(long, env = "SLUICE_REDIS_URL", value_delimiter = ',', default_value = "redis://127.0.0.1:6379")]
+    #[arg(
+        long,
+        env = "SLUICE_REDIS_URL",
+        value_delimiter = ',',
+        default_value = "redis://127.0.0.1:6379"
+    )]
     pub redis_url: Vec<String>,
 
-    #[arg(long, env = "SLUICE_REDIS_MODE", value_enum, default_value = "standalone")]
+    #[arg(
+        long,
+        env = "SLUICE_REDIS_MODE",
+        value_enum,
+        default_value = "standalone"
+    )]
     pub redis_mode: RedisModeArg,
 
     /// Master name to ask the Sentinels for.
@@ -121,7 +131,11 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_HEADER_LIMIT", default_value = "x-ratelimit-limit")]
     pub header_limit: String,
 
-    #[arg(long, env = "SLUICE_HEADER_REMAINING", default_value = "x-ratelimit-remaining")]
+    #[arg(
+        long,
+        env = "SLUICE_HEADER_REMAINING",
+        default_value = "x-ratelimit-remaining"
+    )]
     pub header_remaining: String,
 
     #[arg(long, env = "SLUICE_HEADER_RESET", default_value = "x-ratelimit-reset")]
@@ -203,7 +217,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     if !value.is_finite() || value < 0.0 {
         return Err(format!("invalid duration `{s}`"));
     }
-    Ok(Duration::from_micros((value * scale_ms * 1_000.0).round() as u64))
+    Ok(Duration::from_micros(
+        (value * scale_ms * 1_000.0).round() as u64
+    ))
 }
 
 #[cfg(test)]

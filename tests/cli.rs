@@ -21,8 +21,15 @@ fn repo(path: &str) -> String {
 
 #[test]
 fn check_config_accepts_the_examples() {
-    let out = sluice().args(["check-config", &repo("config")]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = sluice()
+        .args(["check-config", &repo("config")])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(stdout.lines().count(), 1, "one-line summary: {stdout}");
     assert!(stdout.contains("2 domains"), "{stdout}");
@@ -41,7 +48,10 @@ fn check_config_reports_file_and_line_and_exits_1() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("broken.yaml:4:"), "{stderr}");
-    assert!(stderr.contains("broken.yaml:5:"), "every error, not just the first: {stderr}");
+    assert!(
+        stderr.contains("broken.yaml:5:"),
+        "every error, not just the first: {stderr}"
+    );
 }
 
 #[cfg(unix)]

@@ -79,7 +79,10 @@ async fn rejected_request_takes_no_tokens_from_any_descriptor() {
     // Drain the export bucket (6 tokens, cost 2 → 3 hits).
     for _ in 0..3 {
         let r = s
-            .ok(req("edge", vec![desc(&[("tenant", "t1"), ("route", "export")])]))
+            .ok(req(
+                "edge",
+                vec![desc(&[("tenant", "t1"), ("route", "export")])],
+            ))
             .await;
         assert_eq!(r.overall_code, OK);
     }
@@ -149,7 +152,12 @@ async fn huge_hits_addend_is_rejected_without_panic() {
     r.hits_addend = u32::MAX;
     assert_eq!(s.ok(r).await.overall_code, OVER_LIMIT);
     // The server still answers.
-    assert_eq!(s.ok(req("edge", vec![desc(&[("tenant", "huge")])])).await.overall_code, OK);
+    assert_eq!(
+        s.ok(req("edge", vec![desc(&[("tenant", "huge")])]))
+            .await
+            .overall_code,
+        OK
+    );
     s.stop().await;
 }
 
@@ -192,7 +200,10 @@ async fn limit_override_replaces_the_configured_rate() {
         unit: 2,
     });
     assert_eq!(s.ok(req("edge", vec![d.clone()])).await.overall_code, OK);
-    assert_eq!(s.ok(req("edge", vec![d.clone()])).await.overall_code, OVER_LIMIT);
+    assert_eq!(
+        s.ok(req("edge", vec![d.clone()])).await.overall_code,
+        OVER_LIMIT
+    );
     // ...but not for an unknown domain.
     assert_eq!(s.ok(req("nope", vec![d.clone()])).await.overall_code, OK);
     assert_eq!(s.ok(req("nope", vec![d])).await.overall_code, OK);
@@ -203,7 +214,9 @@ async fn limit_override_replaces_the_configured_rate() {
 async fn shadow_mode_counts_but_never_rejects() {
     let mut s = server().await;
     for _ in 0..5 {
-        let r = s.ok(req("edge", vec![desc(&[("remote_address", "10.0.0.1")])])).await;
+        let r = s
+            .ok(req("edge", vec![desc(&[("remote_address", "10.0.0.1")])]))
+            .await;
         assert_eq!(r.overall_code, OK);
         assert_eq!(r.statuses[0].code, OK);
     }
@@ -213,7 +226,9 @@ async fn shadow_mode_counts_but_never_rejects() {
 #[tokio::test]
 async fn unknown_domain_unmatched_and_unlimited_are_ok() {
     let mut s = server().await;
-    let r = s.ok(req("no-such-domain", vec![desc(&[("tenant", "x")])])).await;
+    let r = s
+        .ok(req("no-such-domain", vec![desc(&[("tenant", "x")])]))
+        .await;
     assert_eq!(r.overall_code, OK);
     assert_eq!(r.statuses.len(), 1);
     assert_eq!(r.statuses[0].code, OK);
@@ -224,7 +239,9 @@ async fn unknown_domain_unmatched_and_unlimited_are_ok() {
     assert!(r.statuses[0].current_limit.is_none());
 
     for _ in 0..10 {
-        let r = s.ok(req("edge", vec![desc(&[("tenant", "internal-billing")])])).await;
+        let r = s
+            .ok(req("edge", vec![desc(&[("tenant", "internal-billing")])]))
+            .await;
         assert_eq!(r.overall_code, OK);
         assert!(r.statuses[0].current_limit.is_none());
         assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
@@ -246,8 +263,14 @@ async fn replaces_drops_the_replaced_rule() {
     };
     let r = s.ok(pair()).await;
     assert_eq!(r.overall_code, OK);
-    assert!(r.statuses[0].current_limit.is_none(), "tenant-default replaced");
-    assert_eq!(r.statuses[1].current_limit.as_ref().unwrap().name, "free-tenant");
+    assert!(
+        r.statuses[0].current_limit.is_none(),
+        "tenant-default replaced"
+    );
+    assert_eq!(
+        r.statuses[1].current_limit.as_ref().unwrap().name,
+        "free-tenant"
+    );
     let r = s.ok(pair()).await;
     assert_eq!(r.overall_code, OVER_LIMIT, "free-tenant allows 1/minute");
     assert_eq!(r.statuses[0].code, OK);
@@ -265,14 +288,24 @@ async fn burst_sets_capacity() {
         assert_eq!(r.overall_code, OK, "hit {i}");
         assert_eq!(header(&r, "x-ratelimit-limit"), Some("5, 2;w=86400"));
     }
-    assert_eq!(s.ok(req("edge", vec![desc(&[("burst", "b")])])).await.overall_code, OVER_LIMIT);
+    assert_eq!(
+        s.ok(req("edge", vec![desc(&[("burst", "b")])]))
+            .await
+            .overall_code,
+        OVER_LIMIT
+    );
     s.stop().await;
 }
 
 #[tokio::test]
 async fn duplicate_descriptors_in_one_request_pay_together() {
     let mut s = server().await;
-    let twice = || req("edge", vec![desc(&[("tenant", "d")]), desc(&[("tenant", "d")])]);
+    let twice = || {
+        req(
+            "edge",
+            vec![desc(&[("tenant", "d")]), desc(&[("tenant", "d")])],
+        )
+    };
     let r = s.ok(twice()).await;
     assert_eq!(r.overall_code, OK);
     assert_eq!(r.statuses[0].limit_remaining, 1);
@@ -287,7 +320,8 @@ async fn duplicate_descriptors_in_one_request_pay_together() {
 
 #[tokio::test]
 async fn headers_can_be_switched_off_or_renamed() {
-    let mut s = TestServer::start_with(&[("edge.yaml", CONFIG)], |st| st.response_headers = false).await;
+    let mut s =
+        TestServer::start_with(&[("edge.yaml", CONFIG)], |st| st.response_headers = false).await;
     let r = s.ok(req("edge", vec![desc(&[("tenant", "h")])])).await;
     assert!(r.response_headers_to_add.is_empty());
     s.stop().await;
@@ -302,7 +336,11 @@ async fn headers_can_be_switched_off_or_renamed() {
     s.stop().await;
 }
 
-async fn invalid(s: &mut TestServer, request: envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest, field: &str) {
+async fn invalid(
+    s: &mut TestServer,
+    request: envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest,
+    field: &str,
+) {
     let err = s.call(request).await.expect_err("rejected");
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
     assert!(
@@ -317,18 +355,30 @@ async fn bad_requests_are_invalid_argument_naming_the_field() {
     let mut s = server().await;
     invalid(&mut s, req("", vec![desc(&[("tenant", "a")])]), "domain").await;
     invalid(&mut s, req("edge", vec![]), "descriptors").await;
-    invalid(&mut s, req("edge", vec![desc(&[])]), "descriptors[0].entries").await;
+    invalid(
+        &mut s,
+        req("edge", vec![desc(&[])]),
+        "descriptors[0].entries",
+    )
+    .await;
     invalid(
         &mut s,
         req("edge", vec![desc(&[("tenant", "a")]), desc(&[("", "v")])]),
         "descriptors[1].entries[0].key",
     )
     .await;
-    let many: Vec<_> = (0..65).map(|i| desc(&[("tenant", &i.to_string())])).collect();
+    let many: Vec<_> = (0..65)
+        .map(|i| desc(&[("tenant", &i.to_string())]))
+        .collect();
     invalid(&mut s, req("edge", many), "descriptors").await;
     let deep: Vec<(String, String)> = (0..33).map(|i| (format!("k{i}"), "v".into())).collect();
     let deep: Vec<(&str, &str)> = deep.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    invalid(&mut s, req("edge", vec![desc(&deep)]), "descriptors[0].entries").await;
+    invalid(
+        &mut s,
+        req("edge", vec![desc(&deep)]),
+        "descriptors[0].entries",
+    )
+    .await;
     let long_key = "k".repeat(257);
     invalid(
         &mut s,
@@ -358,9 +408,19 @@ async fn bad_requests_are_invalid_argument_naming_the_field() {
         requests_per_unit: 0,
         unit: 1,
     });
-    invalid(&mut s, req("edge", vec![d]), "descriptors[0].limit.requests_per_unit").await;
+    invalid(
+        &mut s,
+        req("edge", vec![d]),
+        "descriptors[0].limit.requests_per_unit",
+    )
+    .await;
     // The server keeps serving valid requests.
-    assert_eq!(s.ok(req("edge", vec![desc(&[("tenant", "a")])])).await.overall_code, OK);
+    assert_eq!(
+        s.ok(req("edge", vec![desc(&[("tenant", "a")])]))
+            .await
+            .overall_code,
+        OK
+    );
     s.stop().await;
 }
 
@@ -369,7 +429,10 @@ async fn bounds_are_configurable() {
     let mut s = TestServer::start_with(&[("edge.yaml", CONFIG)], |st| st.max_descriptors = 1).await;
     invalid(
         &mut s,
-        req("edge", vec![desc(&[("tenant", "a")]), desc(&[("tenant", "b")])]),
+        req(
+            "edge",
+            vec![desc(&[("tenant", "a")]), desc(&[("tenant", "b")])],
+        ),
         "descriptors",
     )
     .await;
@@ -393,14 +456,23 @@ async fn health_and_admin_endpoints() {
             .await
             .unwrap()
             .into_inner();
-        assert_eq!(r.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+        assert_eq!(
+            r.status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+        );
     }
     let admin = s.admin_addr();
-    let (code, body) = tokio::task::spawn_blocking(move || http_get(admin, "/healthz")).await.unwrap();
+    let (code, body) = tokio::task::spawn_blocking(move || http_get(admin, "/healthz"))
+        .await
+        .unwrap();
     assert_eq!((code, body.trim()), (200, "ok"));
-    let (code, _) = tokio::task::spawn_blocking(move || http_get(admin, "/readyz")).await.unwrap();
+    let (code, _) = tokio::task::spawn_blocking(move || http_get(admin, "/readyz"))
+        .await
+        .unwrap();
     assert_eq!(code, 200);
-    let (code, body) = tokio::task::spawn_blocking(move || http_get(admin, "/config")).await.unwrap();
+    let (code, body) = tokio::task::spawn_blocking(move || http_get(admin, "/config"))
+        .await
+        .unwrap();
     assert_eq!(code, 200);
     let json: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert!(body.contains("tenant-default"), "{json}");
@@ -411,7 +483,10 @@ async fn health_and_admin_endpoints() {
         write!(st, "POST /config HTTP/1.0\r\nContent-Length: 0\r\n\r\n").unwrap();
         let mut t = String::new();
         st.read_to_string(&mut t).unwrap();
-        (t.split_whitespace().nth(1).unwrap().parse::<u16>().unwrap(), ())
+        (
+            t.split_whitespace().nth(1).unwrap().parse::<u16>().unwrap(),
+            (),
+        )
     })
     .await
     .unwrap();
@@ -430,7 +505,10 @@ async fn invalid_config_refuses_to_start_with_file_and_line() {
     let mut settings = sluice::settings::Settings::with_config(dir.path());
     settings.grpc_addr = "127.0.0.1:0".parse().unwrap();
     settings.admin_addr = "127.0.0.1:0".parse().unwrap();
-    let err = sluice::server::start(settings).await.err().expect("refused");
+    let err = sluice::server::start(settings)
+        .await
+        .err()
+        .expect("refused");
     let text = err.to_string();
     assert!(text.contains("bad.yaml:4:"), "{text}");
 }

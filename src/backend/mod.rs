@@ -54,7 +54,10 @@ pub trait Backend: Send + Sync + 'static {
     /// Decides all `hits` of one request. Keys are distinct. Atomic for hits that share a storage
     /// shard (all of them in memory and standalone Redis; those of one slot in Redis Cluster).
     /// Returns one verdict per hit, in order.
-    fn check(&self, hits: &[Hit]) -> impl Future<Output = Result<Vec<Verdict>, BackendError>> + Send;
+    fn check(
+        &self,
+        hits: &[Hit],
+    ) -> impl Future<Output = Result<Vec<Verdict>, BackendError>> + Send;
 
     /// Short name for logs and metrics (`memory`, `redis`).
     fn name(&self) -> &'static str;
@@ -65,7 +68,10 @@ pub trait Backend: Send + Sync + 'static {
 
 /// Shared ownership of a backend (the server keeps a handle for its sweeper and probes).
 impl<B: Backend> Backend for std::sync::Arc<B> {
-    fn check(&self, hits: &[Hit]) -> impl Future<Output = Result<Vec<Verdict>, BackendError>> + Send {
+    fn check(
+        &self,
+        hits: &[Hit],
+    ) -> impl Future<Output = Result<Vec<Verdict>, BackendError>> + Send {
         B::check(self, hits)
     }
 

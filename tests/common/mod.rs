@@ -25,7 +25,10 @@ impl TestServer {
         Self::start_with(files, |_| {}).await
     }
 
-    pub async fn start_with(files: &[(&str, &str)], tweak: impl FnOnce(&mut Settings)) -> TestServer {
+    pub async fn start_with(
+        files: &[(&str, &str)],
+        tweak: impl FnOnce(&mut Settings),
+    ) -> TestServer {
         let dir = tempfile::tempdir().unwrap();
         for (name, text) in files {
             std::fs::write(dir.path().join(name), text).unwrap();
@@ -53,7 +56,10 @@ impl TestServer {
         self.running.as_ref().unwrap().admin_addr
     }
 
-    pub async fn call(&mut self, request: RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
+    pub async fn call(
+        &mut self,
+        request: RateLimitRequest,
+    ) -> Result<RateLimitResponse, tonic::Status> {
         self.client
             .should_rate_limit(request)
             .await
@@ -116,6 +122,9 @@ pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     (status, body)
 }

@@ -1,11 +1,9 @@
 //! Redis Cluster: one script call per distinct slot of a request, issued concurrently.
 
+use redis::Value;
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{
-    MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, Slot,
-};
-use redis::Value;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, Slot};
 
 use super::{RedisOptions, bounded, classify, collect, invalid_url, script};
 use crate::algorithm::Verdict;
