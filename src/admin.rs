@@ -4,14 +4,13 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use arc_swap::ArcSwap;
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Json};
 use axum::routing::get;
 
-use crate::config::Config;
+use crate::config::ConfigStore;
 
 /// Readiness inputs, flipped by the server as it starts, degrades and drains.
 #[derive(Debug, Default)]
@@ -54,7 +53,7 @@ impl Readiness {
 /// What the admin handlers read.
 #[derive(Clone)]
 pub struct AdminState {
-    pub config: Arc<ArcSwap<Config>>,
+    pub config: Arc<ConfigStore>,
     pub readiness: Arc<Readiness>,
 }
 
@@ -81,6 +80,26 @@ async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
     }
 }
 
+/// The active config, plus the last rejected set (until a good one replaces it) so an operator
+/// sees why an edit did not take effect.
 async fn config(State(state): State<AdminState>) -> Json<serde_json::Value> {
-    Json(state.config.load().to_json())
+    let mut body = state.config.active().load().to_json();
+    let (ok, failed) = state.config.load_counts();
+    if let Some(map) = body.as_object_mut() {
+        map.insert(
+            "loads".into(),
+            serde_json::json!({"ok": ok, "failed": failed}),
+        );
+        if let Some(rejected) = state.config.last_rejected() {
+            map.insert(
+                "last_rejected".into(),
+                serde_json::json!({
+                    "source": rejected.source,
+                    "errors": rejected.errors.0,
+                    "message": rejected.errors.to_string(),
+                }),
+            );
+        }
+    }
+    Json(body)
 }

@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -17,7 +16,7 @@ use crate::backend::Backend;
 use crate::backend::memory::{MemoryBackend, MemoryOptions};
 use crate::backend::redis::{RedisBackend, RedisMode, RedisOptions};
 use crate::clock::MonotonicClock;
-use crate::config::{self, Config, ConfigErrors};
+use crate::config::{self, ConfigErrors, ConfigStore};
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::service::{HeaderOptions, RateLimitGrpc, RequestBounds};
 use crate::settings::{BackendKind, RedisModeArg, Settings};
@@ -48,7 +47,7 @@ pub struct Running {
     pub grpc_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub readiness: Arc<Readiness>,
-    pub config: Arc<ArcSwap<Config>>,
+    pub config: Arc<ConfigStore>,
     stop: watch::Sender<bool>,
     task: JoinHandle<Result<(), ServeError>>,
 }
@@ -101,7 +100,7 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
         summary = %loaded.summary(),
         "config loaded"
     );
-    let config = Arc::new(ArcSwap::from_pointee(loaded));
+    let config = Arc::new(ConfigStore::new(loaded));
 
     match settings.backend {
         BackendKind::Memory => {
@@ -130,7 +129,7 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
 
 async fn serve<B: Backend>(
     settings: Settings,
-    config: Arc<ArcSwap<Config>>,
+    config: Arc<ConfigStore>,
     backend: B,
 ) -> Result<Running, ServeError> {
     let readiness = Arc::new(Readiness::default());
@@ -138,7 +137,7 @@ async fn serve<B: Backend>(
     readiness.set_backend_ready(backend.probe().await.is_ok());
 
     let limiter = Arc::new(Limiter::new(
-        config.clone(),
+        config.active().clone(),
         backend,
         LimiterOptions {
             key_prefix: settings.key_prefix.clone(),

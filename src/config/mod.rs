@@ -8,6 +8,7 @@
 mod compile;
 mod load;
 mod raw;
+mod store;
 mod validate;
 mod yaml;
 
@@ -21,6 +22,7 @@ use crate::request::Entry;
 use crate::rule::{FailureMode, Rule, RuleId};
 
 pub use load::load_path;
+pub use store::{ConfigStore, Rejected};
 
 #[cfg(test)]
 mod tests;
