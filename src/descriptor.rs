@@ -136,6 +136,116 @@ impl Level {
     }
 }
 
+/// How one request entry selected a configured descriptor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Selected {
+    /// The descriptor with exactly this value.
+    Exact,
+    /// The first wildcard (in config order) whose prefix starts the value; holds the prefix.
+    Wildcard(String),
+    /// The descriptor with the key and no value.
+    AnyValue,
+}
+
+/// One entry's step down the tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// Index of the request entry.
+    pub index: usize,
+    pub selected: Selected,
+}
+
+/// Why a request descriptor reaches no rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Miss {
+    /// The request descriptor has no entries.
+    NoEntries,
+    /// Entry `index` matches no descriptor at its level; `keys` are the keys configured there.
+    NoMatch { index: usize, keys: Vec<String> },
+    /// Entry `index` reached a descriptor with no nested descriptors, but more entries follow.
+    RequestDeeper { index: usize },
+    /// The last entry (`index`) reached a descriptor without a `rate_limit` of its own; `keys`
+    /// are the keys nested under it, which a longer request would reach.
+    NoRule { index: usize, keys: Vec<String> },
+}
+
+/// The walk [`Level::find`] makes, step by step, and where it ends.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Explanation {
+    pub steps: Vec<Step>,
+    pub outcome: Result<Arc<Rule>, Miss>,
+}
+
+impl Explanation {
+    pub fn rule(&self) -> Option<&Arc<Rule>> {
+        self.outcome.as_ref().ok()
+    }
+}
+
+impl Level {
+    /// Configured keys at this level, sorted.
+    pub fn keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self.keys.keys().map(|k| k.to_string()).collect();
+        keys.sort_unstable();
+        keys
+    }
+
+    /// [`Level::select`], also saying how the node was chosen.
+    fn select_explained(&self, entry: &Entry) -> Option<(&Node, Selected)> {
+        let nodes = self.keys.get(entry.key.as_str())?;
+        if let Some(node) = nodes.exact.get(entry.value.as_str()) {
+            return Some((node, Selected::Exact));
+        }
+        if let Some((prefix, node)) = nodes
+            .wildcards
+            .iter()
+            .find(|(prefix, _)| entry.value.starts_with(&**prefix))
+        {
+            return Some((node, Selected::Wildcard(prefix.to_string())));
+        }
+        nodes.bare.as_ref().map(|node| (node, Selected::AnyValue))
+    }
+
+    /// The same walk as [`Level::find`], recorded for operators (`sluice explain`, `GET /explain`).
+    /// Off the request path, so it may allocate.
+    pub fn explain(&self, entries: &[Entry]) -> Explanation {
+        let mut steps = Vec::with_capacity(entries.len());
+        let miss = |steps, miss| Explanation {
+            steps,
+            outcome: Err(miss),
+        };
+        if entries.is_empty() {
+            return miss(steps, Miss::NoEntries);
+        }
+        let mut level = self;
+        for (index, entry) in entries.iter().enumerate() {
+            let Some((node, selected)) = level.select_explained(entry) else {
+                let keys = level.keys();
+                return miss(steps, Miss::NoMatch { index, keys });
+            };
+            steps.push(Step { index, selected });
+            let last = index + 1 == entries.len();
+            if last {
+                return match &node.rule {
+                    Some(rule) => Explanation {
+                        steps,
+                        outcome: Ok(rule.clone()),
+                    },
+                    None => {
+                        let keys = node.children.keys();
+                        miss(steps, Miss::NoRule { index, keys })
+                    }
+                };
+            }
+            if node.children.is_empty() {
+                return miss(steps, Miss::RequestDeeper { index });
+            }
+            level = &node.children;
+        }
+        unreachable!("the last entry returns inside the loop")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,5 +390,128 @@ mod tests {
             top.insert("k", Pattern::Prefix("v"), leaf(5, "f")),
             Err(Duplicate)
         );
+    }
+
+    fn explained(level: &Level, entries: &[(&str, &str)]) -> Explanation {
+        let entries: Vec<Entry> = entries.iter().map(|(k, v)| Entry::new(*k, *v)).collect();
+        level.explain(&entries)
+    }
+
+    #[test]
+    fn explain_names_each_step_and_the_reason_for_a_miss() {
+        let mut inner = Level::default();
+        inner.insert("b", Pattern::Any, leaf(1, "a.b")).unwrap();
+        let mut top = Level::default();
+        top.insert("a", Pattern::Prefix("x"), Node::new(None, inner))
+            .unwrap();
+        top.insert("a", Pattern::Exact("leaf"), leaf(2, "a_leaf"))
+            .unwrap();
+        top.insert("z", Pattern::Any, leaf(3, "z")).unwrap();
+
+        let hit = explained(&top, &[("a", "xy"), ("b", "1")]);
+        assert_eq!(hit.rule().map(|r| &*r.path), Some("a.b"));
+        assert_eq!(
+            hit.steps,
+            [
+                Step {
+                    index: 0,
+                    selected: Selected::Wildcard("x".into())
+                },
+                Step {
+                    index: 1,
+                    selected: Selected::AnyValue
+                }
+            ]
+        );
+        assert_eq!(explained(&top, &[]).outcome, Err(Miss::NoEntries));
+        assert_eq!(
+            explained(&top, &[("q", "1")]).outcome,
+            Err(Miss::NoMatch {
+                index: 0,
+                keys: vec!["a".into(), "z".into()]
+            })
+        );
+        assert_eq!(
+            explained(&top, &[("a", "xy"), ("c", "1")]).outcome,
+            Err(Miss::NoMatch {
+                index: 1,
+                keys: vec!["b".into()]
+            })
+        );
+        assert_eq!(
+            explained(&top, &[("a", "xy")]).outcome,
+            Err(Miss::NoRule {
+                index: 0,
+                keys: vec!["b".into()]
+            })
+        );
+        let deeper = explained(&top, &[("a", "leaf"), ("b", "1")]);
+        assert_eq!(deeper.outcome, Err(Miss::RequestDeeper { index: 0 }));
+        assert_eq!(deeper.steps[0].selected, Selected::Exact);
+    }
+
+    mod agreement {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        const KEYS: [&str; 2] = ["a", "b"];
+        const PATTERNS: [Option<&str>; 5] = [None, Some("x"), Some("xy"), Some("x*"), Some("*")];
+        const VALUES: [&str; 4] = ["x", "xy", "xyz", "q"];
+
+        /// A descriptor tree as plain data: (key, pattern, has a rule, children).
+        #[derive(Clone, Debug)]
+        struct Spec(usize, usize, bool, Vec<Spec>);
+
+        fn spec() -> impl Strategy<Value = Vec<Spec>> {
+            let leaf = (0..KEYS.len(), 0..PATTERNS.len(), any::<bool>())
+                .prop_map(|(k, p, r)| Spec(k, p, r, Vec::new()));
+            let tree = leaf.prop_recursive(3, 24, 4, |inner| {
+                (
+                    0..KEYS.len(),
+                    0..PATTERNS.len(),
+                    any::<bool>(),
+                    prop::collection::vec(inner, 0..4),
+                )
+                    .prop_map(|(k, p, r, c)| Spec(k, p, r, c))
+            });
+            prop::collection::vec(tree, 0..5)
+        }
+
+        fn build(specs: &[Spec], next_id: &mut u32) -> Level {
+            let mut level = Level::default();
+            for Spec(k, p, has_rule, children) in specs {
+                let rule = has_rule.then(|| {
+                    *next_id += 1;
+                    rule(*next_id, &next_id.to_string())
+                });
+                let node = Node::new(rule, build(children, next_id));
+                // Duplicates at one level are a validation error; generated ones are dropped.
+                let _ = level.insert(KEYS[*k], Pattern::parse(PATTERNS[*p]), node);
+            }
+            level
+        }
+
+        proptest! {
+            #[test]
+            fn explain_reaches_the_rule_find_reaches(
+                specs in spec(),
+                request in prop::collection::vec((0..KEYS.len(), 0..VALUES.len()), 0..4),
+            ) {
+                let level = build(&specs, &mut 0);
+                let entries: Vec<Entry> = request
+                    .iter()
+                    .map(|(k, v)| Entry::new(KEYS[*k], VALUES[*v]))
+                    .collect();
+                let explanation = level.explain(&entries);
+                prop_assert_eq!(
+                    explanation.rule().map(|r| r.id),
+                    level.find(&entries).map(|r| r.id)
+                );
+                if explanation.rule().is_some() {
+                    prop_assert_eq!(explanation.steps.len(), entries.len());
+                }
+            }
+        }
     }
 }

@@ -9,23 +9,40 @@ use super::{Config, Domain};
 use crate::descriptor::{Level, Node, Pattern};
 use crate::rule::{FailureMode, Rule, RuleId};
 
-/// Builds the config from checked domains (file name, domain) in load order.
-pub(crate) fn config(specs: Vec<(Arc<str>, DomainSpec)>, digest: String) -> Config {
+/// One file's share of a domain: all of it, unless several files are merged into one domain.
+pub(crate) struct Part {
+    pub file: Arc<str>,
+    pub spec: DomainSpec,
+}
+
+/// Builds the config from checked domains in load order, each from one or more parts (merged in
+/// order). `shadow_all` puts every rule in shadow mode.
+pub(crate) fn config(domains_parts: Vec<Vec<Part>>, digest: String, shadow_all: bool) -> Config {
     let mut rules = Vec::new();
-    let mut domains = Vec::with_capacity(specs.len());
-    for (file, spec) in specs {
-        let name: Arc<str> = spec.name.value.as_str().into();
-        let first_rule = rules.len();
-        let mut builder = Builder {
-            file: &file,
-            domain: &name,
-            failure_mode: spec.failure_mode,
-            rules: &mut rules,
+    let mut domains = Vec::with_capacity(domains_parts.len());
+    for parts in domains_parts {
+        let Some(first) = parts.first() else {
+            continue;
         };
-        let tree = builder.level(&spec.descriptors, &name);
+        let name: Arc<str> = first.spec.name.value.as_str().into();
+        let file = first.file.clone();
+        // Merging checked that the parts agree on the failure mode.
+        let failure_mode = parts.iter().find_map(|p| p.spec.failure_mode);
+        let first_rule = rules.len();
+        let mut tree = Level::default();
+        for part in &parts {
+            let mut builder = Builder {
+                file: &part.file,
+                domain: &name,
+                failure_mode,
+                shadow_all,
+                rules: &mut rules,
+            };
+            builder.fill(&mut tree, &part.spec.descriptors, &name);
+        }
         domains.push(Domain {
             name,
-            failure_mode: spec.failure_mode,
+            failure_mode,
             file,
             tree,
             rules: rules[first_rule..].to_vec(),
@@ -41,6 +58,7 @@ pub(crate) fn config(specs: Vec<(Arc<str>, DomainSpec)>, digest: String) -> Conf
         index,
         rules,
         digest,
+        warnings: Vec::new(),
     }
 }
 
@@ -48,13 +66,13 @@ struct Builder<'a> {
     file: &'a str,
     domain: &'a Arc<str>,
     failure_mode: Option<FailureMode>,
+    shadow_all: bool,
     rules: &'a mut Vec<Arc<Rule>>,
 }
 
 impl Builder<'_> {
     /// Rules are numbered depth-first in config order, so ids follow the files.
-    fn level(&mut self, specs: &[DescriptorSpec], parent_path: &str) -> Level {
-        let mut level = Level::default();
+    fn fill(&mut self, level: &mut Level, specs: &[DescriptorSpec], parent_path: &str) {
         for spec in specs {
             // envoyproxy/ratelimit's stats key: `key_value` for a descriptor with a value.
             let path = match &spec.value {
@@ -68,7 +86,7 @@ impl Builder<'_> {
                     path: path.as_str().into(),
                     name: r.name.as_deref().map(Arc::from),
                     limit: r.limit,
-                    shadow_mode: r.shadow_mode,
+                    shadow_mode: r.shadow_mode || self.shadow_all,
                     detailed_metric: r.detailed_metric,
                     cost: r.cost,
                     failure_mode: r.failure_mode.or(self.failure_mode),
@@ -78,15 +96,16 @@ impl Builder<'_> {
                 self.rules.push(rule.clone());
                 rule
             });
-            let children = self.level(&spec.children, &path);
+            let mut children = Level::default();
+            self.fill(&mut children, &spec.children, &path);
             let inserted = level.insert(
                 &spec.key,
                 Pattern::parse(spec.value.as_deref()),
                 Node::new(rule, children),
             );
-            // Validation rejects duplicate (key, value) pairs, which are exactly the clashes here.
+            // Validation (and merging) reject duplicate (key, value) pairs, which are exactly the
+            // clashes here.
             debug_assert!(inserted.is_ok(), "duplicate descriptor passed validation");
         }
-        level
     }
 }

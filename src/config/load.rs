@@ -3,7 +3,7 @@
 use std::fs;
 use std::path::Path;
 
-use super::{Config, ConfigErrors, Diagnostic, load_sources};
+use super::{Config, ConfigErrors, Diagnostic, LoadOptions, load_sources_with};
 
 /// Loads a YAML file or a directory of `*.yaml`/`*.yml` files (one domain per file).
 ///
@@ -11,11 +11,26 @@ use super::{Config, ConfigErrors, Diagnostic, load_sources};
 /// are skipped: a Kubernetes ConfigMap volume holds `..data` and `..2024_…` directories next to
 /// symlinks to the real files, and each file must be read once.
 pub fn load_path(path: &Path) -> Result<Config, ConfigErrors> {
-    let sources = read_sources(path)?;
-    load_sources(&sources)
+    load_path_with(path, &LoadOptions::default())
 }
 
-fn read_sources(path: &Path) -> Result<Vec<(String, String)>, ConfigErrors> {
+/// [`load_path`] with `options` (merged domains, hidden files, global shadow mode).
+pub fn load_path_with(path: &Path, options: &LoadOptions) -> Result<Config, ConfigErrors> {
+    let sources = read_sources(path, options)?;
+    load_sources_with(&sources, options)
+}
+
+/// Whether a directory entry named `name` is a config file candidate.
+fn wanted(name: &str, options: &LoadOptions) -> bool {
+    let hidden = name.starts_with('.');
+    // `..data`, `..2024_…`: the kubelet's bookkeeping, never config.
+    let kubelet = name.starts_with("..");
+    (name.ends_with(".yaml") || name.ends_with(".yml"))
+        && !kubelet
+        && (!hidden || options.dotfiles)
+}
+
+fn read_sources(path: &Path, options: &LoadOptions) -> Result<Vec<(String, String)>, ConfigErrors> {
     let shown = path.display().to_string();
     let metadata = fs::metadata(path).map_err(|e| unplaced(&shown, format!("cannot read: {e}")))?;
     if !metadata.is_dir() {
@@ -37,7 +52,7 @@ fn read_sources(path: &Path) -> Result<Vec<(String, String)>, ConfigErrors> {
             }
         };
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with('.') || !(name.ends_with(".yaml") || name.ends_with(".yml")) {
+        if !wanted(&name, options) {
             continue;
         }
         let full = entry.path();
@@ -70,7 +85,7 @@ fn read_sources(path: &Path) -> Result<Vec<(String, String)>, ConfigErrors> {
         Ok(sources)
     } else {
         // Report the readable files' own problems too, not just the unreadable ones.
-        match load_sources(&sources) {
+        match load_sources_with(&sources, options) {
             Ok(_) => {}
             Err(ConfigErrors(more)) => problems.extend(more),
         }
@@ -117,6 +132,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
+    use crate::config::load_sources;
 
     const A: &str = "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
     const B: &str = "domain: b\n";

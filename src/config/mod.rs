@@ -6,8 +6,10 @@
 //! one run lists every problem of every file.
 
 mod compile;
+mod lint;
 mod load;
 mod raw;
+pub mod reload;
 mod store;
 mod validate;
 mod yaml;
@@ -17,15 +19,17 @@ use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::descriptor::Level;
+use crate::descriptor::{Explanation, Level};
 use crate::request::Entry;
 use crate::rule::{FailureMode, Rule, RuleId};
 
-pub use load::load_path;
+pub use load::{load_path, load_path_with};
 pub use store::{ConfigStore, Rejected};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_ops;
 
 use yaml::Pos;
 
@@ -67,6 +71,37 @@ pub struct Config {
     /// Every rule, indexed by [`RuleId`].
     rules: Vec<Arc<Rule>>,
     digest: String,
+    /// Legal but suspicious constructs (shadowed or unreachable descriptors, dangling
+    /// `replaces`): reported by `check-config` and `GET /config`, never a reason to reject.
+    warnings: Vec<Diagnostic>,
+}
+
+/// How a set of sources becomes one config, beyond what the files themselves say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Files naming the same domain add their descriptors to it, in load order, instead of being
+    /// rejected as duplicates (envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG`).
+    pub merge_domains: bool,
+    /// Read a directory's hidden `*.yaml` files too. Off by default; entries starting with `..`
+    /// (a Kubernetes ConfigMap volume's internals) are never read either way.
+    pub dotfiles: bool,
+    /// Put every configured rule in shadow mode (envoyproxy/ratelimit's global `SHADOW_MODE`):
+    /// buckets are counted, nothing is rejected. Request `limit` overrides still apply.
+    pub shadow_all: bool,
+    /// Most entries a request descriptor may carry (`--max-entries`): deeper descriptors are
+    /// reported as unreachable.
+    pub max_entries: usize,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            merge_domains: false,
+            dotfiles: false,
+            shadow_all: false,
+            max_entries: 32,
+        }
+    }
 }
 
 /// One domain's rules.
@@ -82,7 +117,7 @@ pub struct Domain {
 impl Default for Config {
     /// No domains: every request is for an unknown domain.
     fn default() -> Self {
-        compile::config(Vec::new(), digest(&[]))
+        compile::config(Vec::new(), digest(&[]), false)
     }
 }
 
@@ -111,6 +146,11 @@ impl Config {
     /// Hex digest of the sources, a version operators can compare across replicas.
     pub fn digest(&self) -> &str {
         &self.digest
+    }
+
+    /// Suspicious but legal constructs found while loading, in file order.
+    pub fn warnings(&self) -> &[Diagnostic] {
+        &self.warnings
     }
 
     /// One line for `check-config`: `ok: 2 domains, 9 rules, digest 1a2b3c4d`.
@@ -142,6 +182,7 @@ impl Config {
             "digest": self.digest,
             "rule_count": self.rules.len(),
             "domains": domains,
+            "warnings": self.warnings,
         })
     }
 }
@@ -152,7 +193,12 @@ impl Domain {
         self.tree.find(entries)
     }
 
-    /// The source this domain was loaded from.
+    /// The walk [`Domain::find`] makes, step by step (for `sluice explain` and `GET /explain`).
+    pub fn explain(&self, entries: &[Entry]) -> Explanation {
+        self.tree.explain(entries)
+    }
+
+    /// The source this domain was loaded from (the first one, when files are merged).
     pub fn file(&self) -> &str {
         &self.file
     }
@@ -165,6 +211,14 @@ impl Domain {
 
 /// Loads named in-memory sources as one set (tests, xDS).
 pub fn load_sources(sources: &[(String, String)]) -> Result<Config, ConfigErrors> {
+    load_sources_with(sources, &LoadOptions::default())
+}
+
+/// Loads named in-memory sources as one set, with `options`.
+pub fn load_sources_with(
+    sources: &[(String, String)],
+    options: &LoadOptions,
+) -> Result<Config, ConfigErrors> {
     let mut per_file: Vec<Vec<Diagnostic>> = vec![Vec::new(); sources.len()];
     let mut specs = Vec::with_capacity(sources.len());
     for (index, ((name, text), diagnostics)) in sources.iter().zip(&mut per_file).enumerate() {
@@ -177,25 +231,36 @@ pub fn load_sources(sources: &[(String, String)]) -> Result<Config, ConfigErrors
         }
     }
 
-    let mut first_seen: HashMap<&str, (&str, Pos)> = HashMap::new();
-    for (index, spec) in &specs {
-        let file = sources[*index].0.as_str();
-        let name = spec.name.value.as_str();
-        match first_seen.get(name) {
-            Some((first_file, first_at)) => Sink {
-                file,
-                out: &mut per_file[*index],
+    // Group the files of each domain, in load order of the domains' first files.
+    let mut groups: Vec<Vec<(usize, validate::DomainSpec)>> = Vec::new();
+    let mut group_of: HashMap<String, usize> = HashMap::new();
+    for (index, spec) in specs {
+        let name = spec.name.value.clone();
+        match group_of.get(&name) {
+            Some(&g) if options.merge_domains => groups[g].push((index, spec)),
+            Some(&g) => {
+                let (first_index, first) = &groups[g][0];
+                Sink {
+                    file: &sources[index].0,
+                    out: &mut per_file[index],
+                }
+                .error(
+                    spec.name.at,
+                    format!(
+                        "duplicate domain `{name}`: already defined at {}:{}:{}",
+                        sources[*first_index].0, first.name.at.line, first.name.at.column
+                    ),
+                );
             }
-            .error(
-                spec.name.at,
-                format!(
-                    "duplicate domain `{name}`: already defined at {first_file}:{}:{}",
-                    first_at.line, first_at.column
-                ),
-            ),
             None => {
-                first_seen.insert(name, (file, spec.name.at));
+                group_of.insert(name, groups.len());
+                groups.push(vec![(index, spec)]);
             }
+        }
+    }
+    for group in &groups {
+        if group.len() > 1 {
+            check_merge(group, sources, &mut per_file);
         }
     }
 
@@ -211,11 +276,105 @@ pub fn load_sources(sources: &[(String, String)]) -> Result<Config, ConfigErrors
         diagnostics.dedup();
         return Err(ConfigErrors(diagnostics));
     }
-    let specs = specs
+    let domains: Vec<Vec<compile::Part>> = groups
         .into_iter()
-        .map(|(index, spec)| (Arc::from(sources[index].0.as_str()), spec))
+        .map(|group| {
+            group
+                .into_iter()
+                .map(|(index, spec)| compile::Part {
+                    file: Arc::from(sources[index].0.as_str()),
+                    spec,
+                })
+                .collect()
+        })
         .collect();
-    Ok(compile::config(specs, digest(sources)))
+    let warnings = lint::domains(&domains, options.max_entries);
+    let mut config = compile::config(domains, digest(sources), options.shadow_all);
+    config.warnings = warnings;
+    Ok(config)
+}
+
+/// The checks merging adds for the files of one domain: top-level descriptors and rule names
+/// must stay unique across the files, and the files must agree on the domain's failure mode.
+/// Problems are reported in the later file.
+fn check_merge(
+    group: &[(usize, validate::DomainSpec)],
+    sources: &[(String, String)],
+    per_file: &mut [Vec<Diagnostic>],
+) {
+    let mut top: HashMap<(&str, Option<&str>), (usize, Pos)> = HashMap::new();
+    let mut names: HashMap<&str, (usize, Pos)> = HashMap::new();
+    let mut failure_mode: Option<(usize, FailureMode)> = None;
+    for (index, spec) in group {
+        let index = *index;
+        let mut report = |at: Pos, message: String| {
+            Sink {
+                file: &sources[index].0,
+                out: &mut per_file[index],
+            }
+            .error(at, message);
+        };
+        if let Some(mode) = spec.failure_mode {
+            match failure_mode {
+                Some((first, earlier)) if earlier != mode => report(
+                    spec.name.at,
+                    format!(
+                        "domain `{}` has failure_mode `{}` here but `{}` in {}",
+                        spec.name.value,
+                        mode.as_str(),
+                        earlier.as_str(),
+                        sources[first].0
+                    ),
+                ),
+                Some(_) => {}
+                None => failure_mode = Some((index, mode)),
+            }
+        }
+        for d in &spec.descriptors {
+            let id = (d.key.as_str(), d.value.as_deref());
+            match top.get(&id) {
+                Some((first, at)) => report(
+                    d.at,
+                    format!(
+                        "duplicate descriptor `{}` in merged domain `{}`: already defined at {}:{}:{}",
+                        descriptor_label(&d.key, d.value.as_deref()),
+                        spec.name.value,
+                        sources[*first].0,
+                        at.line,
+                        at.column
+                    ),
+                ),
+                None => {
+                    top.insert(id, (index, d.at));
+                }
+            }
+        }
+        let mut named = Vec::new();
+        validate::named_rules(&spec.descriptors, &mut named);
+        for (name, at) in named {
+            match names.get(name) {
+                Some((first, first_at)) if *first != index => report(
+                    at,
+                    format!(
+                        "duplicate rate_limit name `{name}` in merged domain `{}`: already used at {}:{}:{}",
+                        spec.name.value, sources[*first].0, first_at.line, first_at.column
+                    ),
+                ),
+                Some(_) => {}
+                None => {
+                    names.insert(name, (index, at));
+                }
+            }
+        }
+    }
+}
+
+/// `key` or `key=value`, as messages name a descriptor.
+fn descriptor_label(key: &str, value: Option<&str>) -> String {
+    match value {
+        Some(value) => format!("{key}={value}"),
+        None => key.to_owned(),
+    }
 }
 
 /// One source through parsing, shape and meaning checks.

@@ -309,3 +309,14 @@ fn failure_mode(field: &Field<String>, sink: &mut Sink) -> Option<FailureMode> {
 fn flag(field: &Field<bool>) -> bool {
     field.given().is_some_and(|f| f.value)
 }
+
+/// Every named rule under `descriptors` with its descriptor's position, depth-first in config
+/// order (for checks across the files of a merged domain).
+pub(crate) fn named_rules<'a>(descriptors: &'a [DescriptorSpec], out: &mut Vec<(&'a str, Pos)>) {
+    for d in descriptors {
+        if let Some(name) = d.rule.as_ref().and_then(|r| r.name.as_deref()) {
+            out.push((name, d.at));
+        }
+        named_rules(&d.children, out);
+    }
+}

@@ -1,0 +1,207 @@
+//! Load options (merged domains, hidden files, global shadow mode) and warnings.
+
+use super::*;
+
+fn src(name: &str, text: &str) -> (String, String) {
+    (name.to_owned(), text.to_owned())
+}
+
+fn errors(result: Result<Config, ConfigErrors>) -> Vec<String> {
+    match result {
+        Ok(_) => panic!("config loaded, expected errors"),
+        Err(e) => e.0.iter().map(ToString::to_string).collect(),
+    }
+}
+
+fn warnings(text: &str) -> Vec<String> {
+    load_sources(&[src("t.yaml", text)])
+        .expect("loads")
+        .warnings()
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
+const A1: &str = "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, name: one}\n";
+const A2: &str = "domain: a\ndescriptors:\n  - key: j\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
+
+fn merging() -> LoadOptions {
+    LoadOptions {
+        merge_domains: true,
+        ..LoadOptions::default()
+    }
+}
+
+#[test]
+fn merged_files_add_to_one_domain_and_keep_their_own_sources() {
+    let sources = [src("1.yaml", A1), src("2.yaml", A2)];
+    assert_eq!(
+        errors(load_sources(&sources)),
+        ["2.yaml:1:9: duplicate domain `a`: already defined at 1.yaml:1:9"]
+    );
+    let config = load_sources_with(&sources, &merging()).unwrap();
+    assert_eq!(config.domains().count(), 1);
+    let domain = config.domain("a").unwrap();
+    assert_eq!(domain.file(), "1.yaml");
+    let k = domain.find(&[Entry::new("k", "v")]).unwrap();
+    let j = domain.find(&[Entry::new("j", "v")]).unwrap();
+    assert_eq!((&*k.source, &*j.source), ("1.yaml:3", "2.yaml:3"));
+    assert_eq!(domain.rules().len(), 2);
+}
+
+#[test]
+fn merging_rejects_clashes_across_files() {
+    let clash = "domain: a\nfailure_mode: open\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 3}\n  - key: n\n    rate_limit: {unit: hour, requests_per_unit: 3, name: one}\n";
+    let first = "domain: a\nfailure_mode: closed\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, name: one}\n";
+    assert_eq!(
+        errors(load_sources_with(
+            &[src("1.yaml", first), src("2.yaml", clash)],
+            &merging()
+        )),
+        [
+            "2.yaml:1:9: domain `a` has failure_mode `open` here but `closed` in 1.yaml",
+            "2.yaml:4:5: duplicate descriptor `k` in merged domain `a`: already defined at 1.yaml:4:5",
+            "2.yaml:6:5: duplicate rate_limit name `one` in merged domain `a`: already used at 1.yaml:4:5",
+        ]
+    );
+}
+
+#[test]
+fn shadow_all_puts_every_rule_in_shadow_mode() {
+    let options = LoadOptions {
+        shadow_all: true,
+        ..LoadOptions::default()
+    };
+    let config = load_sources_with(&[src("a.yaml", A1)], &options).unwrap();
+    assert!(config.rules().all(|r| r.shadow_mode));
+    let plain = load_sources(&[src("a.yaml", A1)]).unwrap();
+    assert!(!plain.rules().any(|r| r.shadow_mode));
+}
+
+#[test]
+fn hidden_files_are_read_only_when_asked_and_kubelet_entries_never() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.yaml"), A1).unwrap();
+    std::fs::write(
+        dir.path().join(".b.yaml"),
+        "domain: b\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("..c.yaml"), "not: [yaml").unwrap();
+    let names = |options: &LoadOptions| -> Vec<String> {
+        load_path_with(dir.path(), options)
+            .unwrap()
+            .domains()
+            .map(|d| d.name.to_string())
+            .collect()
+    };
+    assert_eq!(names(&LoadOptions::default()), ["a"]);
+    let dotfiles = LoadOptions {
+        dotfiles: true,
+        ..LoadOptions::default()
+    };
+    assert_eq!(names(&dotfiles), ["b", "a"]);
+}
+
+#[test]
+fn a_clean_config_has_no_warnings() {
+    let config = load_sources(&[src("a.yaml", A1)]).unwrap();
+    assert!(config.warnings().is_empty());
+    assert_eq!(config.to_json()["warnings"], serde_json::json!([]));
+}
+
+#[test]
+fn a_wildcard_behind_a_broader_earlier_one_is_reported() {
+    let text = r#"domain: w
+descriptors:
+  - key: path
+    value: "/api*"
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: path
+    value: "/api/v1*"
+    rate_limit: {unit: second, requests_per_unit: 2}
+    descriptors:
+      - key: m
+        rate_limit: {unit: second, requests_per_unit: 2}
+  - key: path
+    value: "/a"
+    rate_limit: {unit: second, requests_per_unit: 3}
+"#;
+    assert_eq!(
+        warnings(text),
+        ["t.yaml:6:5: wildcard `path=/api/v1*` is never matched: the earlier wildcard `path=/api*` at line 3 matches every value it would (nor is anything under it)"]
+    );
+    // Narrower first is fine: each wildcard gets the values the earlier ones leave.
+    let ordered = text.replace("\"/api*\"", "\"/x\"");
+    assert!(warnings(&ordered).is_empty(), "{:?}", warnings(&ordered));
+}
+
+#[test]
+fn a_bare_key_behind_a_lone_star_is_reported() {
+    let text = r#"domain: s
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: user
+    value: "*"
+    rate_limit: {unit: second, requests_per_unit: 2}
+"#;
+    assert_eq!(
+        warnings(text),
+        ["t.yaml:3:5: descriptor `user` (any value) is never matched: the wildcard `user=*` at line 5 matches every value first"]
+    );
+}
+
+#[test]
+fn dead_ends_dangling_replaces_and_inner_stars_are_reported() {
+    let text = r#"domain: d
+descriptors:
+  - key: a
+    value: exempt
+  - key: b
+    rate_limit:
+      unit: second
+      requests_per_unit: 1
+      replaces: [{name: nowhere}]
+  - key: c
+    value: "x*y"
+    rate_limit: {unit: second, requests_per_unit: 1}
+"#;
+    assert_eq!(
+        warnings(text),
+        [
+            "t.yaml:3:5: descriptor `a=exempt` has no `rate_limit` and no `descriptors`: requests it matches are never limited (write `rate_limit: {unlimited: true}` to say so)",
+            "t.yaml:5:5: `replaces` names `nowhere`, but no rate_limit of this domain has that name",
+            "t.yaml:10:5: value `x*y` of `c` has a `*` before its end: sluice matches it literally (only a trailing `*` is a wildcard; newer envoyproxy/ratelimit releases treat every `*` as one)",
+        ]
+    );
+}
+
+#[test]
+fn descriptors_deeper_than_a_request_can_be_are_reported() {
+    let text = "domain: deep\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        descriptors:\n          - key: c\n            rate_limit: {unit: second, requests_per_unit: 1}\n";
+    let options = LoadOptions {
+        max_entries: 2,
+        ..LoadOptions::default()
+    };
+    let config = load_sources_with(&[src("t.yaml", text)], &options).unwrap();
+    let found: Vec<String> = config.warnings().iter().map(ToString::to_string).collect();
+    assert_eq!(
+        found,
+        ["t.yaml:7:13: descriptor `c` is at depth 3, but a request descriptor carries at most 2 entries (--max-entries): it is never matched"]
+    );
+    assert!(warnings(text).is_empty());
+}
+
+#[test]
+fn merged_domains_are_linted_across_files() {
+    let first = "domain: m\ndescriptors:\n  - key: p\n    value: \"*\"\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+    let second = "domain: m\ndescriptors:\n  - key: p\n    value: \"q*\"\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+    let config =
+        load_sources_with(&[src("1.yaml", first), src("2.yaml", second)], &merging()).unwrap();
+    let found: Vec<String> = config.warnings().iter().map(ToString::to_string).collect();
+    assert_eq!(
+        found,
+        ["2.yaml:3:5: wildcard `p=q*` is never matched: the earlier wildcard `p=*` at 1.yaml:3 matches every value it would"]
+    );
+}
