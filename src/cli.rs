@@ -1,19 +1,210 @@
 //! Subcommands other than `serve`: they print for humans and CI and return an exit code.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// `sluice check-config PATH`: a one-line summary and exit 0, or every error as
-/// `file:line:col: message` on stderr and exit 1.
-pub fn check_config(path: &Path) -> ExitCode {
-    match crate::config::load_path(path) {
-        Ok(config) => {
-            println!("{}", config.summary());
-            ExitCode::SUCCESS
+use clap::{Args, ValueEnum};
+
+use crate::config::args::LoadArgs;
+use crate::config::{Config, ConfigErrors, load_path_with};
+use crate::explain::{ExplainOptions, explain as explain_descriptor, parse_descriptor};
+use crate::settings::FailureModeArg;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// For people.
+    Text,
+    /// One JSON document on stdout, for CI bots.
+    Json,
+}
+
+/// `sluice check-config PATH`.
+#[derive(Clone, Debug, Args)]
+pub struct CheckConfigArgs {
+    /// A YAML file or a directory of *.yaml / *.yml files.
+    pub path: PathBuf,
+
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: OutputFormat,
+
+    /// The request bound of `serve --max-entries`: deeper descriptors are reported unreachable.
+    #[arg(long, env = "SLUICE_MAX_ENTRIES", default_value_t = 32)]
+    pub max_entries: usize,
+
+    #[command(flatten)]
+    pub load: LoadArgs,
+}
+
+/// `sluice explain --config PATH --domain D --descriptor k=v,k2=v2`.
+#[derive(Clone, Debug, Args)]
+pub struct ExplainArgs {
+    /// A YAML file or a directory of *.yaml / *.yml files.
+    #[arg(long, env = "SLUICE_CONFIG")]
+    pub config: PathBuf,
+
+    #[arg(long)]
+    pub domain: String,
+
+    /// The request descriptor's entries: key=value[,key=value...]. Write `,` `=` `%` inside a
+    /// key or value as %2C %3D %25.
+    #[arg(long)]
+    pub descriptor: String,
+
+    /// Prefix of storage keys, as `serve --key-prefix`.
+    #[arg(long, env = "SLUICE_KEY_PREFIX", default_value = "sluice:")]
+    pub key_prefix: String,
+
+    /// Failure mode of rules and domains that set none, as `serve --failure-mode`.
+    #[arg(long, env = "SLUICE_FAILURE_MODE", value_enum, default_value = "error")]
+    pub failure_mode: FailureModeArg,
+
+    /// The request bound of `serve --max-entries`.
+    #[arg(long, env = "SLUICE_MAX_ENTRIES", default_value_t = 32)]
+    pub max_entries: usize,
+
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: OutputFormat,
+
+    #[command(flatten)]
+    pub load: LoadArgs,
+}
+
+/// Text: a one-line summary on stdout and each warning on stderr, exit 0; or every error as
+/// `file:line:col: message` on stderr, exit 1. JSON: one document on stdout either way. Warnings
+/// never change the exit code.
+pub fn check_config(args: &CheckConfigArgs) -> ExitCode {
+    let result = load_path_with(&args.path, &args.load.options(args.max_entries));
+    match args.format {
+        OutputFormat::Json => {
+            println!("{}", check_json(&result));
         }
+        OutputFormat::Text => match &result {
+            Ok(config) => {
+                println!("{}", check_summary(config));
+                for warning in config.warnings() {
+                    eprintln!("warning: {warning}");
+                }
+            }
+            Err(errors) => eprintln!("{errors}"),
+        },
+    }
+    if result.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// `ok: 2 domains (api, edge), 9 rules, digest 1a2b3c4d[, 3 warnings]`.
+fn check_summary(config: &Config) -> String {
+    let plural = |n: usize, word: &str| format!("{n} {word}{}", if n == 1 { "" } else { "s" });
+    let names: Vec<&str> = config.domains().map(|d| &*d.name).collect();
+    let mut line = format!(
+        "ok: {} ({}), {}, digest {}",
+        plural(names.len(), "domain"),
+        names.join(", "),
+        plural(config.rule_count(), "rule"),
+        &config.digest()[..8]
+    );
+    if !config.warnings().is_empty() {
+        line.push_str(&format!(", {}", plural(config.warnings().len(), "warning")));
+    }
+    line
+}
+
+fn check_json(result: &Result<Config, ConfigErrors>) -> serde_json::Value {
+    match result {
+        Ok(config) => serde_json::json!({
+            "ok": true,
+            "errors": [],
+            "warnings": config.warnings(),
+            "domains": config
+                .domains()
+                .map(|d| serde_json::json!({"name": d.name, "file": d.file(), "rules": d.rules().len()}))
+                .collect::<Vec<_>>(),
+            "rules": config.rule_count(),
+            "digest": config.digest(),
+        }),
+        Err(errors) => serde_json::json!({
+            "ok": false,
+            "errors": errors.0,
+            "warnings": [],
+            "domains": [],
+            "rules": 0,
+            "digest": null,
+        }),
+    }
+}
+
+/// Prints how the config treats one descriptor. Exit 0 once explained (matched or not), 1 when
+/// the config does not load, 2 when the descriptor argument cannot be read.
+pub fn explain(args: &ExplainArgs) -> ExitCode {
+    let entries = match parse_descriptor(&args.descriptor) {
+        Ok(entries) => entries,
+        Err(e) => {
+            eprintln!("sluice explain: --descriptor: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let config = match load_path_with(&args.config, &args.load.options(args.max_entries)) {
+        Ok(config) => config,
         Err(errors) => {
             eprintln!("{errors}");
-            ExitCode::FAILURE
+            return ExitCode::FAILURE;
         }
+    };
+    let report = explain_descriptor(
+        &config,
+        &args.domain,
+        &entries,
+        &ExplainOptions {
+            key_prefix: args.key_prefix.clone(),
+            default_failure_mode: args.failure_mode.into(),
+        },
+    );
+    match args.format {
+        OutputFormat::Text => print!("{}", report.to_text()),
+        OutputFormat::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        ),
+    }
+    ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::load_sources;
+
+    #[test]
+    fn the_summary_names_the_domains_and_counts_warnings() {
+        let a = "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+        let b = "domain: b\ndescriptors:\n  - key: dead\n";
+        let config =
+            load_sources(&[("a.yaml".into(), a.into()), ("b.yaml".into(), b.into())]).unwrap();
+        assert_eq!(
+            check_summary(&config),
+            format!(
+                "ok: 2 domains (a, b), 1 rule, digest {}, 1 warning",
+                &config.digest()[..8]
+            )
+        );
+        let json = check_json(&Ok(config));
+        assert_eq!(json["ok"], true);
+        assert_eq!(json["rules"], 1);
+        assert_eq!(json["domains"][1]["name"], "b");
+        assert_eq!(json["warnings"][0]["line"], 3);
+    }
+
+    #[test]
+    fn json_errors_carry_file_line_and_column() {
+        let result = load_sources(&[("x.yaml".into(), "domain: x\nbogus: 1\n".into())]);
+        let json = check_json(&result);
+        assert_eq!(json["ok"], false);
+        assert_eq!(json["errors"][0]["file"], "x.yaml");
+        assert_eq!(json["errors"][0]["line"], 2);
+        assert_eq!(json["errors"][0]["column"], 1);
+        assert!(json["digest"].is_null());
     }
 }

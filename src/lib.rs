@@ -8,8 +8,10 @@
 //!
 //! - [`rule`]: compiled rule types — units, rates, failure modes.
 //! - [`request`]: a validated rate-limit request in plain Rust.
+//! - [`compat`]: envoyproxy/ratelimit environment settings → sluice's own.
 //! - [`config`]: YAML model, validation with file:line errors, loading a file or directory.
 //! - [`descriptor`]: compiled descriptor tree; request entries → the rule they reach.
+//! - [`explain`]: which rule a descriptor reaches (or why none), its bucket and storage key.
 //! - [`key`]: the storage key of a bucket: injective, hash-tagged for Redis Cluster.
 //! - [`algorithm`]: pure token-bucket arithmetic; time is an argument.
 //! - [`clock`]: injected time, so tests step it.
@@ -27,8 +29,10 @@ pub mod algorithm;
 pub mod backend;
 pub mod cli;
 pub mod clock;
+pub mod compat;
 pub mod config;
 pub mod descriptor;
+pub mod explain;
 pub mod key;
 pub mod limiter;
 pub mod request;

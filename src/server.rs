@@ -94,7 +94,8 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
                 .into(),
         ));
     }
-    let loaded = config::load_path(&settings.config)?;
+    let load_options = settings.config_ops.load.options(settings.max_entries);
+    let loaded = config::load_path_with(&settings.config, &load_options)?;
     tracing::info!(
         path = %settings.config.display(),
         summary = %loaded.summary(),
@@ -181,7 +182,12 @@ async fn serve<B: Backend>(
     let admin_router = admin::router(AdminState {
         config: config.clone(),
         readiness: readiness.clone(),
-    });
+    })
+    .merge(crate::explain::router(
+        config.clone(),
+        explain_options(&settings),
+    ))
+    .merge(crate::compat::router(readiness.clone()));
     let mut admin_stop = stop_rx.clone();
     let admin_task = tokio::spawn(async move {
         let result = axum::serve(admin_listener, admin_router)
@@ -199,7 +205,14 @@ async fn serve<B: Backend>(
     let drain = settings.drain_timeout;
     let drain_readiness = readiness.clone();
     let mut grpc_stop = stop_rx.clone();
+    let reloader = config::reload::spawn_reloader(
+        settings.config.clone(),
+        config.clone(),
+        settings.config_ops.reload_options(settings.max_entries),
+    );
     let task = tokio::spawn(async move {
+        // Reloads run while the service does.
+        let _reloader = reloader;
         let shutdown = async move {
             let _ = grpc_stop.wait_for(|s| *s).await;
             drain_readiness.set_draining(true);
@@ -241,6 +254,13 @@ async fn serve<B: Backend>(
         stop: stop_tx,
         task,
     })
+}
+
+fn explain_options(settings: &Settings) -> crate::explain::ExplainOptions {
+    crate::explain::ExplainOptions {
+        key_prefix: settings.key_prefix.clone(),
+        default_failure_mode: settings.failure_mode.into(),
+    }
 }
 
 fn redis_options(settings: &Settings) -> RedisOptions {

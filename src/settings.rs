@@ -20,10 +20,9 @@ pub enum Command {
     /// Serve envoy.service.ratelimit.v3.RateLimitService over gRPC.
     Serve(Box<Settings>),
     /// Validate a config file or directory: exit 0 with a summary, or 1 with file:line errors.
-    CheckConfig {
-        /// A YAML file or a directory of *.yaml / *.yml files.
-        path: PathBuf,
-    },
+    CheckConfig(crate::cli::CheckConfigArgs),
+    /// Show which rule a descriptor reaches (or why none), its bucket and its storage key.
+    Explain(crate::cli::ExplainArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -178,6 +177,9 @@ pub struct Settings {
 
     #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+
+    #[command(flatten)]
+    pub config_ops: crate::config::args::ConfigOpsArgs,
 }
 
 impl Settings {
@@ -193,7 +195,7 @@ impl Settings {
         .expect("defaults parse");
         match cli.command {
             Command::Serve(s) => *s,
-            Command::CheckConfig { .. } => unreachable!("parsed serve"),
+            _ => unreachable!("parsed serve"),
         }
     }
 }

@@ -25,9 +25,7 @@ fn wanted(name: &str, options: &LoadOptions) -> bool {
     let hidden = name.starts_with('.');
     // `..data`, `..2024_…`: the kubelet's bookkeeping, never config.
     let kubelet = name.starts_with("..");
-    (name.ends_with(".yaml") || name.ends_with(".yml"))
-        && !kubelet
-        && (!hidden || options.dotfiles)
+    (name.ends_with(".yaml") || name.ends_with(".yml")) && !kubelet && (!hidden || options.dotfiles)
 }
 
 fn read_sources(path: &Path, options: &LoadOptions) -> Result<Vec<(String, String)>, ConfigErrors> {

@@ -5,6 +5,7 @@
 //! `compile` (rules and descriptor trees). Every stage reports into a `Sink` and carries on, so
 //! one run lists every problem of every file.
 
+pub mod args;
 mod compile;
 mod lint;
 mod load;

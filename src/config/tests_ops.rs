@@ -23,7 +23,8 @@ fn warnings(text: &str) -> Vec<String> {
 }
 
 const A1: &str = "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, name: one}\n";
-const A2: &str = "domain: a\ndescriptors:\n  - key: j\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
+const A2: &str =
+    "domain: a\ndescriptors:\n  - key: j\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
 
 fn merging() -> LoadOptions {
     LoadOptions {
@@ -129,7 +130,9 @@ descriptors:
 "#;
     assert_eq!(
         warnings(text),
-        ["t.yaml:6:5: wildcard `path=/api/v1*` is never matched: the earlier wildcard `path=/api*` at line 3 matches every value it would (nor is anything under it)"]
+        [
+            "t.yaml:6:5: wildcard `path=/api/v1*` is never matched: the earlier wildcard `path=/api*` at line 3 matches every value it would (nor is anything under it)"
+        ]
     );
     // Narrower first is fine: each wildcard gets the values the earlier ones leave.
     let ordered = text.replace("\"/api*\"", "\"/x\"");
@@ -148,7 +151,9 @@ descriptors:
 "#;
     assert_eq!(
         warnings(text),
-        ["t.yaml:3:5: descriptor `user` (any value) is never matched: the wildcard `user=*` at line 5 matches every value first"]
+        [
+            "t.yaml:3:5: descriptor `user` (any value) is never matched: the wildcard `user=*` at line 5 matches every value first"
+        ]
     );
 }
 
@@ -188,7 +193,9 @@ fn descriptors_deeper_than_a_request_can_be_are_reported() {
     let found: Vec<String> = config.warnings().iter().map(ToString::to_string).collect();
     assert_eq!(
         found,
-        ["t.yaml:7:13: descriptor `c` is at depth 3, but a request descriptor carries at most 2 entries (--max-entries): it is never matched"]
+        [
+            "t.yaml:7:13: descriptor `c` is at depth 3, but a request descriptor carries at most 2 entries (--max-entries): it is never matched"
+        ]
     );
     assert!(warnings(text).is_empty());
 }
@@ -202,6 +209,8 @@ fn merged_domains_are_linted_across_files() {
     let found: Vec<String> = config.warnings().iter().map(ToString::to_string).collect();
     assert_eq!(
         found,
-        ["2.yaml:3:5: wildcard `p=q*` is never matched: the earlier wildcard `p=*` at 1.yaml:3 matches every value it would"]
+        [
+            "2.yaml:3:5: wildcard `p=q*` is never matched: the earlier wildcard `p=*` at 1.yaml:3 matches every value it would"
+        ]
     );
 }

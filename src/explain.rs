@@ -1,0 +1,612 @@
+//! Explaining a decision: which rule a descriptor reaches (or why none), the bucket it would use
+//! and that bucket's storage key. Pure: `sluice explain` renders it as text or JSON against a
+//! config on disk, `GET /explain` as JSON against the live config.
+//!
+//! The walk itself is [`crate::descriptor::Level::explain`], the same walk the request path
+//! makes, so the explanation cannot drift from the decision.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Json, Response};
+use axum::routing::get;
+use percent_encoding::percent_decode_str;
+use serde::{Deserialize, Serialize};
+
+use crate::config::{Config, ConfigStore};
+use crate::descriptor::{Miss, Selected};
+use crate::key::{RuleTag, bucket_key};
+use crate::request::Entry;
+use crate::rule::{FailureMode, Limit, Unit};
+
+/// Settings that shape a decision but are not in the descriptor config.
+#[derive(Clone, Debug)]
+pub struct ExplainOptions {
+    pub key_prefix: String,
+    /// `--failure-mode`: used by rules and domains that set none.
+    pub default_failure_mode: FailureMode,
+}
+
+/// A `k=v,k2=v2` argument that cannot be read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DescriptorArgError {
+    #[error("the descriptor is empty: expected key=value[,key=value...]")]
+    Empty,
+    #[error("entry {index} (`{text}`) is not key=value")]
+    NotAPair { index: usize, text: String },
+    #[error("entry {index} has an empty key")]
+    EmptyKey { index: usize },
+    #[error("entry {index}: percent-encoding does not decode to UTF-8")]
+    NotUtf8 { index: usize },
+}
+
+/// Reads `key=value,key2=value2`. `,` separates entries and the first `=` of an entry separates
+/// key from value; a key or value holding `,`, `=` or `%` writes them percent-encoded (`%2C`,
+/// `%3D`, `%25`). Entries are numbered from 1 in errors.
+pub fn parse_descriptor(text: &str) -> Result<Vec<Entry>, DescriptorArgError> {
+    if text.is_empty() {
+        return Err(DescriptorArgError::Empty);
+    }
+    text.split(',')
+        .enumerate()
+        .map(|(i, pair)| {
+            let index = i + 1;
+            let (key, value) = pair.split_once('=').ok_or(DescriptorArgError::NotAPair {
+                index,
+                text: pair.to_owned(),
+            })?;
+            let decode = |s: &str| {
+                percent_decode_str(s)
+                    .decode_utf8()
+                    .map(|c| c.into_owned())
+                    .map_err(|_| DescriptorArgError::NotUtf8 { index })
+            };
+            let key = decode(key)?;
+            if key.is_empty() {
+                return Err(DescriptorArgError::EmptyKey { index });
+            }
+            Ok(Entry::new(key, decode(value)?))
+        })
+        .collect()
+}
+
+/// Everything `explain` says about one descriptor.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Report {
+    pub domain: String,
+    pub descriptor: Vec<EntryView>,
+    /// False when the domain is not configured at all.
+    pub domain_known: bool,
+    /// How each entry was matched, in order, as far as the walk got.
+    pub steps: Vec<StepView>,
+    pub matched: bool,
+    /// Why no rule applies, when none does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule: Option<RuleView>,
+    /// What such a request is answered, in words.
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct EntryView {
+    pub key: String,
+    pub value: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StepView {
+    /// 1-based position of the entry in the descriptor.
+    pub entry: usize,
+    pub key: String,
+    pub value: String,
+    /// `exact`, `wildcard`, or `any value` (a descriptor with the key and no value).
+    pub matched_by: &'static str,
+    /// The configured value that matched (`abc`, `ab*`), absent for `any value`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub configured_value: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RuleView {
+    /// Dotted config path, as metrics label it.
+    pub path: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// `file:line` of the descriptor.
+    pub source: String,
+    pub unlimited: bool,
+    /// The token bucket; absent for `unlimited: true`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<BucketView>,
+    pub shadow: bool,
+    pub failure_mode: FailureMode,
+    /// `config` (the rule or its domain) or `default` (`--failure-mode`).
+    pub failure_mode_from: &'static str,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub replaces: Vec<String>,
+    /// The storage key of this descriptor's bucket; absent for `unlimited: true`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BucketView {
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+    /// Most tokens the bucket holds: `burst`, else `requests_per_unit`.
+    pub capacity: u64,
+    pub refill_per_second: f64,
+    /// Tokens one hit takes (before `hits_addend`).
+    pub cost: u64,
+}
+
+/// Explains how `config` treats one descriptor of `domain`.
+pub fn explain(
+    config: &Config,
+    domain: &str,
+    entries: &[Entry],
+    options: &ExplainOptions,
+) -> Report {
+    let descriptor = entries
+        .iter()
+        .map(|e| EntryView {
+            key: e.key.clone(),
+            value: e.value.clone(),
+        })
+        .collect();
+    let Some(found) = config.domain(domain) else {
+        let mut known: Vec<&str> = config.domains().map(|d| &*d.name).collect();
+        known.sort_unstable();
+        let known = if known.is_empty() {
+            "none".to_owned()
+        } else {
+            known.join(", ")
+        };
+        return Report {
+            domain: domain.to_owned(),
+            descriptor,
+            domain_known: false,
+            steps: Vec::new(),
+            matched: false,
+            reason: Some(format!(
+                "domain `{domain}` is not configured (configured domains: {known})"
+            )),
+            rule: None,
+            outcome: "OK: an unknown domain is never limited".to_owned(),
+        };
+    };
+
+    let walk = found.explain(entries);
+    let steps = walk
+        .steps
+        .iter()
+        .map(|step| {
+            let entry = &entries[step.index];
+            let (matched_by, configured_value) = match &step.selected {
+                Selected::Exact => ("exact", Some(entry.value.clone())),
+                Selected::Wildcard(prefix) => ("wildcard", Some(format!("{prefix}*"))),
+                Selected::AnyValue => ("any value", None),
+            };
+            StepView {
+                entry: step.index + 1,
+                key: entry.key.clone(),
+                value: entry.value.clone(),
+                matched_by,
+                configured_value,
+            }
+        })
+        .collect();
+    let rule = match &walk.outcome {
+        Err(miss) => {
+            return Report {
+                domain: domain.to_owned(),
+                descriptor,
+                domain_known: true,
+                steps,
+                matched: false,
+                reason: Some(miss_reason(miss, entries)),
+                rule: None,
+                outcome: "OK: no rule applies, so the descriptor is not limited".to_owned(),
+            };
+        }
+        Ok(rule) => rule,
+    };
+
+    let failure_mode_from = if rule.failure_mode.is_some() {
+        "config"
+    } else {
+        "default"
+    };
+    let failure_mode = rule.failure_mode.unwrap_or(options.default_failure_mode);
+    let (bucket, key, outcome) = match rule.limit {
+        Limit::Unlimited => (
+            None,
+            None,
+            "OK: the rule is `unlimited: true`; no bucket is kept".to_owned(),
+        ),
+        Limit::Bucket(rate) => {
+            let params = rate.bucket();
+            let bucket = BucketView {
+                requests_per_unit: rate.requests_per_unit,
+                unit: rate.unit,
+                capacity: params.capacity,
+                refill_per_second: params.rate_per_ms() * 1_000.0,
+                cost: rule.cost,
+            };
+            let key = bucket_key(&options.key_prefix, domain, entries, RuleTag::Configured);
+            let outcome = if rule.shadow_mode {
+                "OK always: the rule is in shadow mode; the bucket is counted but never rejects"
+            } else {
+                "OK while the bucket holds the hit's tokens, OVER_LIMIT otherwise"
+            };
+            (Some(bucket), Some(key), outcome.to_owned())
+        }
+    };
+    Report {
+        domain: domain.to_owned(),
+        descriptor,
+        domain_known: true,
+        steps,
+        matched: true,
+        reason: None,
+        rule: Some(RuleView {
+            path: rule.path.to_string(),
+            name: rule.name.as_deref().map(str::to_owned),
+            source: rule.source.to_string(),
+            unlimited: matches!(rule.limit, Limit::Unlimited),
+            bucket,
+            shadow: rule.shadow_mode,
+            failure_mode,
+            failure_mode_from,
+            replaces: rule.replaces.iter().map(|r| r.to_string()).collect(),
+            key,
+        }),
+        outcome,
+    }
+}
+
+fn miss_reason(miss: &Miss, entries: &[Entry]) -> String {
+    let entry = |i: usize| format!("entry {} `{}={}`", i + 1, entries[i].key, entries[i].value);
+    let under = |i: usize| {
+        if i == 0 {
+            "at the top level".to_owned()
+        } else {
+            format!("under entry {}", i)
+        }
+    };
+    let keys = |keys: &[String]| {
+        if keys.is_empty() {
+            "none".to_owned()
+        } else {
+            keys.join(", ")
+        }
+    };
+    match miss {
+        Miss::NoEntries => "the descriptor has no entries".to_owned(),
+        Miss::NoMatch { index, keys: known } => format!(
+            "{} matches no descriptor {} (keys configured there: {})",
+            entry(*index),
+            under(*index),
+            keys(known)
+        ),
+        Miss::RequestDeeper { index } => {
+            let more = entries.len() - index - 1;
+            format!(
+                "depth mismatch: {} reached a descriptor with no nested descriptors, but {more} more {} follow{}",
+                entry(*index),
+                if more == 1 { "entry" } else { "entries" },
+                if more == 1 { "s" } else { "" }
+            )
+        }
+        Miss::NoRule {
+            index,
+            keys: nested,
+        } => format!(
+            "depth mismatch: {} reached a descriptor without a rate_limit of its own; a longer descriptor continues with: {}",
+            entry(*index),
+            keys(nested)
+        ),
+    }
+}
+
+impl Report {
+    /// Aligned `label: value` lines for a terminal.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        let descriptor: Vec<String> = self
+            .descriptor
+            .iter()
+            .map(|e| format!("{}={}", e.key, e.value))
+            .collect();
+        // Writing to a String cannot fail.
+        let _ = writeln!(out, "domain:      {}", self.domain);
+        let _ = writeln!(out, "descriptor:  {}", descriptor.join(", "));
+        for step in &self.steps {
+            let how = match &step.configured_value {
+                Some(v) => format!("{} `{}={v}`", step.matched_by, step.key),
+                None => format!("{} `{}`", step.matched_by, step.key),
+            };
+            let _ = writeln!(
+                out,
+                "  entry {}:   {}={} matched {how}",
+                step.entry, step.key, step.value
+            );
+        }
+        if let Some(reason) = &self.reason {
+            let _ = writeln!(out, "no rule:     {reason}");
+        }
+        if let Some(rule) = &self.rule {
+            let name = rule
+                .name
+                .as_deref()
+                .map(|n| format!(" (name `{n}`)"))
+                .unwrap_or_default();
+            let _ = writeln!(out, "rule:        {}{name}", rule.path);
+            let _ = writeln!(out, "source:      {}", rule.source);
+            match &rule.bucket {
+                None => {
+                    let _ = writeln!(out, "limit:       unlimited");
+                }
+                Some(b) => {
+                    let _ = writeln!(out, "limit:       {} per {}", b.requests_per_unit, b.unit);
+                    let _ = writeln!(
+                        out,
+                        "bucket:      capacity {} tokens, refill {} tokens/s, cost {} per hit",
+                        b.capacity,
+                        trim_float(b.refill_per_second),
+                        b.cost
+                    );
+                }
+            }
+            let _ = writeln!(
+                out,
+                "shadow:      {}",
+                if rule.shadow { "yes" } else { "no" }
+            );
+            let _ = writeln!(
+                out,
+                "on failure:  {} (from {})",
+                rule.failure_mode.as_str(),
+                rule.failure_mode_from
+            );
+            if !rule.replaces.is_empty() {
+                let _ = writeln!(out, "replaces:    {}", rule.replaces.join(", "));
+            }
+            if let Some(key) = &rule.key {
+                let _ = writeln!(out, "key:         {key}");
+            }
+        }
+        let _ = writeln!(out, "outcome:     {}", self.outcome);
+        out
+    }
+}
+
+/// `GET /explain?domain=D&descriptor=k=v,k2=v2`: the [`Report`] as JSON, against the live config.
+/// The descriptor has the CLI's syntax, URL-encoded like any query value (a `%2C` meant for the
+/// descriptor travels as `%252C`).
+pub fn router(store: Arc<ConfigStore>, options: ExplainOptions) -> Router {
+    Router::new()
+        .route("/explain", get(explain_handler))
+        .with_state(Arc::new((store, options)))
+}
+
+#[derive(Deserialize)]
+struct ExplainQuery {
+    domain: Option<String>,
+    descriptor: Option<String>,
+}
+
+async fn explain_handler(
+    State(state): State<Arc<(Arc<ConfigStore>, ExplainOptions)>>,
+    Query(query): Query<ExplainQuery>,
+) -> Response {
+    let bad = |message: String| {
+        (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({ "error": message })),
+        )
+            .into_response()
+    };
+    let Some(domain) = query.domain.filter(|d| !d.is_empty()) else {
+        return bad("missing query parameter `domain`".to_owned());
+    };
+    let Some(descriptor) = query.descriptor else {
+        return bad("missing query parameter `descriptor` (key=value[,key=value...])".to_owned());
+    };
+    let entries = match parse_descriptor(&descriptor) {
+        Ok(entries) => entries,
+        Err(e) => return bad(format!("descriptor: {e}")),
+    };
+    let (store, options) = &*state;
+    let config = store.active().load();
+    Json(explain(&config, &domain, &entries, options)).into_response()
+}
+
+/// `5`, `0.5`, `0.0011574` — no trailing zeros, at most 7 decimals.
+fn trim_float(x: f64) -> String {
+    let s = format!("{x:.7}");
+    s.trim_end_matches('0').trim_end_matches('.').to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::load_sources;
+
+    fn options() -> ExplainOptions {
+        ExplainOptions {
+            key_prefix: "sluice:".into(),
+            default_failure_mode: FailureMode::Error,
+        }
+    }
+
+    fn config() -> Config {
+        let text = r#"domain: api
+failure_mode: open
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 400}
+    descriptors:
+      - key: route
+        value: export
+        cost: 10
+        failure_mode: local
+        rate_limit: {unit: second, requests_per_unit: 5, burst: 50, name: export}
+      - key: route
+        value: "adm*"
+        shadow_mode: true
+        rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: health
+    rate_limit: {unlimited: true}
+  - key: plain
+    rate_limit: {unit: second, requests_per_unit: 2}
+"#;
+        load_sources(&[("api.yaml".into(), text.into())]).unwrap()
+    }
+
+    fn run(domain: &str, descriptor: &str) -> Report {
+        explain(
+            &config(),
+            domain,
+            &parse_descriptor(descriptor).unwrap(),
+            &options(),
+        )
+    }
+
+    #[test]
+    fn descriptors_parse_with_percent_encoding() {
+        assert_eq!(
+            parse_descriptor("a=1,b=x=y,c=%2C%3D%25,d=").unwrap(),
+            [
+                Entry::new("a", "1"),
+                Entry::new("b", "x=y"),
+                Entry::new("c", ",=%"),
+                Entry::new("d", "")
+            ]
+        );
+        assert_eq!(parse_descriptor(""), Err(DescriptorArgError::Empty));
+        assert_eq!(
+            parse_descriptor("a=1,b"),
+            Err(DescriptorArgError::NotAPair {
+                index: 2,
+                text: "b".into()
+            })
+        );
+        assert_eq!(
+            parse_descriptor("=1"),
+            Err(DescriptorArgError::EmptyKey { index: 1 })
+        );
+        assert_eq!(
+            parse_descriptor("a=%FF"),
+            Err(DescriptorArgError::NotUtf8 { index: 1 })
+        );
+    }
+
+    #[test]
+    fn a_match_reports_bucket_failure_mode_and_key() {
+        let report = run("api", "tenant=acme,route=export");
+        assert!(report.matched && report.domain_known);
+        let rule = report.rule.as_ref().unwrap();
+        assert_eq!(rule.path, "api.tenant.route_export");
+        assert_eq!(rule.source, "api.yaml:7");
+        assert_eq!(rule.name.as_deref(), Some("export"));
+        let bucket = rule.bucket.as_ref().unwrap();
+        assert_eq!(
+            (bucket.capacity, bucket.cost, bucket.refill_per_second),
+            (50, 10, 5.0)
+        );
+        assert_eq!(
+            (rule.failure_mode, rule.failure_mode_from),
+            (FailureMode::Local, "config")
+        );
+        assert_eq!(
+            rule.key.as_deref(),
+            Some("sluice:{api|tenant=acme}|route=export")
+        );
+        assert_eq!(report.steps[0].matched_by, "any value");
+        assert_eq!(report.steps[1].matched_by, "exact");
+        let text = report.to_text();
+        for line in [
+            "rule:        api.tenant.route_export (name `export`)",
+            "source:      api.yaml:7",
+            "bucket:      capacity 50 tokens, refill 5 tokens/s, cost 10 per hit",
+            "on failure:  local (from config)",
+            "key:         sluice:{api|tenant=acme}|route=export",
+        ] {
+            assert!(text.contains(line), "{line}\nin\n{text}");
+        }
+    }
+
+    #[test]
+    fn wildcards_shadow_and_the_domain_failure_mode_are_reported() {
+        let report = run("api", "tenant=t,route=admin");
+        let rule = report.rule.as_ref().unwrap();
+        assert!(rule.shadow);
+        assert_eq!(report.steps[1].configured_value.as_deref(), Some("adm*"));
+        assert_eq!(rule.failure_mode, FailureMode::Open);
+        assert!(report.outcome.contains("shadow"));
+        let slow = rule.bucket.as_ref().unwrap().refill_per_second;
+        assert!((slow - 1.0 / 3600.0).abs() < 1e-12);
+        assert!(report.to_text().contains("refill 0.0002778 tokens/s"));
+    }
+
+    #[test]
+    fn unlimited_rules_have_no_bucket_or_key() {
+        let report = run("api", "health=x");
+        let rule = report.rule.as_ref().unwrap();
+        assert!(rule.unlimited && rule.bucket.is_none() && rule.key.is_none());
+        assert!(report.to_text().contains("limit:       unlimited"));
+    }
+
+    #[test]
+    fn misses_say_why() {
+        let reason = |d: &str, desc: &str| run(d, desc).reason.unwrap();
+        assert_eq!(
+            reason("web", "a=1"),
+            "domain `web` is not configured (configured domains: api)"
+        );
+        assert!(!run("web", "a=1").domain_known);
+        assert_eq!(
+            reason("api", "nope=1"),
+            "entry 1 `nope=1` matches no descriptor at the top level (keys configured there: health, plain, tenant)"
+        );
+        assert_eq!(
+            reason("api", "tenant=a,verb=get"),
+            "entry 2 `verb=get` matches no descriptor under entry 1 (keys configured there: route)"
+        );
+        assert_eq!(
+            reason("api", "plain=a,route=export"),
+            "depth mismatch: entry 1 `plain=a` reached a descriptor with no nested descriptors, but 1 more entry follows"
+        );
+        let partial = run("api", "tenant=a,route=other");
+        assert_eq!(partial.steps.len(), 1);
+        assert!(
+            partial
+                .reason
+                .as_deref()
+                .unwrap()
+                .starts_with("entry 2 `route=other` matches no descriptor under entry 1")
+        );
+        let json = serde_json::to_value(&partial).unwrap();
+        assert_eq!(json["matched"], false);
+        assert!(json.get("rule").is_none());
+    }
+
+    #[test]
+    fn a_descriptor_stopping_at_a_tree_node_is_a_depth_mismatch() {
+        let text = "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        rate_limit: {unit: second, requests_per_unit: 1}\n";
+        let config = load_sources(&[("d.yaml".into(), text.into())]).unwrap();
+        let report = explain(&config, "d", &[Entry::new("a", "1")], &options());
+        assert_eq!(
+            report.reason.as_deref(),
+            Some(
+                "depth mismatch: entry 1 `a=1` reached a descriptor without a rate_limit of its own; a longer descriptor continues with: b"
+            )
+        );
+    }
+}
