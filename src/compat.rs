@@ -198,7 +198,7 @@ pub fn apply(env: &HashMap<String, String>) -> Translation {
         out: Translation::default(),
     };
     let layout = t.runtime_layout();
-    t.listeners();
+    t.listeners(layout);
     t.redis();
     t.logging();
     t.limits(layout);
@@ -294,17 +294,19 @@ impl Tr<'_> {
         true
     }
 
-    fn listeners(&mut self) {
+    fn listeners(&mut self, layout: bool) {
         if self.env.contains_key("GRPC_HOST") || self.env.contains_key("GRPC_PORT") {
             let addr = self.addr("GRPC_HOST", "GRPC_PORT", DEFAULT_GRPC_PORT);
             if let Some(addr) = addr {
                 self.set("SLUICE_GRPC_ADDR", addr, "GRPC_HOST/GRPC_PORT");
             }
         }
-        // envoyproxy/ratelimit's PORT serves /healthcheck (what probes hit) and DEBUG_PORT its
-        // debug pages; sluice has one admin listener, serving both kinds. HOST alone is too
-        // common a variable (shells set it) to mean anything without PORT.
-        let http = self.env.contains_key("PORT");
+        // envoyproxy/ratelimit's PORT serves /healthcheck (what its probes hit) and DEBUG_PORT
+        // its debug pages; sluice has one admin listener, serving both kinds, so it goes where
+        // the probes go. In an envoyproxy/ratelimit deployment that is PORT even when unset
+        // (default 8080). Elsewhere HOST alone is too common a variable (shells set it) to mean
+        // anything without PORT.
+        let http = layout || self.env.contains_key("PORT");
         let debug = self.env.contains_key("DEBUG_PORT");
         if http {
             if let Some(addr) = self.addr("HOST", "PORT", DEFAULT_PORT) {
@@ -821,10 +823,14 @@ mod tests {
             Some("/data/ratelimit/config")
         );
         assert_eq!(over(&t, "SLUICE_CONFIG_DOTFILES").as_deref(), Some("false"));
-        // envoyproxy/ratelimit's default: no rate-limit headers.
+        // envoyproxy/ratelimit's defaults: no rate-limit headers, HTTP (probes) on 0.0.0.0:8080.
         assert_eq!(
             over(&t, "SLUICE_RESPONSE_HEADERS").as_deref(),
             Some("false")
+        );
+        assert_eq!(
+            over(&t, "SLUICE_ADMIN_ADDR").as_deref(),
+            Some("0.0.0.0:8080")
         );
         let t = apply(&env(&[
             ("RUNTIME_SUBDIRECTORY", "rl"),

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use notify_debouncer_full::notify::{Event, EventKind, RecommendedWatcher, RecursiveMode};
 use notify_debouncer_full::{DebounceEventResult, Debouncer, RecommendedCache, new_debouncer};
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::{ConfigErrors, ConfigStore, Diagnostic, LoadOptions, load_path_with};
@@ -50,19 +50,13 @@ pub struct ReloadOptions {
 /// A running reloader. Dropping it stops watching and listening for `SIGHUP`.
 pub struct Reloader {
     trigger: Arc<Trigger>,
-    attempts: watch::Receiver<u64>,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl Reloader {
-    /// Asks for a reload, as a file change or `SIGHUP` would.
+    /// Asks for a reload, as a file change or `SIGHUP` would (for embedders and tests).
     pub fn reload_now(&self) {
         self.trigger.fire(Cause::Request);
-    }
-
-    /// Completed reload attempts (successful or not), for waiting on one.
-    pub fn attempts(&self) -> watch::Receiver<u64> {
-        self.attempts.clone()
     }
 }
 
@@ -78,7 +72,6 @@ impl Drop for Reloader {
 /// watcher that cannot start is logged and reloads then come from `SIGHUP` only.
 pub fn spawn_reloader(path: PathBuf, store: Arc<ConfigStore>, options: ReloadOptions) -> Reloader {
     let trigger = Arc::new(Trigger::default());
-    let (attempts_tx, attempts) = watch::channel(0);
     let mut tasks = Vec::new();
     #[cfg(unix)]
     if let Some(task) = listen_for_sighup(trigger.clone()) {
@@ -101,13 +94,8 @@ pub fn spawn_reloader(path: PathBuf, store: Arc<ConfigStore>, options: ReloadOpt
         options.load,
         trigger.clone(),
         watcher,
-        attempts_tx,
     )));
-    Reloader {
-        trigger,
-        attempts,
-        tasks,
-    }
+    Reloader { trigger, tasks }
 }
 
 async fn reload_loop(
@@ -116,7 +104,6 @@ async fn reload_loop(
     load: LoadOptions,
     trigger: Arc<Trigger>,
     mut watcher: Option<FileWatch>,
-    attempts: watch::Sender<u64>,
 ) {
     loop {
         trigger.notify.notified().await;
@@ -147,7 +134,6 @@ async fn reload_loop(
         if let Some(watcher) = &mut watcher {
             watcher.refresh(&path);
         }
-        attempts.send_modify(|n| *n += 1);
     }
 }
 
@@ -406,6 +392,56 @@ mod tests {
         assert!(plan.dirs.contains(&config));
         assert!(plan.wants(&current));
         assert!(!plan.wants(&root.path().join("v2")));
+    }
+
+    #[tokio::test]
+    async fn without_a_watcher_only_an_explicit_request_reloads() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a.yaml");
+        let text = |rpu: u32| {
+            format!(
+                "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: {rpu}}}\n"
+            )
+        };
+        fs::write(&file, text(1)).unwrap();
+        let store = Arc::new(ConfigStore::new(
+            load_path_with(&file, &LoadOptions::default()).unwrap(),
+        ));
+        let options = ReloadOptions {
+            watch: false,
+            debounce: Duration::from_millis(10),
+            load: LoadOptions::default(),
+        };
+        let reloader = spawn_reloader(file.clone(), store.clone(), options);
+        fs::write(&file, text(2)).unwrap();
+        reloader.reload_now();
+        let reloaded = tokio::time::timeout(Duration::from_secs(10), async {
+            while store.load_counts() != (2, 0) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        assert!(reloaded.is_ok(), "{:?}", store.load_counts());
+        let rejected = {
+            fs::write(&file, "domain: [").unwrap();
+            reloader.reload_now();
+            tokio::time::timeout(Duration::from_secs(10), async {
+                loop {
+                    if let Some(r) = store.last_rejected() {
+                        break r;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await
+            .unwrap()
+        };
+        assert!(
+            rejected.source.ends_with("(reload request)"),
+            "{}",
+            rejected.source
+        );
+        assert_eq!(store.active().load().rule_count(), 1);
     }
 
     #[test]
