@@ -108,6 +108,11 @@ async fn reload_loop(
     loop {
         trigger.notify.notified().await;
         let source = format!("{} ({})", path.display(), trigger.take_causes());
+        // Watch what the path means now (a symlink may have moved) before reading it, so a
+        // change made after the read is seen.
+        if let Some(watcher) = &mut watcher {
+            watcher.refresh(&path);
+        }
         let (read_path, read_options) = (path.clone(), load.clone());
         // Parsing and validating a large set takes milliseconds: keep it off the runtime's workers.
         let result =
@@ -130,9 +135,6 @@ async fn reload_loop(
                     tracing::warn!(%warning, "config warning");
                 }
             }
-        }
-        if let Some(watcher) = &mut watcher {
-            watcher.refresh(&path);
         }
     }
 }
