@@ -746,8 +746,14 @@ impl Translation {
         for note in &self.notes {
             tracing::info!("{note}");
         }
+        // Never silent: a log level above warn must not hide what is ignored.
+        let logged = tracing::enabled!(tracing::Level::WARN);
         for ignored in &self.ignored {
-            tracing::warn!("ignored: {} ({})", ignored.name, ignored.reason);
+            if logged {
+                tracing::warn!("ignored: {} ({})", ignored.name, ignored.reason);
+            } else {
+                eprintln!("sluice: ignored: {} ({})", ignored.name, ignored.reason);
+            }
         }
     }
 }
