@@ -229,7 +229,7 @@ def test_configmap_copy_drift_fails(repo: Path, capsys: pytest.CaptureFixture[st
     edit(repo, "deploy/kubernetes/edge.yaml", "requests_per_unit: 600", "requests_per_unit: 601")
     code, out = run(repo, capsys)
     assert code == 1
-    assert "FAIL deploy/kubernetes/edge.yaml: differs from edge.yaml" in out
+    assert "FAIL deploy/kubernetes/edge.yaml: differs from config/edge.yaml" in out
 
 
 def test_unknown_kind_without_schema_fails(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:

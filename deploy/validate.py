@@ -1001,6 +1001,13 @@ def check_dockerfile(deploy_dir: Path, root: Path, sluice: dict | None, failures
 # ---------------------------------------------------------------------------------------------
 
 
+def shown(path: Path, root: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(root))
+    except ValueError:
+        return str(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -1018,7 +1025,8 @@ def main(argv: list[str] | None = None) -> int:
 
     copy = deploy_dir / "kubernetes" / "edge.yaml"
     if config_path.is_file() and copy.is_file() and copy.read_bytes() != config_path.read_bytes():
-        failures.add(copy, f"differs from {config_path.name}; copy it: cp {config_path} {copy}")
+        source, target = (shown(path, root) for path in (config_path, copy))
+        failures.add(copy, f"differs from {source}; copy it over: cp {source} {target}")
     elif not copy.is_file():
         failures.add(copy, "missing (the ConfigMap's copy of the descriptor config)")
 
