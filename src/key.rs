@@ -1,3 +1,494 @@
-//! Storage keys: `<prefix>{<domain>|<first entry>}<rest>`, injective and hash-tagged.
+//! Storage keys: `<prefix>{<domain>|<k1>=<v1>}|<k2>=<v2>...<tag>`, injective and hash-tagged.
 //!
-//! OWNER: algorithm/memory helper.
+//! Every user-supplied component (domain, entry keys and values) is escaped: bytes outside
+//! `[A-Za-z0-9._:/@+*-]` become `%XX`, so input can never open or close the hash tag or fake a
+//! separator (`{ } | = ~ #` are always escaped). A component whose escaped form is longer than
+//! [`MAX_COMPONENT`] bytes becomes `#` + the 40-hex SHA-1 of its raw bytes; `#` never appears in
+//! escaped text, so a hashed component cannot equal an escaped one. The key therefore parses back
+//! into (domain, entries, tag) unambiguously: distinct inputs give distinct keys.
+//!
+//! The hash tag is `<domain>|<first entry>`, so every descriptor of a request that shares domain
+//! and first entry lives in one Redis Cluster slot and is decided by one script call. The prefix
+//! is operator configuration, written as is; it must not contain `{` or `}`.
+//!
+//! Example: `sluice:{edge|tenant=acme}|route=export~o10/second`.
+
+use crate::request::{Entry, LimitOverride};
+
+/// Escaped components longer than this are replaced by their hash (keeps keys short; Redis keys
+/// and `redis-cli --scan` output stay readable with pathological values).
+pub const MAX_COMPONENT: usize = 128;
+
+/// Length of a hashed component: `#` and 40 hex digits.
+const HASHED_LEN: usize = 41;
+
+/// Which rule a bucket belongs to, beyond its descriptor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RuleTag {
+    /// The rule from the config: adds nothing to the key.
+    Configured,
+    /// A request's `limit` override: its own bucket, never shared with the configured rule or
+    /// another override.
+    Override(LimitOverride),
+}
+
+/// The storage key of one bucket.
+pub fn bucket_key(prefix: &str, domain: &str, entries: &[Entry], tag: RuleTag) -> String {
+    let mut out = String::new();
+    write_bucket_key(&mut out, prefix, domain, entries, tag);
+    out
+}
+
+/// Appends the storage key of one bucket to `out` (so callers can reuse a buffer). Reserves the
+/// exact length first: at most one allocation.
+pub fn write_bucket_key(
+    out: &mut String,
+    prefix: &str,
+    domain: &str,
+    entries: &[Entry],
+    tag: RuleTag,
+) {
+    debug_assert!(
+        !prefix.contains(['{', '}']),
+        "a key prefix with braces would move the hash tag"
+    );
+    // "{" "|" "}" plus, per entry, "=" and (after the first) "|".
+    let mut len = prefix.len() + 3 + component_len(domain);
+    for (i, entry) in entries.iter().enumerate() {
+        len += usize::from(i > 0) + 1 + component_len(&entry.key) + component_len(&entry.value);
+    }
+    if let RuleTag::Override(_) = tag {
+        // "~o" + u32 digits + "/" + the longest unit name.
+        len += 2 + 10 + 1 + 6;
+    }
+    out.reserve(len);
+
+    out.push_str(prefix);
+    out.push('{');
+    write_component(out, domain);
+    out.push('|');
+    for (i, entry) in entries.iter().enumerate() {
+        if i == 1 {
+            out.push('}');
+        }
+        if i >= 1 {
+            out.push('|');
+        }
+        write_component(out, &entry.key);
+        out.push('=');
+        write_component(out, &entry.value);
+    }
+    if entries.len() <= 1 {
+        out.push('}');
+    }
+    if let RuleTag::Override(o) = tag {
+        use std::fmt::Write;
+        // Writing to a String cannot fail.
+        let _ = write!(out, "~o{}/{}", o.requests_per_unit, o.unit.as_str());
+    }
+}
+
+/// The part of `key` Redis Cluster hashes: the bytes between the first `{` and the next `}` when
+/// that is non-empty, else the whole key.
+pub fn hash_tag(key: &str) -> &str {
+    if let Some(open) = key.find('{')
+        && let Some(len) = key[open + 1..].find('}')
+        && len > 0
+    {
+        return &key[open + 1..open + 1 + len];
+    }
+    key
+}
+
+/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag, mod 16384.
+pub fn slot(key: &str) -> u16 {
+    crc16(hash_tag(key).as_bytes()) & 0x3FFF
+}
+
+/// Bytes that stand for themselves in a key: readable, and none of them is a separator.
+const fn is_plain(b: u8) -> bool {
+    matches!(b, b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'.' | b'_' | b':' | b'/' | b'@' | b'+' | b'*' | b'-')
+}
+
+fn escaped_len(s: &str) -> usize {
+    s.bytes().map(|b| if is_plain(b) { 1 } else { 3 }).sum()
+}
+
+fn component_len(s: &str) -> usize {
+    match escaped_len(s) {
+        n if n > MAX_COMPONENT => HASHED_LEN,
+        n => n,
+    }
+}
+
+const LOWER_HEX: &[u8; 16] = b"0123456789abcdef";
+
+fn write_component(out: &mut String, s: &str) {
+    if escaped_len(s) > MAX_COMPONENT {
+        out.push('#');
+        for b in sha1_smol::Sha1::from(s.as_bytes()).digest().bytes() {
+            out.push(char::from(LOWER_HEX[usize::from(b >> 4)]));
+            out.push(char::from(LOWER_HEX[usize::from(b & 0xF)]));
+        }
+        return;
+    }
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for b in s.bytes() {
+        if is_plain(b) {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xF)]));
+        }
+    }
+}
+
+/// CRC16-CCITT, XMODEM variant (polynomial 0x1021, initial value 0, no reflection), as in Redis
+/// Cluster's `keyHashSlot`.
+fn crc16(bytes: &[u8]) -> u16 {
+    bytes.iter().fold(0u16, |crc, &b| {
+        (crc << 8) ^ CRC16_TABLE[usize::from((crc >> 8) as u8 ^ b)]
+    })
+}
+
+const CRC16_TABLE: [u16; 256] = {
+    let mut table = [0u16; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut crc = (i as u16) << 8;
+        let mut bit = 0;
+        while bit < 8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+            bit += 1;
+        }
+        table[i] = crc;
+        i += 1;
+    }
+    table
+};
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::rule::Unit;
+
+    fn entries(pairs: &[(&str, &str)]) -> Vec<Entry> {
+        pairs.iter().map(|(k, v)| Entry::new(*k, *v)).collect()
+    }
+
+    fn over(requests_per_unit: u32, unit: Unit) -> RuleTag {
+        RuleTag::Override(LimitOverride {
+            requests_per_unit,
+            unit,
+        })
+    }
+
+    #[test]
+    fn readable_examples() {
+        let e = entries(&[("tenant", "acme"), ("route", "export")]);
+        assert_eq!(
+            bucket_key("sluice:", "edge", &e, RuleTag::Configured),
+            "sluice:{edge|tenant=acme}|route=export"
+        );
+        assert_eq!(
+            bucket_key("sluice:", "edge", &e, over(10, Unit::Second)),
+            "sluice:{edge|tenant=acme}|route=export~o10/second"
+        );
+        assert_eq!(
+            bucket_key("", "edge", &e[..1], RuleTag::Configured),
+            "{edge|tenant=acme}"
+        );
+        assert_eq!(
+            bucket_key(
+                "p:",
+                "d",
+                &entries(&[("a", "1"), ("b", "2"), ("c", "3")]),
+                RuleTag::Configured
+            ),
+            "p:{d|a=1}|b=2|c=3"
+        );
+        assert_eq!(
+            bucket_key(
+                "p:",
+                "api",
+                &entries(&[("remote_address", "10.0.0.1")]),
+                RuleTag::Configured
+            ),
+            "p:{api|remote_address=10.0.0.1}"
+        );
+        assert_eq!(
+            bucket_key(
+                "p:",
+                "api",
+                &entries(&[("path", "/v1/a b?x=1&y={z}")]),
+                RuleTag::Configured
+            ),
+            "p:{api|path=/v1/a%20b%3Fx%3D1%26y%3D%7Bz%7D}"
+        );
+        assert_eq!(bucket_key("p:", "", &[], RuleTag::Configured), "p:{|}");
+        assert_eq!(
+            bucket_key("p:", "d", &entries(&[("k", "é~#%|")]), RuleTag::Configured),
+            "p:{d|k=%C3%A9%7E%23%25%7C}"
+        );
+    }
+
+    #[test]
+    fn overlong_component_is_hashed_and_short_ones_are_not() {
+        let at_limit = "a".repeat(MAX_COMPONENT);
+        let key = bucket_key("", "d", &entries(&[("k", &at_limit)]), RuleTag::Configured);
+        assert_eq!(key, format!("{{d|k={at_limit}}}"));
+
+        let long = "a".repeat(MAX_COMPONENT + 1);
+        let key = bucket_key("", "d", &entries(&[("k", &long)]), RuleTag::Configured);
+        let digest = sha1_smol::Sha1::from(long.as_bytes()).digest().to_string();
+        assert_eq!(key, format!("{{d|k=#{digest}}}"));
+        // Escaping counts: 43 spaces are 129 escaped bytes.
+        let spaces = " ".repeat(43);
+        let key = bucket_key("", "d", &entries(&[(&spaces, "v")]), RuleTag::Configured);
+        assert!(key.starts_with("{d|#") && key.ends_with("=v}"), "{key}");
+    }
+
+    #[test]
+    fn write_appends_and_reserves_exactly_once() {
+        let e = entries(&[("tenant", "a\u{0}b"), ("long", &"x".repeat(500))]);
+        let mut buf = String::from("keep|");
+        write_bucket_key(&mut buf, "p:", "dom ain", &e, over(u32::MAX, Unit::Minute));
+        let expected = format!(
+            "keep|p:{{dom%20ain|tenant=a%00b}}|long=#{}~o4294967295/minute",
+            sha1_smol::Sha1::from("x".repeat(500).as_bytes()).digest()
+        );
+        assert_eq!(buf, expected);
+
+        // Reserving on an empty String allocates exactly the estimate; any later growth would at
+        // least double it. Without an override tag the estimate is exact.
+        let mut fresh = String::new();
+        write_bucket_key(&mut fresh, "p:", "dom ain", &e, RuleTag::Configured);
+        assert_eq!(fresh.capacity(), fresh.len());
+        let mut tagged = String::new();
+        write_bucket_key(&mut tagged, "p:", "d", &e[..1], over(7, Unit::Second));
+        assert!(
+            tagged.capacity() < tagged.len() + 20,
+            "{}",
+            tagged.capacity()
+        );
+        let mut widest = String::new();
+        write_bucket_key(
+            &mut widest,
+            "p:",
+            "d",
+            &e[..1],
+            over(u32::MAX, Unit::Minute),
+        );
+        assert_eq!(widest.capacity(), widest.len());
+    }
+
+    #[test]
+    fn known_redis_slots() {
+        assert_eq!(slot("foo"), 12182);
+        assert_eq!(slot("123456789"), 12739);
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
+        assert_eq!(slot("{user1000}.following"), slot("user1000"));
+        assert_eq!(slot("foo{bar}{zap}"), slot("bar"));
+    }
+
+    #[test]
+    fn hash_tag_follows_redis_cluster_rules() {
+        assert_eq!(hash_tag("{user1000}.following"), "user1000");
+        assert_eq!(hash_tag("foo{}{bar}"), "foo{}{bar}");
+        assert_eq!(hash_tag("foo{{bar}}zap"), "{bar");
+        assert_eq!(hash_tag("foo{bar}{zap}"), "bar");
+        assert_eq!(hash_tag("foo{bar"), "foo{bar");
+        assert_eq!(hash_tag("plain"), "plain");
+        assert_eq!(
+            hash_tag("sluice:{edge|tenant=acme}|route=export"),
+            "edge|tenant=acme"
+        );
+    }
+
+    /// Inverse of the escaping, for the tests' parser: `None` for a hashed component.
+    fn unescape(s: &str) -> Option<String> {
+        if s.starts_with('#') {
+            return None;
+        }
+        let b = s.as_bytes();
+        let mut out = Vec::with_capacity(b.len());
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'%' {
+                out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).expect("hex escape"));
+                i += 3;
+            } else {
+                assert!(is_plain(b[i]), "unescaped byte {:?} in {s:?}", b[i] as char);
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+        Some(String::from_utf8(out).expect("escapes whole UTF-8 sequences"))
+    }
+
+    /// A component as it must appear: its raw text, or the digest of the raw text when hashed.
+    fn decoded_matches(encoded: &str, raw: &str) -> bool {
+        match unescape(encoded) {
+            Some(text) => text == raw,
+            None => encoded[1..] == sha1_smol::Sha1::from(raw.as_bytes()).digest().to_string(),
+        }
+    }
+
+    /// Splits a key back into (domain, [(key, value)], tag) using only the format's separators.
+    fn parse(key: &str, prefix: &str) -> (String, Vec<(String, String)>, Option<String>) {
+        let rest = key.strip_prefix(prefix).expect("prefix");
+        let rest = rest.strip_prefix('{').expect("tag opens after the prefix");
+        let (inside, after) = rest.split_once('}').expect("tag closes");
+        let (body, tag) = match after.split_once('~') {
+            Some((body, tag)) => (body, Some(tag.to_string())),
+            None => (after, None),
+        };
+        let (domain, first) = inside.split_once('|').expect("domain separator");
+        let mut pairs = Vec::new();
+        let split = |s: &str| {
+            let (k, v) = s.split_once('=').expect("pair separator");
+            (k.to_string(), v.to_string())
+        };
+        if !first.is_empty() {
+            pairs.push(split(first));
+        }
+        if !body.is_empty() {
+            let body = body.strip_prefix('|').expect("entry separator");
+            pairs.extend(body.split('|').map(split));
+        }
+        (domain.to_string(), pairs, tag)
+    }
+
+    /// Strings rich in separators, escapes and awkward bytes, plus arbitrary unicode.
+    fn component() -> impl Strategy<Value = String> {
+        prop_oneof![
+            4 => prop::collection::vec(
+                prop::sample::select(vec![
+                    "{", "}", ":", "|", "=", "%", "_", "~", "#", "\0", "\r", "\n", " ", "a", "Z",
+                    "0", "é", "\u{1F600}", "%7B", "#0", "~o1/second",
+                ]),
+                0..12,
+            )
+            .prop_map(|parts| parts.concat()),
+            2 => any::<String>(),
+            1 => "[a-z]{120,140}",
+        ]
+    }
+
+    fn entry_list() -> impl Strategy<Value = Vec<Entry>> {
+        prop::collection::vec(
+            (component(), component()).prop_map(|(k, v)| Entry::new(k, v)),
+            0..4,
+        )
+    }
+
+    fn rule_tag() -> impl Strategy<Value = RuleTag> {
+        prop_oneof![
+            Just(RuleTag::Configured),
+            (any::<u32>(), prop::sample::select(Unit::ALL.to_vec())).prop_map(|(n, u)| over(n, u)),
+        ]
+    }
+
+    type Input = (String, Vec<Entry>, RuleTag);
+
+    fn input() -> impl Strategy<Value = Input> {
+        (component(), entry_list(), rule_tag())
+    }
+
+    /// A second input that differs from the first in one small, separator-shaped way.
+    fn near_miss(a: &Input) -> Vec<Input> {
+        let (d, e, t) = a.clone();
+        let mut out = vec![
+            (d.clone(), e.clone(), RuleTag::Configured),
+            (d.clone(), e.clone(), over(1, Unit::Second)),
+            (format!("{d}|"), e.clone(), t),
+        ];
+        if let Some(first) = e.first() {
+            // Move the first entry into the domain, merge two entries, split a value.
+            out.push((
+                format!("{d}|{}={}", first.key, first.value),
+                e[1..].to_vec(),
+                t,
+            ));
+            let mut merged = e.clone();
+            merged[0].value.push('|');
+            out.push((d.clone(), merged, t));
+            let mut moved = e.clone();
+            moved[0].key = format!("{}={}", first.key, first.value);
+            moved[0].value.clear();
+            out.push((d.clone(), moved, t));
+            out.push((d.clone(), e[..e.len() - 1].to_vec(), t));
+        }
+        out.into_iter().filter(|b| b != a).collect()
+    }
+
+    fn key_of((d, e, t): &Input) -> String {
+        bucket_key("sl:", d, e, *t)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1_000))]
+
+        #[test]
+        fn key_parses_back_to_its_input((domain, entries, tag) in input()) {
+            let key = bucket_key("sl:", &domain, &entries, tag);
+            prop_assert_eq!(key.matches('{').count(), 1, "{}", key);
+            prop_assert_eq!(key.matches('}').count(), 1, "{}", key);
+            prop_assert!(key.is_ascii());
+            prop_assert!(!key.contains(['\0', '\r', '\n', ' ']));
+            let (d, pairs, t) = parse(&key, "sl:");
+            prop_assert!(decoded_matches(&d, &domain), "{} vs {:?}", d, domain);
+            prop_assert_eq!(pairs.len(), entries.len());
+            for ((k, v), entry) in pairs.iter().zip(&entries) {
+                prop_assert!(decoded_matches(k, &entry.key));
+                prop_assert!(decoded_matches(v, &entry.value));
+            }
+            let expected_tag = match tag {
+                RuleTag::Configured => None,
+                RuleTag::Override(o) => Some(format!("o{}/{}", o.requests_per_unit, o.unit)),
+            };
+            prop_assert_eq!(t, expected_tag);
+        }
+
+        #[test]
+        fn distinct_inputs_give_distinct_keys(a in input(), b in input()) {
+            if a != b {
+                prop_assert_ne!(key_of(&a), key_of(&b));
+            }
+            for c in near_miss(&a) {
+                prop_assert_ne!(key_of(&a), key_of(&c), "{:?} vs {:?}", a, c);
+            }
+        }
+
+        #[test]
+        fn hash_tag_depends_only_on_domain_and_first_entry(
+            domain in component(),
+            first in (component(), component()),
+            rest_a in entry_list(),
+            rest_b in entry_list(),
+            tag_a in rule_tag(),
+            tag_b in rule_tag(),
+        ) {
+            let first = Entry::new(first.0, first.1);
+            let with = |rest: &[Entry]| {
+                let mut e = vec![first.clone()];
+                e.extend_from_slice(rest);
+                e
+            };
+            let ka = bucket_key("sl:", &domain, &with(&rest_a), tag_a);
+            let kb = bucket_key("other:", &domain, &with(&rest_b), tag_b);
+            let alone = bucket_key("", &domain, std::slice::from_ref(&first), RuleTag::Configured);
+            prop_assert_eq!(hash_tag(&ka), hash_tag(&kb));
+            prop_assert_eq!(hash_tag(&ka), &alone[1..alone.len() - 1]);
+            prop_assert_eq!(slot(&ka), slot(&kb));
+        }
+    }
+}

@@ -81,3 +81,409 @@ pub fn decide(now_ms: u64, demands: &[Demand], states: &mut [Option<BucketState>
 fn need(demand: &Demand) -> f64 {
     demand.tokens.max(1) as f64
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// `requests_per_unit` per `unit_ms`; tests pick rates that are exact binary fractions per ms
+    /// so expected values can be written exactly.
+    fn params(capacity: u64, requests_per_unit: u64, unit_ms: u64) -> BucketParams {
+        BucketParams {
+            capacity,
+            requests_per_unit,
+            unit_ms,
+        }
+    }
+
+    fn take(params: BucketParams, tokens: u64) -> Demand {
+        Demand {
+            params,
+            tokens,
+            refund: false,
+            shadow: false,
+        }
+    }
+
+    fn shadow(params: BucketParams, tokens: u64) -> Demand {
+        Demand {
+            shadow: true,
+            ..take(params, tokens)
+        }
+    }
+
+    fn refund(params: BucketParams, tokens: u64) -> Demand {
+        Demand {
+            refund: true,
+            ..take(params, tokens)
+        }
+    }
+
+    fn at(tokens: f64, updated_ms: u64) -> Option<BucketState> {
+        Some(BucketState { tokens, updated_ms })
+    }
+
+    /// Decides one demand against one state; returns the verdict and the state to store.
+    fn decide_one(
+        now_ms: u64,
+        demand: Demand,
+        state: Option<BucketState>,
+    ) -> (Verdict, BucketState) {
+        let mut states = [state];
+        let verdicts = decide(now_ms, &[demand], &mut states);
+        (verdicts[0], states[0].expect("decide stores every state"))
+    }
+
+    // 10 tokens, 1 token per 4 ms.
+    const QUARTER: BucketParams = BucketParams {
+        capacity: 10,
+        requests_per_unit: 250,
+        unit_ms: 1_000,
+    };
+
+    #[test]
+    fn missing_state_is_a_full_bucket() {
+        assert_eq!(refill(None, 7_000, &QUARTER), (10.0, 7_000));
+        let (v, s) = decide_one(7_000, take(QUARTER, 1), None);
+        assert!(v.allowed);
+        assert_eq!(v.remaining, 9);
+        assert_eq!(v.retry_after_ms, Some(0));
+        assert_eq!(v.until_full_ms, 4);
+        assert_eq!(
+            s,
+            BucketState {
+                tokens: 9.0,
+                updated_ms: 7_000
+            }
+        );
+    }
+
+    #[test]
+    fn empty_bucket_is_full_again_after_idle() {
+        assert_eq!(refill(at(0.0, 1_000), 1_040, &QUARTER), (10.0, 1_040));
+        assert_eq!(refill(at(0.0, 1_000), 1_000 + 86_400_000, &QUARTER).0, 10.0);
+        let (v, _) = decide_one(1_000_000, take(QUARTER, 10), at(0.0, 1_000));
+        assert!(v.allowed);
+        assert_eq!(v.remaining, 0);
+    }
+
+    #[test]
+    fn partial_refill_keeps_fractional_tokens() {
+        // 3 ms at 0.25/ms = 0.75 tokens: not enough for one, and the fraction is kept.
+        let (v, s) = decide_one(1_003, take(QUARTER, 1), at(0.0, 1_000));
+        assert!(!v.allowed);
+        assert_eq!(v.remaining, 0);
+        assert_eq!(v.retry_after_ms, Some(1));
+        assert_eq!(
+            s,
+            BucketState {
+                tokens: 0.75,
+                updated_ms: 1_003
+            }
+        );
+        // One more ms completes the token; nothing was lost to rounding.
+        let (v, s) = decide_one(1_004, take(QUARTER, 1), Some(s));
+        assert!(v.allowed);
+        assert_eq!(
+            s,
+            BucketState {
+                tokens: 0.0,
+                updated_ms: 1_004
+            }
+        );
+        // Slow rates accumulate exactly: 1 token per minute, 20 s three times.
+        let per_minute = params(5, 1, 60_000);
+        let mut state = at(0.0, 0);
+        for now in [20_000, 40_000] {
+            let (v, s) = decide_one(now, take(per_minute, 1), state);
+            assert!(!v.allowed, "at {now}");
+            state = Some(s);
+        }
+        let (v, _) = decide_one(60_000, take(per_minute, 1), state);
+        assert!(v.allowed);
+    }
+
+    #[test]
+    fn remaining_is_rounded_down() {
+        let (v, s) = decide_one(1_011, take(QUARTER, 1), at(0.0, 1_000));
+        // 2.75 tokens, one taken.
+        assert!(v.allowed);
+        assert_eq!(s.tokens, 1.75);
+        assert_eq!(v.remaining, 1);
+    }
+
+    #[test]
+    fn never_above_capacity() {
+        assert_eq!(refill(at(10.0, 0), 1_000_000, &QUARTER).0, 10.0);
+        assert_eq!(refill(at(9.5, 0), 4, &QUARTER).0, 10.0);
+        assert_eq!(refill(at(9.5, 0), u64::MAX, &QUARTER).0, 10.0);
+        let (v, s) = decide_one(5, refund(QUARTER, 3), at(9.0, 0));
+        assert_eq!(s.tokens, 10.0);
+        assert_eq!(v.remaining, 10);
+        assert_eq!(v.until_full_ms, 0);
+    }
+
+    #[test]
+    fn cost_above_tokens_is_rejected_with_nothing_taken() {
+        // 3 tokens, 5 wanted, 3 tokens per 8 ms: 2 missing / 0.375 = 5.33 ms, rounded up to 6.
+        let p = params(10, 375, 1_000);
+        let (v, s) = decide_one(100, take(p, 5), at(3.0, 100));
+        assert!(!v.allowed);
+        assert_eq!(v.remaining, 3);
+        assert_eq!(v.retry_after_ms, Some(6));
+        assert_eq!(
+            s,
+            BucketState {
+                tokens: 3.0,
+                updated_ms: 100
+            }
+        );
+        // Five ms later still short, six ms later enough: the retry-after is the exact ceiling.
+        assert!(!decide_one(105, take(p, 5), Some(s)).0.allowed);
+        assert!(decide_one(106, take(p, 5), Some(s)).0.allowed);
+    }
+
+    #[test]
+    fn retry_after_is_not_rounded_past_an_exact_value() {
+        // 2 missing at 0.25/ms is exactly 8 ms.
+        let (v, _) = decide_one(0, take(QUARTER, 5), at(3.0, 0));
+        assert_eq!(v.retry_after_ms, Some(8));
+    }
+
+    #[test]
+    fn cost_above_capacity_is_never_allowed() {
+        for state in [None, at(10.0, 0), at(0.0, 0)] {
+            let (v, s) = decide_one(0, take(QUARTER, 11), state);
+            assert!(!v.allowed);
+            assert_eq!(v.retry_after_ms, None);
+            assert_eq!(s.tokens, state.map_or(10.0, |s| s.tokens), "nothing taken");
+        }
+        // Exactly the capacity is possible once full.
+        let (v, _) = decide_one(0, take(QUARTER, 10), at(0.0, 0));
+        assert_eq!(v.retry_after_ms, Some(40));
+    }
+
+    #[test]
+    fn check_only_needs_one_token_and_takes_nothing() {
+        let (v, s) = decide_one(0, take(QUARTER, 0), at(1.0, 0));
+        assert!(v.allowed);
+        assert_eq!(v.remaining, 1);
+        assert_eq!(s.tokens, 1.0);
+
+        let (v, s) = decide_one(0, take(QUARTER, 0), at(0.5, 0));
+        assert!(!v.allowed);
+        assert_eq!(v.retry_after_ms, Some(2));
+        assert_eq!(s.tokens, 0.5);
+
+        let (v, s) = decide_one(0, take(QUARTER, 0), None);
+        assert!(v.allowed);
+        assert_eq!((v.remaining, v.until_full_ms), (10, 0));
+        assert_eq!(s.tokens, 10.0);
+    }
+
+    #[test]
+    fn one_short_bucket_rejects_the_request_and_nothing_is_taken_anywhere() {
+        let big = params(100, 100, 1_000);
+        let demands = [take(big, 1), take(QUARTER, 5), take(big, 2)];
+        let mut states = [at(50.0, 0), at(2.0, 0), None];
+        let verdicts = decide(0, &demands, &mut states);
+        assert_eq!(
+            verdicts.iter().map(|v| v.allowed).collect::<Vec<_>>(),
+            [true, false, true],
+            "each verdict says whether that bucket alone could pay"
+        );
+        assert_eq!(verdicts[0].remaining, 50);
+        assert_eq!(verdicts[2].remaining, 100);
+        assert_eq!(verdicts[1].retry_after_ms, Some(12));
+        let tokens: Vec<f64> = states.iter().map(|s| s.unwrap().tokens).collect();
+        assert_eq!(tokens, [50.0, 2.0, 100.0]);
+    }
+
+    #[test]
+    fn short_shadow_bucket_does_not_reject_and_is_not_taken_from() {
+        let demands = [take(QUARTER, 3), shadow(QUARTER, 5), shadow(QUARTER, 1)];
+        let mut states = [at(10.0, 0), at(2.0, 0), at(4.0, 0)];
+        let verdicts = decide(0, &demands, &mut states);
+        assert!(verdicts[0].allowed);
+        assert!(!verdicts[1].allowed);
+        assert!(verdicts[2].allowed);
+        let tokens: Vec<f64> = states.iter().map(|s| s.unwrap().tokens).collect();
+        // The short shadow bucket never goes negative; a shadow bucket that can pay does pay.
+        assert_eq!(tokens, [7.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn shadow_bucket_is_not_taken_from_when_the_request_is_rejected() {
+        let demands = [take(QUARTER, 5), shadow(QUARTER, 1)];
+        let mut states = [at(1.0, 0), at(4.0, 0)];
+        let verdicts = decide(0, &demands, &mut states);
+        assert!(!verdicts[0].allowed);
+        assert!(verdicts[1].allowed);
+        assert_eq!(states[1].unwrap().tokens, 4.0);
+    }
+
+    #[test]
+    fn refund_is_capped_and_applied_even_when_the_request_is_rejected() {
+        let demands = [take(QUARTER, 5), refund(QUARTER, 3), refund(QUARTER, 7)];
+        let mut states = [at(1.0, 0), at(2.0, 0), at(6.0, 0)];
+        let verdicts = decide(0, &demands, &mut states);
+        assert!(!verdicts[0].allowed);
+        assert!(verdicts[1].allowed && verdicts[2].allowed);
+        assert_eq!(verdicts[1].retry_after_ms, Some(0));
+        let tokens: Vec<f64> = states.iter().map(|s| s.unwrap().tokens).collect();
+        assert_eq!(tokens, [1.0, 5.0, 10.0]);
+        assert_eq!((verdicts[1].remaining, verdicts[2].remaining), (5, 10));
+        assert_eq!(
+            (verdicts[1].until_full_ms, verdicts[2].until_full_ms),
+            (20, 0)
+        );
+    }
+
+    #[test]
+    fn clock_stepping_back_refills_nothing_and_never_twice() {
+        let (v, s) = decide_one(600, take(QUARTER, 1), at(2.0, 1_000));
+        assert!(v.allowed);
+        assert_eq!(
+            s,
+            BucketState {
+                tokens: 1.0,
+                updated_ms: 1_000
+            }
+        );
+        // Back at the stored time: the 400 ms "lived twice" are not refilled again.
+        let (_, s) = decide_one(1_000, take(QUARTER, 0), Some(s));
+        assert_eq!(
+            s,
+            BucketState {
+                tokens: 1.0,
+                updated_ms: 1_000
+            }
+        );
+        let (_, s) = decide_one(1_004, take(QUARTER, 0), Some(s));
+        assert_eq!(
+            s,
+            BucketState {
+                tokens: 2.0,
+                updated_ms: 1_004
+            }
+        );
+    }
+
+    #[test]
+    fn huge_demands_do_not_overflow_or_panic() {
+        for tokens in [u32::MAX as u64, u64::MAX] {
+            let (v, s) = decide_one(0, take(QUARTER, tokens), at(3.0, 0));
+            assert!(!v.allowed);
+            assert_eq!(v.retry_after_ms, None);
+            assert_eq!(s.tokens, 3.0);
+
+            let (v, s) = decide_one(0, refund(QUARTER, tokens), at(3.0, 0));
+            assert!(v.allowed);
+            assert_eq!(s.tokens, 10.0);
+
+            let (v, _) = decide_one(u64::MAX, shadow(QUARTER, tokens), at(3.0, 0));
+            assert!(!v.allowed);
+        }
+        // Extreme shapes: capacity and rate at the integer limits.
+        let widest = params(u64::MAX, u64::MAX, 1);
+        let (v, s) = decide_one(u64::MAX, take(widest, u64::MAX), None);
+        assert!(v.allowed);
+        assert_eq!(s.tokens, 0.0);
+        assert_eq!(v.until_full_ms, 1);
+        let slowest = params(u64::MAX, 1, u64::MAX);
+        let (v, _) = decide_one(0, take(slowest, u64::MAX), at(0.0, 0));
+        assert!(!v.allowed);
+        assert_eq!(
+            v.retry_after_ms,
+            Some(u64::MAX),
+            "saturates rather than wraps"
+        );
+        assert_eq!(v.until_full_ms, u64::MAX);
+    }
+
+    #[test]
+    fn until_full_is_exact_and_rounded_up() {
+        let (v, _) = decide_one(0, take(QUARTER, 0), at(0.0, 0));
+        assert_eq!(v.until_full_ms, 40);
+        let (v, _) = decide_one(0, take(QUARTER, 1), at(8.5, 0));
+        assert_eq!(v.until_full_ms, 10);
+        // 1 token missing at 0.375/ms = 2.67 ms -> 3.
+        let p = params(10, 375, 1_000);
+        let (v, s) = decide_one(0, take(p, 1), None);
+        assert_eq!(v.until_full_ms, 3);
+        assert!(refill(Some(s), 2, &p).0 < 10.0);
+        assert_eq!(refill(Some(s), 3, &p).0, 10.0);
+    }
+
+    fn any_params() -> impl Strategy<Value = BucketParams> {
+        (
+            1u64..=1_000,
+            1u64..=1_000,
+            prop::sample::select(vec![1_000u64, 60_000, 3_600_000, 86_400_000]),
+        )
+            .prop_map(|(capacity, requests_per_unit, unit_ms)| {
+                params(capacity, requests_per_unit, unit_ms)
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn tokens_stay_within_zero_and_capacity(
+            p in any_params(),
+            steps in prop::collection::vec(
+                (-2_000i64..20_000, 0u64..2_500, any::<bool>(), any::<bool>()),
+                1..80,
+            ),
+        ) {
+            let mut now: u64 = 1_000_000;
+            let mut state = None;
+            for (dt, tokens, is_refund, is_shadow) in steps {
+                now = now.saturating_add_signed(dt);
+                let demand = Demand { params: p, tokens, refund: is_refund, shadow: is_shadow };
+                let (v, s) = decide_one(now, demand, state);
+                prop_assert!(s.tokens >= 0.0 && s.tokens <= p.capacity as f64, "{s:?}");
+                prop_assert!(v.remaining <= p.capacity);
+                state = Some(s);
+            }
+        }
+
+        #[test]
+        fn granted_over_any_window_is_at_most_capacity_plus_refill(
+            p in any_params(),
+            steps in prop::collection::vec((0u64..5_000, 0u64..200), 1..100),
+        ) {
+            let rate = p.rate_per_ms();
+            let mut now: u64 = 1_000_000;
+            let mut state = None;
+            // (time, tokens granted) per decision.
+            let mut grants = Vec::with_capacity(steps.len());
+            for (dt, tokens) in steps {
+                now += dt;
+                let (v, s) = decide_one(now, take(p, tokens), state);
+                state = Some(s);
+                grants.push((now, if v.allowed { tokens } else { 0 }));
+            }
+            for i in 0..grants.len() {
+                let mut granted = 0u64;
+                for &(t, g) in &grants[i..] {
+                    granted += g;
+                    let bound = p.capacity as f64 + rate * (t - grants[i].0) as f64;
+                    prop_assert!(granted as f64 <= bound + 1e-9, "{granted} > {bound}");
+                }
+            }
+        }
+
+        #[test]
+        fn bucket_is_full_once_until_full_has_elapsed(
+            p in any_params(),
+            tokens in 0u64..1_000,
+            start_tokens in 0.0f64..1.0,
+        ) {
+            let start = at(start_tokens * p.capacity as f64, 5_000);
+            let (v, s) = decide_one(5_000, take(p, tokens), start);
+            prop_assert_eq!(refill(Some(s), s.updated_ms + v.until_full_ms, &p).0, p.capacity as f64);
+        }
+    }
+}

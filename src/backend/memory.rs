@@ -1,3 +1,702 @@
 //! The embedded in-memory backend: sharded buckets, idle eviction, a bound on live buckets.
 //!
-//! OWNER: algorithm/memory helper.
+//! Buckets live in `shards` maps, each behind its own mutex, so requests for different clients
+//! rarely contend and nothing global is locked per request. One request's buckets are decided
+//! atomically: the distinct shards it touches are locked in ascending index order (so two requests
+//! can never wait on each other in a cycle), [`token_bucket::decide`] runs, states are written
+//! back, and the locks are released.
+//!
+//! Each stored bucket remembers when it will be full again. From then on it is indistinguishable
+//! from a missing bucket (a missing bucket is full), so it is treated as missing on lookup and may
+//! be dropped at any time: by [`MemoryBackend::sweep`], by the sweeper task, or when a shard needs
+//! room. A request that leaves its bucket full stores nothing at all.
+
+use std::collections::hash_map::RandomState;
+use std::future::Future;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use indexmap::IndexMap;
+
+use crate::algorithm::{BucketState, Demand, Verdict, token_bucket};
+use crate::backend::{Backend, BackendError, Hit};
+use crate::clock::SharedClock;
+
+/// Buckets looked at when a shard must evict one that is not yet full again.
+const EVICTION_SAMPLE: usize = 8;
+
+/// Size and layout of the in-memory store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryOptions {
+    /// Upper bound on stored buckets, so a flood of distinct keys cannot exhaust memory.
+    /// Split evenly across shards; 0 is treated as 1.
+    pub max_buckets: usize,
+    /// Number of independently locked maps; capped at `max_buckets`, at least 1.
+    pub shards: usize,
+}
+
+impl Default for MemoryOptions {
+    fn default() -> Self {
+        MemoryOptions {
+            max_buckets: 1_000_000,
+            shards: 64,
+        }
+    }
+}
+
+/// One stored bucket.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    state: BucketState,
+    /// From this time on the bucket is full again (`updated + until_full`).
+    full_at_ms: u64,
+}
+
+struct Shard {
+    buckets: IndexMap<String, Slot>,
+    /// This shard's share of `max_buckets`.
+    capacity: usize,
+    /// No bucket here is full again before this time (a lower bound: updates may raise the true
+    /// minimum), so a shard at capacity skips its O(n) sweep when nothing could be swept.
+    earliest_full_ms: u64,
+}
+
+impl Shard {
+    fn new(capacity: usize) -> Self {
+        Shard {
+            buckets: IndexMap::new(),
+            capacity,
+            earliest_full_ms: u64::MAX,
+        }
+    }
+
+    /// The stored state of `key` as of `now_ms`; `None` (a full bucket) when missing or full again.
+    fn state(&self, key: &str, now_ms: u64) -> Option<BucketState> {
+        self.buckets
+            .get(key)
+            .filter(|slot| slot.full_at_ms > now_ms)
+            .map(|slot| slot.state)
+    }
+
+    /// Writes back a decided bucket. `request` holds every hit of the deciding request, none of
+    /// which may be evicted to make room for another.
+    fn store(&mut self, key: &str, slot: Slot, now_ms: u64, request: &[Hit]) {
+        let full = slot.full_at_ms <= now_ms;
+        if let Some((index, _, stored)) = self.buckets.get_full_mut(key) {
+            if full {
+                self.buckets.swap_remove_index(index);
+            } else {
+                *stored = slot;
+                self.earliest_full_ms = self.earliest_full_ms.min(slot.full_at_ms);
+            }
+            return;
+        }
+        if full || !self.make_room(now_ms, request) {
+            return;
+        }
+        self.buckets.insert(key.to_owned(), slot);
+        self.earliest_full_ms = self.earliest_full_ms.min(slot.full_at_ms);
+    }
+
+    /// Frees one place if the shard is at capacity. False only when every candidate belongs to
+    /// the current request (a shard smaller than one request's keys).
+    fn make_room(&mut self, now_ms: u64, request: &[Hit]) -> bool {
+        if self.buckets.len() < self.capacity {
+            return true;
+        }
+        self.sweep(now_ms);
+        if self.buckets.len() < self.capacity {
+            return true;
+        }
+        // Evicting a bucket resets it to full, so the bucket closest to full loses the least
+        // information; sampling keeps this O(1) instead of scanning the shard.
+        let len = self.buckets.len();
+        let sampled = len > EVICTION_SAMPLE;
+        let victim = (0..len.min(EVICTION_SAMPLE))
+            .map(|i| {
+                if sampled {
+                    rand::random_range(0..len)
+                } else {
+                    i
+                }
+            })
+            .filter_map(|i| {
+                self.buckets
+                    .get_index(i)
+                    .map(|(k, slot)| (i, k, slot.full_at_ms))
+            })
+            .filter(|(_, k, _)| !request.iter().any(|hit| hit.key == **k))
+            .min_by_key(|&(_, _, full_at)| full_at)
+            .map(|(i, _, _)| i);
+        match victim {
+            Some(i) => {
+                self.buckets.swap_remove_index(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Drops every bucket that is full again at `now_ms`; returns how many.
+    fn sweep(&mut self, now_ms: u64) -> usize {
+        if now_ms < self.earliest_full_ms {
+            return 0;
+        }
+        let before = self.buckets.len();
+        let mut earliest = u64::MAX;
+        self.buckets.retain(|_, slot| {
+            let live = slot.full_at_ms > now_ms;
+            if live {
+                earliest = earliest.min(slot.full_at_ms);
+            }
+            live
+        });
+        self.earliest_full_ms = earliest;
+        before - self.buckets.len()
+    }
+}
+
+/// Token buckets in this process's memory, with the same semantics as the Redis backend.
+pub struct MemoryBackend {
+    clock: SharedClock,
+    shards: Box<[Mutex<Shard>]>,
+    /// Picks a key's shard; independent of the maps' own hashers so a shard's keys do not cluster
+    /// inside its map.
+    router: RandomState,
+}
+
+impl MemoryBackend {
+    pub fn new(clock: SharedClock, opts: MemoryOptions) -> Self {
+        let max_buckets = opts.max_buckets.max(1);
+        let count = opts.shards.clamp(1, max_buckets);
+        let (share, extra) = (max_buckets / count, max_buckets % count);
+        let shards = (0..count)
+            .map(|i| Mutex::new(Shard::new(share + usize::from(i < extra))))
+            .collect();
+        MemoryBackend {
+            clock,
+            shards,
+            router: RandomState::new(),
+        }
+    }
+
+    /// Buckets currently stored (some may already be full again and awaiting a sweep).
+    pub fn live_buckets(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).buckets.len()).sum()
+    }
+
+    /// Removes the buckets that are full again; returns how many. Locks one shard at a time.
+    pub fn sweep(&self) -> usize {
+        (0..self.shards.len()).map(|i| self.sweep_shard(i)).sum()
+    }
+
+    /// Sweeps every `every` on the tokio runtime until this backend is dropped (the task holds
+    /// only a weak reference) or the handle is aborted.
+    pub fn spawn_sweeper(self: &Arc<Self>, every: Duration) -> tokio::task::JoinHandle<()> {
+        let backend = Arc::downgrade(self);
+        let every = every.max(Duration::from_millis(1));
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                let Some(shards) = backend.upgrade().map(|b| b.shards.len()) else {
+                    return;
+                };
+                let mut swept = 0;
+                for i in 0..shards {
+                    let Some(b) = backend.upgrade() else { return };
+                    swept += b.sweep_shard(i);
+                    drop(b);
+                    // Let requests run between shards: a full sweep of a large store takes a while.
+                    tokio::task::yield_now().await;
+                }
+                tracing::debug!(swept, "memory backend sweep");
+            }
+        })
+    }
+
+    fn sweep_shard(&self, index: usize) -> usize {
+        let mut shard = lock(&self.shards[index]);
+        let now_ms = self.clock.now_ms();
+        shard.sweep(now_ms)
+    }
+
+    fn shard_index(&self, key: &str) -> usize {
+        let hash = self.router.hash_one(key);
+        // Multiply-shift maps the hash onto 0..len without a division.
+        ((u128::from(hash) * self.shards.len() as u128) >> 64) as usize
+    }
+
+    /// Decides one request's hits atomically.
+    fn decide(&self, hits: &[Hit]) -> Vec<Verdict> {
+        debug_assert!(
+            hits.iter()
+                .enumerate()
+                .all(|(i, a)| hits[..i].iter().all(|b| a.key != b.key)),
+            "keys of one request must be distinct"
+        );
+        let shard_of: Vec<usize> = hits.iter().map(|h| self.shard_index(&h.key)).collect();
+        let mut locked = shard_of.clone();
+        locked.sort_unstable();
+        locked.dedup();
+        let mut guards: Vec<MutexGuard<'_, Shard>> =
+            locked.iter().map(|&i| lock(&self.shards[i])).collect();
+        let guard_of = |shard: usize| {
+            locked
+                .binary_search(&shard)
+                .expect("every touched shard is locked")
+        };
+
+        // Read the clock under the locks, so a bucket's updates are stamped in the order they
+        // were applied.
+        let now_ms = self.clock.now_ms();
+        let mut states: Vec<Option<BucketState>> = hits
+            .iter()
+            .zip(&shard_of)
+            .map(|(hit, &s)| guards[guard_of(s)].state(&hit.key, now_ms))
+            .collect();
+        let demands: Vec<Demand> = hits.iter().map(|h| h.demand).collect();
+        let verdicts = token_bucket::decide(now_ms, &demands, &mut states);
+
+        for ((hit, &s), (state, verdict)) in hits
+            .iter()
+            .zip(&shard_of)
+            .zip(states.into_iter().zip(&verdicts))
+        {
+            let state = state.expect("decide returns a state for every bucket");
+            let slot = Slot {
+                state,
+                full_at_ms: state.updated_ms.saturating_add(verdict.until_full_ms),
+            };
+            guards[guard_of(s)].store(&hit.key, slot, now_ms, hits);
+        }
+        verdicts
+    }
+}
+
+impl Backend for MemoryBackend {
+    fn check(
+        &self,
+        hits: &[Hit],
+    ) -> impl Future<Output = Result<Vec<Verdict>, BackendError>> + Send {
+        std::future::ready(Ok(self.decide(hits)))
+    }
+
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn probe(&self) -> impl Future<Output = Result<(), BackendError>> + Send {
+        std::future::ready(Ok(()))
+    }
+}
+
+/// A panic while a shard was locked leaves its map intact (at worst one bucket's state is
+/// stale), so later requests keep using it rather than failing forever.
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+    use crate::algorithm::BucketParams;
+    use crate::clock::{Clock, ManualClock};
+
+    /// 10 tokens, refilled 1 per 100 ms.
+    const TEN: BucketParams = BucketParams {
+        capacity: 10,
+        requests_per_unit: 10,
+        unit_ms: 1_000,
+    };
+
+    fn backend(opts: MemoryOptions) -> (MemoryBackend, ManualClock) {
+        let clock = ManualClock::new(1_000_000);
+        (MemoryBackend::new(Arc::new(clock.clone()), opts), clock)
+    }
+
+    fn small(max_buckets: usize, shards: usize) -> MemoryOptions {
+        MemoryOptions {
+            max_buckets,
+            shards,
+        }
+    }
+
+    async fn check(b: &MemoryBackend, hits: &[Hit]) -> Vec<Verdict> {
+        b.check(hits).await.expect("the memory backend never fails")
+    }
+
+    async fn one(b: &MemoryBackend, key: &str, params: BucketParams, tokens: u64) -> Verdict {
+        check(b, &[Hit::new(key, params, tokens)]).await[0]
+    }
+
+    /// Whole tokens in `key` right now, read with a check-only hit (which takes nothing).
+    async fn level(b: &MemoryBackend, key: &str, params: BucketParams) -> u64 {
+        one(b, key, params, 0).await.remaining
+    }
+
+    /// `n` keys that the backend places in `n` different shards.
+    fn keys_in_distinct_shards(b: &MemoryBackend, n: usize) -> Vec<String> {
+        let mut seen = std::collections::HashSet::new();
+        (0..)
+            .map(|i| format!("k{i}"))
+            .filter(|k| seen.insert(b.shard_index(k)))
+            .take(n)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn token_bucket_semantics_through_the_trait() {
+        let (b, clock) = backend(MemoryOptions::default());
+        assert_eq!(b.name(), "memory");
+        assert_eq!(b.probe().await, Ok(()));
+        assert!(check(&b, &[]).await.is_empty());
+
+        let v = one(&b, "a", TEN, 4).await;
+        assert!(v.allowed);
+        assert_eq!(
+            (v.remaining, v.retry_after_ms, v.until_full_ms),
+            (6, Some(0), 400)
+        );
+        let v = one(&b, "a", TEN, 7).await;
+        assert!(!v.allowed);
+        assert_eq!((v.remaining, v.retry_after_ms), (6, Some(100)));
+        assert_eq!(one(&b, "a", TEN, 11).await.retry_after_ms, None);
+
+        clock.advance(150);
+        let v = one(&b, "a", TEN, 7).await;
+        assert!(v.allowed, "1.5 tokens refilled");
+        assert_eq!(v.remaining, 0);
+        assert_eq!(level(&b, "a", TEN).await, 0);
+
+        // Refunds are capped at capacity; a bucket refunded to full is no longer stored.
+        let mut refund = Hit::new("a", TEN, 50);
+        refund.demand.refund = true;
+        assert_eq!(check(&b, &[refund]).await[0].remaining, 10);
+        assert_eq!(b.live_buckets(), 0);
+
+        // Check-only hits take nothing and store nothing for a full bucket.
+        assert_eq!(one(&b, "fresh", TEN, 0).await.remaining, 10);
+        assert_eq!(b.live_buckets(), 0);
+
+        // The clock stepping back refills nothing.
+        one(&b, "a", TEN, 5).await;
+        clock.set(999_000);
+        assert_eq!(level(&b, "a", TEN).await, 5);
+        clock.set(1_000_150);
+        assert_eq!(level(&b, "a", TEN).await, 5);
+    }
+
+    #[tokio::test]
+    async fn rejected_request_takes_nothing_from_any_bucket() {
+        let (b, _clock) = backend(MemoryOptions::default());
+        let keys = keys_in_distinct_shards(&b, 3);
+        one(&b, &keys[1], TEN, 8).await;
+        let hits: Vec<Hit> = keys.iter().map(|k| Hit::new(k.as_str(), TEN, 3)).collect();
+        let verdicts = check(&b, &hits).await;
+        assert_eq!(
+            verdicts.iter().map(|v| v.allowed).collect::<Vec<_>>(),
+            [true, false, true]
+        );
+        for (key, expected) in keys.iter().zip([10, 2, 10]) {
+            assert_eq!(level(&b, key, TEN).await, expected, "{key}");
+        }
+        // A short shadow bucket does not reject, and is not taken from.
+        let mut hits = hits;
+        hits[1].demand.shadow = true;
+        let verdicts = check(&b, &hits).await;
+        assert!(verdicts[0].allowed && !verdicts[1].allowed && verdicts[2].allowed);
+        for (key, expected) in keys.iter().zip([7, 2, 7]) {
+            assert_eq!(level(&b, key, TEN).await, expected, "{key}");
+        }
+    }
+
+    #[test]
+    fn shards_split_the_bound_exactly() {
+        for (max, shards, count) in [
+            (1_000_000, 64, 64),
+            (10, 3, 3),
+            (3, 64, 3),
+            (0, 0, 1),
+            (5, 0, 1),
+        ] {
+            let (b, _) = backend(small(max, shards));
+            assert_eq!(b.shards.len(), count);
+            let total: usize = b.shards.iter().map(|s| lock(s).capacity).sum();
+            assert_eq!(total, max.max(1), "max {max}, shards {shards}");
+        }
+    }
+
+    #[tokio::test]
+    async fn full_again_buckets_are_swept() {
+        let (b, clock) = backend(small(1_000, 4));
+        one(&b, "drained", TEN, 10).await;
+        one(&b, "sipped", TEN, 1).await;
+        assert_eq!(b.live_buckets(), 2);
+        assert_eq!(b.sweep(), 0);
+
+        clock.advance(100);
+        assert_eq!(
+            b.sweep(),
+            1,
+            "the bucket that was one token short is full again"
+        );
+        assert_eq!(b.live_buckets(), 1);
+        clock.advance(899);
+        assert_eq!(b.sweep(), 0);
+        assert_eq!(level(&b, "drained", TEN).await, 9);
+        one(&b, "later", TEN, 10).await;
+        clock.advance(1);
+        // Full again: still stored, read as full, and dropped by the request that found it full.
+        assert_eq!(b.live_buckets(), 2);
+        assert_eq!(level(&b, "drained", TEN).await, 10);
+        assert_eq!(b.live_buckets(), 1);
+        clock.advance(1_000);
+        assert_eq!(b.sweep(), 1);
+        assert_eq!(b.live_buckets(), 0);
+        assert_eq!(level(&b, "later", TEN).await, 10);
+    }
+
+    #[tokio::test]
+    async fn full_shard_drops_full_again_buckets_first() {
+        let (b, clock) = backend(small(4, 1));
+        for (key, cost) in [("a", 5), ("b", 1), ("c", 6), ("d", 7)] {
+            one(&b, key, TEN, cost).await;
+        }
+        clock.advance(100);
+        // "b" is full again; making room for "e" drops it and keeps every other state.
+        one(&b, "e", TEN, 8).await;
+        assert_eq!(b.live_buckets(), 4);
+        let mut keys: Vec<String> = lock(&b.shards[0]).buckets.keys().cloned().collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["a", "c", "d", "e"]);
+        for (key, expected) in [("a", 6), ("c", 5), ("d", 4), ("e", 2)] {
+            assert_eq!(level(&b, key, TEN).await, expected, "{key}");
+        }
+    }
+
+    #[tokio::test]
+    async fn full_shard_evicts_the_bucket_closest_to_full() {
+        let (b, _clock) = backend(small(4, 1));
+        for (key, cost) in [("a", 5), ("b", 2), ("c", 6), ("d", 7)] {
+            one(&b, key, TEN, cost).await;
+        }
+        // Nothing is full again; "b" (2 tokens short) is closest to full and is reset.
+        one(&b, "e", TEN, 8).await;
+        assert_eq!(b.live_buckets(), 4);
+        assert!(lock(&b.shards[0]).buckets.get("b").is_none());
+        for (key, expected) in [("a", 5), ("b", 10), ("c", 4), ("d", 3), ("e", 2)] {
+            assert_eq!(level(&b, key, TEN).await, expected, "{key}");
+        }
+    }
+
+    #[tokio::test]
+    async fn request_never_evicts_its_own_buckets() {
+        let (b, _clock) = backend(small(2, 1));
+        one(&b, "old", TEN, 9).await;
+        let hits = [
+            Hit::new("x", TEN, 1),
+            Hit::new("y", TEN, 5),
+            Hit::new("z", TEN, 3),
+        ];
+        assert!(check(&b, &hits).await.iter().all(|v| v.allowed));
+        // Room for two: "x" evicts "old", "y" then has only request keys to evict, so the later
+        // keys are not stored (they read as full) while "x" keeps its state.
+        assert_eq!(b.live_buckets(), 2);
+        let shard = lock(&b.shards[0]);
+        assert!(shard.buckets.contains_key("x"));
+        assert!(!shard.buckets.contains_key("old"));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn distinct_key_flood_never_exceeds_the_bound() {
+        let (b, clock) = backend(small(100, 8));
+        let b = Arc::new(b);
+        let tasks: Vec<_> = (0..8)
+            .map(|t| {
+                let b = Arc::clone(&b);
+                tokio::spawn(async move {
+                    for i in 0..2_000 {
+                        let key = format!("flood-{t}-{i}");
+                        let hits = [Hit::new(key.as_str(), TEN, 1 + i % 9)];
+                        assert!(b.check(&hits).await.unwrap()[0].allowed);
+                        assert!(b.live_buckets() <= 100);
+                    }
+                })
+            })
+            .collect();
+        for (step, task) in tasks.into_iter().enumerate() {
+            clock.advance(step as u64 * 7);
+            task.await.unwrap();
+        }
+        assert_eq!(b.live_buckets(), 100);
+        for max in [1, 3] {
+            let (tiny, _) = backend(small(max, 64));
+            for i in 0..50 {
+                one(&tiny, &format!("k{i}"), TEN, 1).await;
+                assert!(tiny.live_buckets() <= max);
+            }
+        }
+    }
+
+    /// Many tasks on one key, with the clock moving: the bucket never grants more than its
+    /// capacity plus what refilled.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_hits_on_one_key_never_over_grant() {
+        let (b, clock) = backend(MemoryOptions::default());
+        let b = Arc::new(b);
+        let start = clock.now_ms();
+        let granted = Arc::new(AtomicU64::new(0));
+        let ticking = {
+            let clock = clock.clone();
+            tokio::spawn(async move {
+                for _ in 0..300 {
+                    clock.advance(1);
+                    tokio::task::yield_now().await;
+                }
+            })
+        };
+        let tasks: Vec<_> = (0..16)
+            .map(|t| {
+                let (b, granted) = (Arc::clone(&b), Arc::clone(&granted));
+                tokio::spawn(async move {
+                    for i in 0..500u64 {
+                        let tokens = 1 + (t + i) % 3;
+                        if b.check(&[Hit::new("hot", TEN, tokens)]).await.unwrap()[0].allowed {
+                            granted.fetch_add(tokens, Ordering::Relaxed);
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        ticking.await.unwrap();
+        let elapsed = clock.now_ms() - start;
+        let bound = TEN.capacity as f64 + TEN.rate_per_ms() * elapsed as f64;
+        let granted = granted.load(Ordering::Relaxed);
+        assert!(granted as f64 <= bound, "granted {granted} > {bound}");
+        assert!(
+            granted >= TEN.capacity - 2,
+            "the full bucket was spent: {granted}"
+        );
+    }
+
+    /// With the clock frozen, lost updates would show up as more than the capacity granted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_hits_on_a_frozen_clock_grant_exactly_capacity() {
+        let (b, _clock) = backend(MemoryOptions::default());
+        let b = Arc::new(b);
+        let big = BucketParams {
+            capacity: 1_000,
+            ..TEN
+        };
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let b = Arc::clone(&b);
+                tokio::spawn(async move {
+                    let mut granted = 0;
+                    for _ in 0..200 {
+                        if b.check(&[Hit::new("hot", big, 1)]).await.unwrap()[0].allowed {
+                            granted += 1;
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                    granted
+                })
+            })
+            .collect();
+        let mut granted = 0;
+        for task in tasks {
+            granted += task.await.unwrap();
+        }
+        assert_eq!(granted, 1_000);
+    }
+
+    /// Requests spanning several shards, in both key orders, decide all-or-nothing and never
+    /// deadlock.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn multi_shard_requests_are_atomic() {
+        let (b, _clock) = backend(MemoryOptions::default());
+        let b = Arc::new(b);
+        let keys = keys_in_distinct_shards(&b, 3);
+        let params = BucketParams {
+            capacity: 300,
+            ..TEN
+        };
+        // Each task sends one pair of keys, in one order, cost 1 each.
+        let pairs = [(0, 1), (1, 0), (1, 2), (2, 1), (0, 2), (2, 0)];
+        let tasks: Vec<_> = pairs
+            .iter()
+            .cycle()
+            .take(12)
+            .map(|&(x, y)| {
+                let b = Arc::clone(&b);
+                let hits = [
+                    Hit::new(keys[x].as_str(), params, 1),
+                    Hit::new(keys[y].as_str(), params, 1),
+                ];
+                tokio::spawn(async move {
+                    let mut taken = [0u64; 3];
+                    for _ in 0..200 {
+                        let v = b.check(&hits).await.unwrap();
+                        if v.iter().all(|v| v.allowed) {
+                            taken[x] += 1;
+                            taken[y] += 1;
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                    taken
+                })
+            })
+            .collect();
+        let mut taken = [0u64; 3];
+        let all = tokio::time::timeout(Duration::from_secs(60), futures::future::join_all(tasks))
+            .await
+            .expect("no deadlock");
+        for t in all {
+            for (sum, n) in taken.iter_mut().zip(t.unwrap()) {
+                *sum += n;
+            }
+        }
+        for (key, taken) in keys.iter().zip(taken) {
+            assert!(taken <= 300);
+            assert_eq!(level(&b, key, params).await, 300 - taken, "{key}");
+        }
+        assert!(
+            taken.iter().sum::<u64>() >= 2 * 300,
+            "the buckets were contended to empty"
+        );
+    }
+
+    #[tokio::test]
+    async fn sweeper_removes_full_buckets_and_stops_when_the_backend_is_dropped() {
+        let (b, clock) = backend(small(1_000, 4));
+        let b = Arc::new(b);
+        let sweeper = b.spawn_sweeper(Duration::from_millis(5));
+        for i in 0..20 {
+            one(&b, &format!("k{i}"), TEN, 3).await;
+        }
+        assert_eq!(b.live_buckets(), 20);
+        clock.advance(300);
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while b.live_buckets() > 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the sweeper empties the store");
+        drop(b);
+        tokio::time::timeout(Duration::from_secs(30), sweeper)
+            .await
+            .expect("the sweeper stops once the backend is gone")
+            .unwrap();
+    }
+}
