@@ -16,6 +16,7 @@ use futures::FutureExt;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sluice::algorithm::{BucketParams, BucketState, Demand, Verdict, token_bucket};
+use sluice::backend::memory::{MemoryBackend, MemoryOptions};
 use sluice::backend::redis::{RedisBackend, RedisMode, RedisOptions};
 use sluice::backend::{Backend, Hit};
 use sluice::clock::ManualClock;
@@ -301,6 +302,18 @@ async fn redis_subject(name: &'static str, opts: RedisOptions) -> Subject<RedisB
         backend,
         clock,
     }
+}
+
+#[tokio::test]
+async fn memory_conforms() {
+    let clock = ManualClock::new(T0);
+    let backend = MemoryBackend::new(Arc::new(clock.clone()), MemoryOptions::default());
+    suite(&Subject {
+        name: "memory",
+        backend,
+        clock,
+    })
+    .await;
 }
 
 #[tokio::test]
