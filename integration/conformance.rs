@@ -94,49 +94,63 @@ fn key(scenario: &str, bucket: &str) -> String {
 async fn full_after_idle<B: Backend>(s: &Subject<B>) {
     let (k, p) = (key("full_after_idle", "a"), params(10, 10, 1_000));
     s.clock.set(T0);
-    s.expect(&[take(&k, p, 10)], &[v(true, 0, Some(0), 1_000)]).await;
-    s.expect(&[take(&k, p, 1)], &[v(false, 0, Some(100), 1_000)]).await;
+    s.expect(&[take(&k, p, 10)], &[v(true, 0, Some(0), 1_000)])
+        .await;
+    s.expect(&[take(&k, p, 1)], &[v(false, 0, Some(100), 1_000)])
+        .await;
     // Ten seconds would be 100 tokens: the bucket stops at its capacity.
     s.clock.advance(10_000);
-    s.expect(&[take(&k, p, 1)], &[v(true, 9, Some(0), 100)]).await;
+    s.expect(&[take(&k, p, 1)], &[v(true, 9, Some(0), 100)])
+        .await;
 }
 
 async fn partial_refill<B: Backend>(s: &Subject<B>) {
     let (k, p) = (key("partial_refill", "a"), params(10, 10, 1_000));
     s.clock.set(T0);
-    s.expect(&[take(&k, p, 10)], &[v(true, 0, Some(0), 1_000)]).await;
+    s.expect(&[take(&k, p, 10)], &[v(true, 0, Some(0), 1_000)])
+        .await;
     s.clock.advance(250); // 2.5 tokens
-    s.expect(&[take(&k, p, 2)], &[v(true, 0, Some(0), 950)]).await;
+    s.expect(&[take(&k, p, 2)], &[v(true, 0, Some(0), 950)])
+        .await;
     // 0.5 left: half a token short, 50 ms away.
-    s.expect(&[take(&k, p, 1)], &[v(false, 0, Some(50), 950)]).await;
+    s.expect(&[take(&k, p, 1)], &[v(false, 0, Some(50), 950)])
+        .await;
     s.clock.advance(50);
-    s.expect(&[take(&k, p, 1)], &[v(true, 0, Some(0), 1_000)]).await;
+    s.expect(&[take(&k, p, 1)], &[v(true, 0, Some(0), 1_000)])
+        .await;
 }
 
 async fn never_above_capacity<B: Backend>(s: &Subject<B>) {
     let (k, p) = (key("never_above_capacity", "a"), params(5, 1, 1_000));
     s.clock.set(T0);
-    s.expect(&[take(&k, p, 1)], &[v(true, 4, Some(0), 1_000)]).await;
+    s.expect(&[take(&k, p, 1)], &[v(true, 4, Some(0), 1_000)])
+        .await;
     s.clock.advance(86_400_000);
     s.expect(&[take(&k, p, 0)], &[v(true, 5, Some(0), 0)]).await;
-    s.expect(&[take(&k, p, 5)], &[v(true, 0, Some(0), 5_000)]).await;
-    s.expect(&[take(&k, p, 1)], &[v(false, 0, Some(1_000), 5_000)]).await;
+    s.expect(&[take(&k, p, 5)], &[v(true, 0, Some(0), 5_000)])
+        .await;
+    s.expect(&[take(&k, p, 1)], &[v(false, 0, Some(1_000), 5_000)])
+        .await;
 }
 
 async fn cost_above_tokens<B: Backend>(s: &Subject<B>) {
     let (k, p) = (key("cost_above_tokens", "a"), params(10, 1, 1_000));
     s.clock.set(T0);
-    s.expect(&[take(&k, p, 8)], &[v(true, 2, Some(0), 8_000)]).await;
+    s.expect(&[take(&k, p, 8)], &[v(true, 2, Some(0), 8_000)])
+        .await;
     // 5 > 2: rejected, nothing taken, 3 tokens (3 s) short.
-    s.expect(&[take(&k, p, 5)], &[v(false, 2, Some(3_000), 8_000)]).await;
-    s.expect(&[take(&k, p, 2)], &[v(true, 0, Some(0), 10_000)]).await;
+    s.expect(&[take(&k, p, 5)], &[v(false, 2, Some(3_000), 8_000)])
+        .await;
+    s.expect(&[take(&k, p, 2)], &[v(true, 0, Some(0), 10_000)])
+        .await;
 }
 
 async fn cost_above_capacity<B: Backend>(s: &Subject<B>) {
     let (k, p) = (key("cost_above_capacity", "a"), params(10, 10, 1_000));
     s.clock.set(T0);
     s.expect(&[take(&k, p, 11)], &[v(false, 10, None, 0)]).await;
-    s.expect(&[take(&k, p, 10)], &[v(true, 0, Some(0), 1_000)]).await;
+    s.expect(&[take(&k, p, 10)], &[v(true, 0, Some(0), 1_000)])
+        .await;
 }
 
 async fn check_only<B: Backend>(s: &Subject<B>) {
@@ -144,16 +158,19 @@ async fn check_only<B: Backend>(s: &Subject<B>) {
     s.clock.set(T0);
     s.expect(&[take(&k, p, 0)], &[v(true, 3, Some(0), 0)]).await;
     s.expect(&[take(&k, p, 0)], &[v(true, 3, Some(0), 0)]).await;
-    s.expect(&[take(&k, p, 3)], &[v(true, 0, Some(0), 3_000)]).await;
+    s.expect(&[take(&k, p, 3)], &[v(true, 0, Some(0), 3_000)])
+        .await;
     // Check-only needs one whole token to pass.
-    s.expect(&[take(&k, p, 0)], &[v(false, 0, Some(1_000), 3_000)]).await;
+    s.expect(&[take(&k, p, 0)], &[v(false, 0, Some(1_000), 3_000)])
+        .await;
 }
 
 async fn multi_key_atomic_rejection<B: Backend>(s: &Subject<B>) {
     let (a, pa) = (key("multi_key", "a"), params(10, 1, 1_000));
     let (b, pb) = (key("multi_key", "b"), params(5, 1, 1_000));
     s.clock.set(T0);
-    s.expect(&[take(&b, pb, 4)], &[v(true, 1, Some(0), 4_000)]).await;
+    s.expect(&[take(&b, pb, 4)], &[v(true, 1, Some(0), 4_000)])
+        .await;
     // `a` could pay, `b` cannot: the request is rejected and `a` keeps its tokens.
     s.expect(
         &[take(&a, pa, 3), take(&b, pb, 3)],
@@ -196,10 +213,14 @@ async fn refund_cap<B: Backend>(s: &Subject<B>) {
     let (k, p) = (key("refund_cap", "a"), params(10, 1, 1_000));
     let (other, po) = (key("refund_cap", "b"), params(10, 1, 1_000));
     s.clock.set(T0);
-    s.expect(&[take(&k, p, 4)], &[v(true, 6, Some(0), 4_000)]).await;
-    s.expect(&[refund(&k, p, 3)], &[v(true, 9, Some(0), 1_000)]).await;
-    s.expect(&[refund(&k, p, 100)], &[v(true, 10, Some(0), 0)]).await;
-    s.expect(&[take(&k, p, 5)], &[v(true, 5, Some(0), 5_000)]).await;
+    s.expect(&[take(&k, p, 4)], &[v(true, 6, Some(0), 4_000)])
+        .await;
+    s.expect(&[refund(&k, p, 3)], &[v(true, 9, Some(0), 1_000)])
+        .await;
+    s.expect(&[refund(&k, p, 100)], &[v(true, 10, Some(0), 0)])
+        .await;
+    s.expect(&[take(&k, p, 5)], &[v(true, 5, Some(0), 5_000)])
+        .await;
     // A refund is applied even when the request is rejected.
     s.expect(
         &[take(&other, po, 20), refund(&k, p, 2)],
@@ -211,30 +232,42 @@ async fn refund_cap<B: Backend>(s: &Subject<B>) {
 async fn clock_step_back<B: Backend>(s: &Subject<B>) {
     let (k, p) = (key("clock_step_back", "a"), params(10, 10, 1_000));
     s.clock.set(T0);
-    s.expect(&[take(&k, p, 10)], &[v(true, 0, Some(0), 1_000)]).await;
+    s.expect(&[take(&k, p, 10)], &[v(true, 0, Some(0), 1_000)])
+        .await;
     // Back 5 s: no refill (elapsed clamps at 0) and the refill mark stays at T0...
     s.clock.set(T0 - 5_000);
-    s.expect(&[take(&k, p, 1)], &[v(false, 0, Some(100), 1_000)]).await;
+    s.expect(&[take(&k, p, 1)], &[v(false, 0, Some(100), 1_000)])
+        .await;
     // ...so 100 ms after T0 there is exactly one token, not 51 ms' worth from T0 - 5 s.
     s.clock.set(T0 + 100);
-    s.expect(&[take(&k, p, 1)], &[v(true, 0, Some(0), 1_000)]).await;
+    s.expect(&[take(&k, p, 1)], &[v(true, 0, Some(0), 1_000)])
+        .await;
 }
 
 async fn u64_max_demand<B: Backend>(s: &Subject<B>) {
     let (k, p) = (key("u64_max", "a"), params(10, 1, 1_000));
     s.clock.set(T0);
-    s.expect(&[take(&k, p, u64::MAX)], &[v(false, 10, None, 0)]).await;
-    s.expect(&[take(&k, p, 5)], &[v(true, 5, Some(0), 5_000)]).await;
-    s.expect(&[refund(&k, p, u64::MAX)], &[v(true, 10, Some(0), 0)]).await;
+    s.expect(&[take(&k, p, u64::MAX)], &[v(false, 10, None, 0)])
+        .await;
+    s.expect(&[take(&k, p, 5)], &[v(true, 5, Some(0), 5_000)])
+        .await;
+    s.expect(&[refund(&k, p, u64::MAX)], &[v(true, 10, Some(0), 0)])
+        .await;
 }
 
 /// Counts beyond i64 on the wire: 2^32 - 1 tokens refilled 1 per year.
 async fn extreme_rates<B: Backend>(s: &Subject<B>) {
-    let (k, p) = (key("extreme_rates", "a"), params(u32::MAX.into(), 1, YEAR_MS));
+    let (k, p) = (
+        key("extreme_rates", "a"),
+        params(u32::MAX.into(), 1, YEAR_MS),
+    );
     s.clock.set(T0);
     // Full in 1.35e20 ms (past u64): saturates.
-    s.expect(&[take(&k, p, u32::MAX.into())], &[v(true, 0, Some(0), u64::MAX)])
-        .await;
+    s.expect(
+        &[take(&k, p, u32::MAX.into())],
+        &[v(true, 0, Some(0), u64::MAX)],
+    )
+    .await;
     // 4e8 tokens away is 1.26144e19 ms: between 2^63 and 2^64.
     s.expect(
         &[take(&k, p, 400_000_000)],
@@ -329,7 +362,8 @@ async fn redis_standalone_conforms() {
 
 #[tokio::test]
 async fn redis_cluster_conforms() {
-    let cluster = RedisCluster::start(3, 0);
+    // With replicas: writes must reach the masters (a replica would answer READONLY).
+    let cluster = RedisCluster::start(3, 1);
     let subject = redis_subject("redis cluster", options(cluster.urls(), RedisMode::Cluster)).await;
     suite(&subject).await;
 }
@@ -345,7 +379,11 @@ fn random_params(rng: &mut impl Rng) -> BucketParams {
     match rng.random_range(0..10) {
         // Huge buckets with a glacial refill exercise the counts past i64 on the wire.
         0 => params(u32::MAX.into(), rng.random_range(1..=3), YEAR_MS),
-        1 => params(rng.random_range(1..=1_000), rng.random_range(1..=1_000), 1_000),
+        1 => params(
+            rng.random_range(1..=1_000),
+            rng.random_range(1..=1_000),
+            1_000,
+        ),
         _ => {
             let unit = [1_000, 60_000, 3_600_000][rng.random_range(0..3)];
             let per_unit = rng.random_range(1..=50);
@@ -409,8 +447,10 @@ async fn redis_script_matches_pure_algorithm() {
             clock.set(now);
             // Every key in every step keeps each key's TTL fresh while the test clock and the
             // real clock drift apart, so expiry never decides anything here.
-            let demands: Vec<Demand> =
-                shapes.iter().map(|&shape| random_demand(&mut rng, shape)).collect();
+            let demands: Vec<Demand> = shapes
+                .iter()
+                .map(|&shape| random_demand(&mut rng, shape))
+                .collect();
             let hits: Vec<Hit> = keys
                 .iter()
                 .zip(&demands)
@@ -436,12 +476,18 @@ async fn redis_script_matches_pure_algorithm() {
                 .expect("HMGET");
             let state = state.expect("every key was touched");
             assert_eq!(
-                tokens.parse::<f64>().expect("stored tokens parse").to_bits(),
+                tokens
+                    .parse::<f64>()
+                    .expect("stored tokens parse")
+                    .to_bits(),
                 state.tokens.to_bits(),
                 "seed {seed}: stored tokens of {key}: redis {tokens}, model {}",
                 state.tokens
             );
-            assert_eq!(updated, state.updated_ms, "seed {seed}: refill mark of {key}");
+            assert_eq!(
+                updated, state.updated_ms,
+                "seed {seed}: refill mark of {key}"
+            );
         }
     }
 }

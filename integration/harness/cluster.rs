@@ -12,17 +12,20 @@ const SLOTS: u64 = 16_384;
 
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
-    replicas_per_master: usize,
 }
 
 impl RedisCluster {
-    /// `masters` masters (at least 3) with `replicas_per_master` replicas each; returns once every
-    /// node reports `cluster_state:ok` and knows every other node and every slot's owners.
+    /// `masters` masters (at least 3) with `replicas_per_master` replicas each; returns once the
+    /// cluster is formed (see [`wait_formed`](Self::wait_formed)).
     pub fn start(masters: usize, replicas_per_master: usize) -> RedisCluster {
-        assert!(masters >= 3, "redis-cli --cluster create needs at least 3 masters");
+        assert!(
+            masters >= 3,
+            "redis-cli --cluster create needs at least 3 masters"
+        );
         let total = masters * (1 + replicas_per_master);
-        let nodes: Vec<RedisServer> =
-            (0..total).map(|_| RedisServer::start_cluster_node(NODE_TIMEOUT_MS)).collect();
+        let nodes: Vec<RedisServer> = (0..total)
+            .map(|_| RedisServer::start_cluster_node(NODE_TIMEOUT_MS))
+            .collect();
 
         let mut create = Command::new(binary("redis-cli"));
         create.args(["--cluster", "create"]);
@@ -30,7 +33,11 @@ impl RedisCluster {
             create.arg(node.addr());
         }
         create
-            .args(["--cluster-replicas", &replicas_per_master.to_string(), "--cluster-yes"])
+            .args([
+                "--cluster-replicas",
+                &replicas_per_master.to_string(),
+                "--cluster-yes",
+            ])
             .stdin(std::process::Stdio::null());
         let output = create.output().expect("run redis-cli --cluster create");
         assert!(
@@ -40,25 +47,32 @@ impl RedisCluster {
             String::from_utf8_lossy(&output.stderr)
         );
 
-        let cluster = RedisCluster { nodes, replicas_per_master };
+        let cluster = RedisCluster { nodes };
         cluster.wait_formed();
         cluster
     }
 
-    /// Every node: state ok, all slots assigned, every node known, and (with replicas) every
-    /// slot range served by its master and its replicas.
+    /// Every node: state ok, all slots assigned, every node known; every replica linked to its
+    /// master. (CLUSTER SLOTS lists a replica only once gossip carries a non-zero replication
+    /// offset, up to 10 s later; clients that write only to masters do not need to wait for that.)
     pub fn wait_formed(&self) {
         let total = self.nodes.len().to_string();
-        let owners = 1 + self.replicas_per_master;
         for node in self.nodes.iter().filter(|node| node.is_running()) {
-            wait_until(&format!("cluster formed on {}", node.addr()), FORM_DEADLINE, || {
-                let info = super::parse_info(&node.cmd::<String>(&["CLUSTER", "INFO"]));
-                let field = |name: &str| info.get(name).map(String::as_str);
-                field("cluster_state") == Some("ok")
-                    && field("cluster_slots_ok") == Some(&SLOTS.to_string())
-                    && field("cluster_known_nodes") == Some(total.as_str())
-                    && slot_ranges(node).iter().all(|range| range.2 == owners)
-            });
+            wait_until(
+                &format!("cluster formed on {}", node.addr()),
+                FORM_DEADLINE,
+                || {
+                    let info = super::parse_info(&node.cmd::<String>(&["CLUSTER", "INFO"]));
+                    let field = |name: &str| info.get(name).map(String::as_str);
+                    let replication = node.info("replication");
+                    let linked = replication.get("role").map(String::as_str) == Some("master")
+                        || replication.get("master_link_status").map(String::as_str) == Some("up");
+                    field("cluster_state") == Some("ok")
+                        && field("cluster_slots_ok") == Some(&SLOTS.to_string())
+                        && field("cluster_known_nodes") == Some(total.as_str())
+                        && linked
+                },
+            );
         }
     }
 
@@ -80,7 +94,9 @@ impl RedisCluster {
         self.nodes
             .iter()
             .filter(|node| node.is_running())
-            .filter(|node| node.info("replication").get("role").map(String::as_str) == Some("master"))
+            .filter(|node| {
+                node.info("replication").get("role").map(String::as_str) == Some("master")
+            })
             .collect()
     }
 
@@ -91,15 +107,67 @@ impl RedisCluster {
 
     /// The master serving `key`'s slot now.
     pub fn master_for(&self, key: &str) -> &RedisServer {
-        let slot = u64::from(self.keyslot(key));
-        let any = self.nodes.iter().find(|node| node.is_running()).expect("a running node");
-        let port = slot_ranges(any)
-            .into_iter()
-            .find(|(start, end, _, _)| (*start..=*end).contains(&slot))
-            .map(|(_, _, _, master_port)| master_port)
-            .expect("slot is served");
-        self.nodes.iter().find(|node| node.port() == port).expect("master is a node of ours")
+        self.master_for_slot(self.keyslot(key))
     }
+
+    /// The master serving `slot` now, according to the first running node.
+    pub fn master_for_slot(&self, slot: u16) -> &RedisServer {
+        let any = self
+            .nodes
+            .iter()
+            .find(|node| node.is_running())
+            .expect("a running node");
+        let port = slot_owner(any, slot);
+        self.nodes
+            .iter()
+            .find(|node| node.port() == port)
+            .expect("master is a node of ours")
+    }
+
+    /// Moves `slot` and its keys to master `to` (CLUSTER SETSLOT IMPORTING/MIGRATING, MIGRATE,
+    /// SETSLOT NODE on every master), then waits until every node agrees. Clients holding the
+    /// old map get MOVED.
+    pub fn move_slot(&self, slot: u16, to: &RedisServer) {
+        let from = self.master_for_slot(slot);
+        if from.port() == to.port() {
+            return;
+        }
+        let slot_arg = slot.to_string();
+        let from_id: String = from.cmd(&["CLUSTER", "MYID"]);
+        let to_id: String = to.cmd(&["CLUSTER", "MYID"]);
+        let _: String = to.cmd(&["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &from_id]);
+        let _: String = from.cmd(&["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &to_id]);
+        loop {
+            let keys: Vec<String> = from.cmd(&["CLUSTER", "GETKEYSINSLOT", &slot_arg, "100"]);
+            if keys.is_empty() {
+                break;
+            }
+            let port = to.port().to_string();
+            let mut migrate = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+            migrate.extend(keys.iter().map(String::as_str));
+            let _: String = from.cmd(&migrate);
+        }
+        for master in self.masters() {
+            let _: String = master.cmd(&["CLUSTER", "SETSLOT", &slot_arg, "NODE", &to_id]);
+        }
+        for node in self.nodes.iter().filter(|node| node.is_running()) {
+            wait_until(
+                &format!("slot {slot} moved, seen by {}", node.addr()),
+                FORM_DEADLINE,
+                || slot_owner(node, slot) == to.port(),
+            );
+        }
+    }
+}
+
+/// Port of the master serving `slot` according to `node`.
+fn slot_owner(node: &RedisServer, slot: u16) -> u16 {
+    let slot = u64::from(slot);
+    slot_ranges(node)
+        .into_iter()
+        .find(|(start, end, _, _)| (*start..=*end).contains(&slot))
+        .map(|(_, _, _, master_port)| master_port)
+        .expect("slot is served")
 }
 
 /// `CLUSTER SLOTS` as (first slot, last slot, number of nodes serving it, master port).
@@ -111,7 +179,9 @@ fn slot_ranges(node: &RedisServer) -> Vec<(u64, u64, usize, u16)> {
     ranges
         .into_iter()
         .map(|range| {
-            let redis::Value::Array(items) = range else { panic!("CLUSTER SLOTS range: {range:?}") };
+            let redis::Value::Array(items) = range else {
+                panic!("CLUSTER SLOTS range: {range:?}")
+            };
             let int = |value: &redis::Value| match value {
                 redis::Value::Int(n) => *n as u64,
                 other => panic!("CLUSTER SLOTS: expected an integer, got {other:?}"),

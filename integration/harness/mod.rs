@@ -24,8 +24,9 @@ use std::time::Duration;
 pub use cluster::RedisCluster;
 pub use sentinel::RedisSentinel;
 
-const MISSING: &str =
-    "redis-server not found: install the Debian package `redis-server` (apt-get install -y redis-server)";
+/// Where redis-server and redis-cli come from (.ci/run installs it).
+const PACKAGE_HINT: &str =
+    "install the Debian package `redis-server` (apt-get install -y redis-server)";
 
 /// How long a server may take to answer PING after spawn before the harness gives up.
 const START_DEADLINE: Duration = Duration::from_secs(10);
@@ -39,7 +40,7 @@ pub fn binary(name: &str) -> PathBuf {
     std::env::split_paths(&path)
         .map(|dir| dir.join(name))
         .find(|candidate| candidate.is_file())
-        .unwrap_or_else(|| panic!("{MISSING}"))
+        .unwrap_or_else(|| panic!("{name} not found: {PACKAGE_HINT}"))
 }
 
 /// A loopback port nothing listens on (bind :0, read, close). With `bus`, port + 10000 is
@@ -51,7 +52,8 @@ pub fn free_port(bus: bool) -> u16 {
         if !bus {
             return port;
         }
-        if port <= u16::MAX - BUS_OFFSET && TcpListener::bind(("127.0.0.1", port + BUS_OFFSET)).is_ok()
+        if port <= u16::MAX - BUS_OFFSET
+            && TcpListener::bind(("127.0.0.1", port + BUS_OFFSET)).is_ok()
         {
             return port;
         }
@@ -83,7 +85,12 @@ impl RedisServer {
 
     /// A plain server with extra `redis-server` arguments (e.g. `["--requirepass", "pw"]`).
     pub fn start_with(args: &[&str]) -> RedisServer {
-        Self::launch(Role::Server { args: args.iter().map(|a| a.to_string()).collect() }, false)
+        Self::launch(
+            Role::Server {
+                args: args.iter().map(|a| a.to_string()).collect(),
+            },
+            false,
+        )
     }
 
     /// A cluster-enabled node (its bus port, port + 10000, is free too).
@@ -96,7 +103,12 @@ impl RedisServer {
             "--cluster-node-timeout",
             &node_timeout_ms.to_string(),
         ];
-        Self::launch(Role::Server { args: args.iter().map(|a| a.to_string()).collect() }, true)
+        Self::launch(
+            Role::Server {
+                args: args.iter().map(|a| a.to_string()).collect(),
+            },
+            true,
+        )
     }
 
     /// A sentinel on `port` whose config file `config(dir)` returns. Ports of sentinels are
@@ -105,7 +117,12 @@ impl RedisServer {
         let dir = temp_dir();
         std::fs::write(dir.path().join("sentinel.conf"), config(dir.path()))
             .expect("write sentinel.conf");
-        let mut server = RedisServer { port, dir, role: Role::Sentinel, child: None };
+        let mut server = RedisServer {
+            port,
+            dir,
+            role: Role::Sentinel,
+            child: None,
+        };
         if let Err(log) = server.spawn_and_wait() {
             panic!("sentinel on port {port} did not start:\n{log}");
         }
@@ -115,8 +132,12 @@ impl RedisServer {
     fn launch(role: Role, bus: bool) -> RedisServer {
         let mut attempt = 0;
         loop {
-            let mut server =
-                RedisServer { port: free_port(bus), dir: temp_dir(), role: role.clone(), child: None };
+            let mut server = RedisServer {
+                port: free_port(bus),
+                dir: temp_dir(),
+                role: role.clone(),
+                child: None,
+            };
             match server.spawn_and_wait() {
                 Ok(()) => return server,
                 // Another process took the port between probe and bind: try another one.
@@ -189,7 +210,11 @@ impl RedisServer {
 
     /// Start again on the same port and dir (after [`kill`](Self::kill) or [`stop`](Self::stop)).
     pub fn start_again(&mut self) {
-        assert!(self.child.is_none(), "server on port {} is still running", self.port);
+        assert!(
+            self.child.is_none(),
+            "server on port {} is still running",
+            self.port
+        );
         let mut attempt = 0;
         loop {
             match self.spawn_and_wait() {
@@ -212,12 +237,18 @@ impl RedisServer {
 
     /// SIGSTOP: the process keeps its sockets open but answers nothing.
     pub fn pause(&self) {
-        signal_group(self.child.as_ref().expect("server is running"), libc::SIGSTOP);
+        signal_group(
+            self.child.as_ref().expect("server is running"),
+            libc::SIGSTOP,
+        );
     }
 
     /// SIGCONT after [`pause`](Self::pause).
     pub fn resume(&self) {
-        signal_group(self.child.as_ref().expect("server is running"), libc::SIGCONT);
+        signal_group(
+            self.child.as_ref().expect("server is running"),
+            libc::SIGCONT,
+        );
     }
 
     /// The server's log so far (for failure messages).
@@ -240,6 +271,8 @@ impl RedisServer {
                 cmd.arg("--port")
                     .arg(self.port.to_string())
                     .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                    // A replica's first sync starts at once instead of after Redis's 5 s default.
+                    .args(["--repl-diskless-sync-delay", "0"])
                     .arg("--dir")
                     .arg(dir)
                     .arg("--logfile")
@@ -263,7 +296,9 @@ impl RedisServer {
                 Ok(())
             });
         }
-        let child = cmd.spawn().unwrap_or_else(|err| panic!("spawn redis-server: {err}"));
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|err| panic!("spawn redis-server: {err}"));
         self.child = Some(child);
 
         let url = self.url();
@@ -273,16 +308,22 @@ impl RedisServer {
             if let Ok(Some(status)) = child.try_wait() {
                 let stderr = std::fs::read_to_string(dir.join("stderr.log")).unwrap_or_default();
                 self.child = None;
-                return Err(format!("exited with {status}\nstderr: {stderr}\nlog:\n{}", self.log()));
+                return Err(format!(
+                    "exited with {status}\nstderr: {stderr}\nlog:\n{}",
+                    self.log()
+                ));
             }
-            if let Ok(mut conn) = connect(&url) {
-                if redis::cmd("PING").query::<String>(&mut conn).is_ok() {
-                    return Ok(());
-                }
+            if let Ok(mut conn) = connect(&url)
+                && redis::cmd("PING").query::<String>(&mut conn).is_ok()
+            {
+                return Ok(());
             }
             if waited >= START_DEADLINE {
                 self.kill();
-                return Err(format!("no PING reply within {START_DEADLINE:?}\nlog:\n{}", self.log()));
+                return Err(format!(
+                    "no PING reply within {START_DEADLINE:?}\nlog:\n{}",
+                    self.log()
+                ));
             }
             sleep(POLL);
             waited += POLL;
@@ -297,7 +338,10 @@ impl Drop for RedisServer {
 }
 
 fn temp_dir() -> tempfile::TempDir {
-    tempfile::Builder::new().prefix("sluice-redis-").tempdir().expect("create a temp dir")
+    tempfile::Builder::new()
+        .prefix("sluice-redis-")
+        .tempdir()
+        .expect("create a temp dir")
 }
 
 fn connect(url: &str) -> redis::RedisResult<redis::Connection> {
@@ -326,7 +370,10 @@ fn parse_info(text: &str) -> std::collections::HashMap<String, String> {
 pub fn wait_until(what: &str, deadline: Duration, mut ready: impl FnMut() -> bool) {
     let mut waited = Duration::ZERO;
     while !ready() {
-        assert!(waited < deadline, "timed out after {deadline:?} waiting for {what}");
+        assert!(
+            waited < deadline,
+            "timed out after {deadline:?} waiting for {what}"
+        );
         sleep(Duration::from_millis(10));
         waited += Duration::from_millis(10);
     }

@@ -161,7 +161,10 @@ impl RedisBackend {
 }
 
 impl Backend for RedisBackend {
-    fn check(&self, hits: &[Hit]) -> impl Future<Output = Result<Vec<Verdict>, BackendError>> + Send {
+    fn check(
+        &self,
+        hits: &[Hit],
+    ) -> impl Future<Output = Result<Vec<Verdict>, BackendError>> + Send {
         self.decide(hits)
     }
 

@@ -166,7 +166,9 @@ fn int(value: &Value) -> Result<i64, BackendError> {
 fn count_from_wire(n: i64) -> Result<u64, BackendError> {
     match n {
         WIRE_SATURATED => Ok(u64::MAX),
-        WIRE_NEVER => Err(BackendError::Protocol("count -1 outside retry_after".into())),
+        WIRE_NEVER => Err(BackendError::Protocol(
+            "count -1 outside retry_after".into(),
+        )),
         n => Ok(n as u64),
     }
 }

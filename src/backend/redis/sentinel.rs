@@ -58,9 +58,13 @@ impl SentinelLink {
                 TlsMode::Secure
             });
         }
-        let resolver =
-            SentinelClient::build(sentinels, master_name, Some(node), SentinelServerType::Master)
-                .map_err(|err| BackendError::Unavailable(format!("Redis Sentinel client: {err}")))?;
+        let resolver = SentinelClient::build(
+            sentinels,
+            master_name,
+            Some(node),
+            SentinelServerType::Master,
+        )
+        .map_err(|err| BackendError::Unavailable(format!("Redis Sentinel client: {err}")))?;
         let link = Arc::new(SentinelLink {
             resolver: tokio::sync::Mutex::new(resolver),
             master: ArcSwapOption::empty(),
