@@ -12,6 +12,7 @@
 
 mod cluster;
 mod sentinel;
+pub mod tls;
 
 use std::io::Read;
 use std::net::TcpListener;
@@ -91,6 +92,26 @@ impl RedisServer {
             },
             false,
         )
+    }
+
+    /// A server that also serves TLS on `tls_port` with `files`' certificate (clients are not
+    /// asked for certificates). The plain port stays for the harness's own inspection.
+    pub fn start_tls(files: &tls::TlsFiles, tls_port: u16) -> RedisServer {
+        let (cert, key) = (
+            files.cert.display().to_string(),
+            files.key.display().to_string(),
+        );
+        let port = tls_port.to_string();
+        Self::start_with(&[
+            "--tls-port",
+            &port,
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-auth-clients",
+            "no",
+        ])
     }
 
     /// A cluster-enabled node (its bus port, port + 10000, is free too).
