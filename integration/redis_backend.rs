@@ -269,7 +269,8 @@ async fn stalled_server_gives_timeout_then_recovers() {
     .await
     .expect("connect");
     let hit = [Hit::new(key("stall", "a"), ROOMY, 1)];
-    backend.check(&hit).await.expect("check before the stall");
+    // A busy CI machine may take longer than the tight bound once; the stall below cannot pass.
+    check_until_ok(&backend, &hit).await;
 
     server.pause();
     let stalled = backend.check(&hit).await;
