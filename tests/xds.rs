@@ -34,7 +34,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
-use tonic::transport::Channel;
+use tonic::transport::{Certificate, Channel, Identity, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
 /// Guards every wait so a broken client fails the test instead of hanging it.
@@ -148,6 +148,14 @@ impl ManagementServer {
     /// On `addr`, optionally already holding a snapshot (a restarted server that rebuilt its
     /// state before the client came back).
     async fn start_on(addr: SocketAddr, snapshot: Option<Snapshot>) -> ManagementServer {
+        Self::start_with(addr, snapshot, None).await
+    }
+
+    async fn start_with(
+        addr: SocketAddr,
+        snapshot: Option<Snapshot>,
+        tls: Option<ServerTlsConfig>,
+    ) -> ManagementServer {
         let listener = TcpListener::bind(addr).await.expect("bind");
         let addr = listener.local_addr().unwrap();
         let (received_tx, received) = mpsc::unbounded_channel();
@@ -159,8 +167,12 @@ impl ManagementServer {
         });
         let (stop, stopped) = oneshot::channel::<()>();
         let service = AggregatedDiscoveryServiceServer::new(Ads(shared.clone()));
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            builder = builder.tls_config(tls).expect("server TLS");
+        }
         let task = tokio::spawn(async move {
-            tonic::transport::Server::builder()
+            builder
                 .add_service(service)
                 .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
                     let _ = stopped.await;
@@ -558,6 +570,77 @@ async fn a_management_server_restart_is_survived() {
     cp.expect_ack("v3").await;
     assert_eq!(s.hits("edge", "tenant", "third", 2).await, [OK, OVER_LIMIT]);
     s.stop().await;
+}
+
+/// Test-only PKI in tests/data/xds-tls (made with openssl, valid until 2126): a CA, a server
+/// certificate for `xds.test`, and a client certificate.
+fn tls_file(name: &str) -> String {
+    format!("{}/tests/data/xds-tls/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[tokio::test]
+async fn mutual_tls_to_the_management_server() {
+    let read = |name: &str| std::fs::read(tls_file(name)).unwrap();
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(read("server.pem"), read("server.key")))
+        // Only clients with a certificate from this CA get through.
+        .client_ca_root(Certificate::from_pem(read("ca.pem")));
+    let mut cp =
+        ManagementServer::start_with("127.0.0.1:0".parse().unwrap(), None, Some(tls)).await;
+    cp.push("v1", &[domain("edge", "tenant", 1)]);
+    let (ca, cert, key) = (
+        tls_file("ca.pem"),
+        tls_file("client.pem"),
+        tls_file("client.key"),
+    );
+    // A bare host:port, as Envoy Gateway configures it; the CA switches TLS on.
+    let server = cp.addr.to_string();
+    let mut s = Sluice::start(
+        &server,
+        &[
+            "--xds-tls-ca",
+            &ca,
+            "--xds-tls-cert",
+            &cert,
+            "--xds-tls-key",
+            &key,
+            "--xds-tls-server-name",
+            "xds.test",
+        ],
+    )
+    .await;
+    cp.expect_subscription("").await;
+    cp.expect_ack("v1").await;
+    assert_eq!(s.hits("edge", "tenant", "acme", 2).await, [OK, OVER_LIMIT]);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn unreadable_tls_files_fail_the_start() {
+    let args = [
+        "sluice",
+        "serve",
+        "--config-source",
+        "xds",
+        "--xds-tls-ca",
+        "/nonexistent/ca.pem",
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--admin-addr",
+        "127.0.0.1:0",
+    ];
+    let Command::Serve(settings) = Cli::try_parse_from(args).unwrap().command else {
+        panic!("serve")
+    };
+    let err = server::start(*settings)
+        .await
+        .err()
+        .expect("refuses to start");
+    let message = err.to_string();
+    assert!(
+        message.starts_with("invalid setting: xDS TLS: cannot read /nonexistent/ca.pem"),
+        "{message}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
