@@ -94,6 +94,7 @@ pub struct XdsArgs {
     #[arg(long, env = "SLUICE_XDS_BACKOFF_INITIAL", value_parser = parse_duration, default_value = "500ms")]
     pub xds_backoff_initial: Duration,
 
+    /// Longest reconnect delay.
     #[arg(long, env = "SLUICE_XDS_BACKOFF_MAX", value_parser = parse_duration, default_value = "30s")]
     pub xds_backoff_max: Duration,
 
