@@ -16,10 +16,11 @@ use crate::backend::Backend;
 use crate::backend::memory::{MemoryBackend, MemoryOptions};
 use crate::backend::redis::{RedisBackend, RedisMode, RedisOptions};
 use crate::clock::MonotonicClock;
-use crate::config::{self, ConfigErrors, ConfigStore};
+use crate::config::{self, Config, ConfigErrors, ConfigStore};
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::service::{HeaderOptions, RateLimitGrpc, RequestBounds};
 use crate::settings::{BackendKind, RedisModeArg, Settings};
+use crate::xds::{self, ConfigSource};
 
 /// Hard ceiling tonic enforces before our own `max_message_bytes` check can name the field.
 const TRANSPORT_MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
@@ -94,15 +95,18 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
                 .into(),
         ));
     }
-    let loaded = config::load_path(&settings.config)?;
-    tracing::info!(
-        path = %settings.config.display(),
-        summary = %loaded.summary(),
-        "config loaded"
-    );
+    let source = xds::config_source(&settings).map_err(|e| ServeError::Setting(e.to_string()))?;
+    let (loaded, config_loaded) = match &source {
+        ConfigSource::File(path) => {
+            let loaded = config::load_path(path)?;
+            tracing::info!(path = %path.display(), summary = %loaded.summary(), "config loaded");
+            (loaded, true)
+        }
+        ConfigSource::Xds(options) => (Config::default(), options.start_without_config),
+    };
     let config = Arc::new(ConfigStore::new(loaded));
 
-    match settings.backend {
+    let running = match settings.backend {
         BackendKind::Memory => {
             let backend = Arc::new(MemoryBackend::new(
                 Arc::new(MonotonicClock::new()),
@@ -112,7 +116,7 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
                 },
             ));
             let sweeper = backend.spawn_sweeper(Duration::from_secs(1));
-            let running = serve(settings, config, backend).await;
+            let running = serve(settings, config, backend, config_loaded).await;
             if running.is_err() {
                 sweeper.abort();
             }
@@ -122,18 +126,29 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
             let backend = RedisBackend::connect(redis_options(&settings))
                 .await
                 .map_err(|e| ServeError::Backend(e.to_string()))?;
-            serve(settings, config, backend).await
+            serve(settings, config, backend, config_loaded).await
         }
+    }?;
+    if let ConfigSource::Xds(options) = source {
+        let stop = running.stop.subscribe();
+        xds::spawn(
+            options,
+            running.config.clone(),
+            running.readiness.clone(),
+            stop,
+        );
     }
+    Ok(running)
 }
 
 async fn serve<B: Backend>(
     settings: Settings,
     config: Arc<ConfigStore>,
     backend: B,
+    config_loaded: bool,
 ) -> Result<Running, ServeError> {
     let readiness = Arc::new(Readiness::default());
-    readiness.set_config_loaded(true);
+    readiness.set_config_loaded(config_loaded);
     readiness.set_backend_ready(backend.probe().await.is_ok());
 
     let limiter = Arc::new(Limiter::new(

@@ -69,9 +69,10 @@ pub enum LogFormat {
 /// Everything `serve` needs.
 #[derive(Clone, Debug, Args)]
 pub struct Settings {
-    /// A YAML file or a directory of *.yaml / *.yml descriptor configs.
+    /// A YAML file or a directory of *.yaml / *.yml descriptor configs (required unless the
+    /// config source is xds).
     #[arg(long, env = "SLUICE_CONFIG")]
-    pub config: PathBuf,
+    pub config: Option<PathBuf>,
 
     /// gRPC listen address (RateLimitService and grpc.health.v1).
     #[arg(long, env = "SLUICE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
@@ -178,6 +179,9 @@ pub struct Settings {
 
     #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+
+    #[command(flatten)]
+    pub xds: crate::xds::XdsArgs,
 }
 
 impl Settings {
