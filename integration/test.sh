@@ -5,9 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-for tool in redis-server redis-cli; do
+for tool in redis-server redis-cli faketime; do
   if ! command -v "$tool" >/dev/null; then
-    echo "error: $tool not found: install the Debian package redis-server (apt-get install -y redis-server)" >&2
+    echo "error: $tool not found: install it from Debian (apt-get install -y redis-server faketime)" >&2
     exit 1
   fi
 done

@@ -10,7 +10,8 @@ ARGV[2 + 5*(i-1) ...] Five values for KEYS[i]:
 State   HSET key t <tokens> u <updated_ms>. Tokens are written with %.17g, which round-trips a
         double exactly (tostring keeps 14 digits and would drift from the Rust side). A missing
         key is a full bucket, so a key expires once the bucket would be full again
-        (PEXPIRE until_full_ms + 1000): expiry is exact semantics, not a cache eviction.
+        (PEXPIRE until_full_ms + 1000, at most 2^53): expiry is exact semantics, not a cache
+        eviction.
 Returns A flat array, 4 integers per key, in KEYS order:
         allowed (0/1), remaining, retry_after_ms (-1 = never: demand above capacity),
         until_full_ms.
@@ -20,7 +21,7 @@ Returns A flat array, 4 integers per key, in KEYS order:
         u64::MAX), NaN and negatives as 0 -- exactly what Rust's `f64 as u64` gives.
 
 The arithmetic is src/algorithm/token_bucket.rs operation for operation (same doubles, same
-order), so this script and the in-memory backend give bit-identical answers:
+order), so this script and `token_bucket::decide` give bit-identical answers:
   rate       = requests_per_unit / unit_ms
   tokens     = min(capacity, tokens + max(0, now - updated) * rate); updated = max(updated, now)
   need       = max(demand, 1); a take fits when tokens >= need; a refund always fits
@@ -50,7 +51,8 @@ end
 
 local TWO_63 = 9223372036854775808
 local TWO_64 = 18446744073709551616
--- Long enough for any bucket a u32 capacity can describe; keeps PEXPIRE far from its overflow.
+-- 2^53 ms is 285,000 years: a bucket further from full is as good as never full, and the cap
+-- keeps PEXPIRE far from its overflow.
 local MAX_TTL_MS = 9007199254740992
 local EXPIRY_MARGIN_MS = 1000
 

@@ -67,7 +67,6 @@ const STATS: &str = "statsd/DogStatsD is not supported; sluice serves Prometheus
 const PROMETHEUS: &str =
     "metrics are served on the admin listener at /metrics; no separate Prometheus listener";
 const GRPC_TLS: &str = "gRPC server TLS is not configured through envoyproxy/ratelimit variables; use sluice's own TLS settings";
-const XDS: &str = "envoyproxy/ratelimit's xDS config client is not supported through these variables; sluice reads the config directory";
 const REDIS_TUNING: &str = "sluice multiplexes one connection per Redis node and sends one script call per request (per slot in Cluster); no pipelining knobs";
 const REDIS_PER_SECOND: &str =
     "sluice keeps every bucket in one Redis; there is no separate per-second Redis";
@@ -122,13 +121,27 @@ const UNSUPPORTED: &[(&str, Neutral, &str)] = &[
     ("GRPC_SERVER_TLS_KEY", Neutral::Never, GRPC_TLS),
     ("GRPC_CLIENT_TLS_CACERT", Neutral::Never, GRPC_TLS),
     ("GRPC_CLIENT_TLS_SAN", Neutral::Never, GRPC_TLS),
-    ("CONFIG_TYPE", Neutral::Values(&["FILE"]), XDS),
-    ("CONFIG_GRPC_XDS_*", Neutral::Never, XDS),
-    ("XDS_CLIENT_*", Neutral::Never, XDS),
+    // CONFIG_TYPE, FORCE_START_WITHOUT_INITIAL_CONFIG and the other CONFIG_GRPC_XDS_* settings
+    // are read by the xDS client itself (`crate::xds`).
     (
-        "FORCE_START_WITHOUT_INITIAL_CONFIG",
-        Neutral::False,
-        "sluice starts only with a valid config",
+        "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+        Neutral::Never,
+        "xDS reconnects back off from --xds-backoff-initial to --xds-backoff-max",
+    ),
+    (
+        "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+        Neutral::Never,
+        "no extra headers are sent to the xDS server",
+    ),
+    (
+        "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+        Neutral::Never,
+        "xDS reconnect delays double per attempt, with jitter",
+    ),
+    (
+        "XDS_CLIENT_BACKOFF_JITTER",
+        Neutral::True,
+        "xDS reconnect delays always carry jitter",
     ),
     (
         "EXPIRATION_JITTER_MAX_SECONDS",
@@ -498,6 +511,37 @@ impl Tr<'_> {
                 )),
             }
         }
+        for (envoy, sluice) in [
+            (
+                "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+                "SLUICE_XDS_BACKOFF_INITIAL",
+            ),
+            ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "SLUICE_XDS_BACKOFF_MAX"),
+        ] {
+            if let Some(value) = self.get(envoy).map(str::to_owned) {
+                match go_duration(&value) {
+                    Some(d) => self.set(sluice, format!("{}ms", d.as_millis()), envoy),
+                    None => self.out.errors.push(format!(
+                        "{envoy}: `{value}` is not a duration (e.g. 10s, 1m30s)"
+                    )),
+                }
+            }
+        }
+        if let Some(bytes) = self
+            .get("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES")
+            .map(str::to_owned)
+        {
+            match bytes.parse::<usize>() {
+                Ok(n) if n > 0 => self.set(
+                    "SLUICE_XDS_MAX_MESSAGE_BYTES",
+                    n.to_string(),
+                    "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+                ),
+                _ => self.out.errors.push(format!(
+                    "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES: `{bytes}` is not a positive number"
+                )),
+            }
+        }
         if let Some(shadow) = self.bool("SHADOW_MODE") {
             self.set("SLUICE_SHADOW_MODE", shadow.to_string(), "SHADOW_MODE");
         }
@@ -652,6 +696,37 @@ const USERINFO: &AsciiSet = &NON_ALPHANUMERIC
 
 fn encode(s: &str) -> String {
     utf8_percent_encode(s, USERINFO).to_string()
+}
+
+/// Go's `time.ParseDuration` for non-negative values: `300ms`, `10s`, `1m30s`, `1.5h`.
+fn go_duration(text: &str) -> Option<std::time::Duration> {
+    if text == "0" {
+        return Some(std::time::Duration::ZERO);
+    }
+    let mut rest = text;
+    let mut seconds = 0.0_f64;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let number: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3_600.0,
+            _ => return None,
+        };
+        rest = &rest[unit_len..];
+        seconds += number * scale;
+    }
+    std::time::Duration::try_from_secs_f64(seconds).ok()
 }
 
 /// Go's `strconv.ParseBool`, which envoyproxy/ratelimit's settings use.
@@ -1024,8 +1099,10 @@ mod tests {
             ("STATSD_HOST", "statsd"),
             ("USE_DOG_STATSD", "false"),
             ("MEMCACHE_HOST_PORT", "m:11211"),
-            ("CONFIG_TYPE", "FILE"),
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
             ("CONFIG_GRPC_XDS_SERVER_URL", "xds:18000"),
+            ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "a:b"),
+            ("XDS_CLIENT_BACKOFF_JITTER", "true"),
             ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
             ("LOCAL_CACHE_SIZE_IN_BYTES", "1024"),
             ("REDIS_PERSECOND", "false"),
@@ -1035,7 +1112,7 @@ mod tests {
         assert_eq!(
             ignored(&t),
             [
-                "CONFIG_GRPC_XDS_SERVER_URL",
+                "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
                 "GRPC_SERVER_USE_TLS",
                 "LOCAL_CACHE_SIZE_IN_BYTES",
                 "MEMCACHE_HOST_PORT",
@@ -1044,6 +1121,36 @@ mod tests {
                 "USE_STATSD",
             ]
         );
+    }
+
+    #[test]
+    fn xds_client_settings_map_with_go_durations() {
+        let t = apply(&env(&[
+            ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "1m30s"),
+            ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "1.5h"),
+            ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "4194304"),
+        ]));
+        assert_eq!(
+            over(&t, "SLUICE_XDS_BACKOFF_INITIAL").as_deref(),
+            Some("90000ms")
+        );
+        assert_eq!(
+            over(&t, "SLUICE_XDS_BACKOFF_MAX").as_deref(),
+            Some("5400000ms")
+        );
+        assert_eq!(
+            over(&t, "SLUICE_XDS_MAX_MESSAGE_BYTES").as_deref(),
+            Some("4194304")
+        );
+        assert_eq!(
+            go_duration("250ms"),
+            Some(std::time::Duration::from_millis(250))
+        );
+        assert_eq!(go_duration("0"), Some(std::time::Duration::ZERO));
+        assert_eq!(go_duration("10"), None);
+        assert_eq!(go_duration("5d"), None);
+        let bad = apply(&env(&[("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "soon")]));
+        assert_eq!(bad.errors.len(), 1);
     }
 
     #[test]

@@ -23,6 +23,7 @@
 //! - [`cli`]: the `check-config` subcommand's output and exit code.
 //! - [`settings`]: CLI flags and environment → [`settings::Settings`].
 //! - [`server`]: `run(settings, shutdown)` — wires the pieces and serves.
+//! - [`xds`]: config pushed by an xDS management server (ADS), validated like files.
 
 pub mod admin;
 pub mod algorithm;
@@ -41,3 +42,4 @@ pub mod server;
 pub mod service;
 pub mod settings;
 pub mod telemetry;
+pub mod xds;

@@ -16,10 +16,11 @@ use crate::backend::Backend;
 use crate::backend::memory::{MemoryBackend, MemoryOptions};
 use crate::backend::redis::{RedisBackend, RedisMode, RedisOptions};
 use crate::clock::MonotonicClock;
-use crate::config::{self, ConfigErrors, ConfigStore};
+use crate::config::{self, Config, ConfigErrors, ConfigStore};
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::service::{HeaderOptions, RateLimitGrpc, RequestBounds};
 use crate::settings::{BackendKind, RedisModeArg, Settings};
+use crate::xds::{self, ConfigSource};
 
 /// Hard ceiling tonic enforces before our own `max_message_bytes` check can name the field.
 const TRANSPORT_MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
@@ -94,16 +95,19 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
                 .into(),
         ));
     }
-    let load_options = settings.config_ops.load.options(settings.max_entries);
-    let loaded = config::load_path_with(&settings.config, &load_options)?;
-    tracing::info!(
-        path = %settings.config.display(),
-        summary = %loaded.summary(),
-        "config loaded"
-    );
+    let source = xds::config_source(&settings).map_err(|e| ServeError::Setting(e.to_string()))?;
+    let reload_options = settings.config_ops.reload_options(settings.max_entries);
+    let (loaded, config_loaded) = match &source {
+        ConfigSource::File(path) => {
+            let loaded = config::load_path_with(path, &reload_options.load)?;
+            tracing::info!(path = %path.display(), summary = %loaded.summary(), "config loaded");
+            (loaded, true)
+        }
+        ConfigSource::Xds(options) => (Config::default(), options.start_without_config),
+    };
     let config = Arc::new(ConfigStore::new(loaded));
 
-    match settings.backend {
+    let running = match settings.backend {
         BackendKind::Memory => {
             let backend = Arc::new(MemoryBackend::new(
                 Arc::new(MonotonicClock::new()),
@@ -113,7 +117,7 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
                 },
             ));
             let sweeper = backend.spawn_sweeper(Duration::from_secs(1));
-            let running = serve(settings, config, backend).await;
+            let running = serve(settings, config, backend, config_loaded).await;
             if running.is_err() {
                 sweeper.abort();
             }
@@ -123,18 +127,39 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
             let backend = RedisBackend::connect(redis_options(&settings))
                 .await
                 .map_err(|e| ServeError::Backend(e.to_string()))?;
-            serve(settings, config, backend).await
+            serve(settings, config, backend, config_loaded).await
         }
+    }?;
+    if let ConfigSource::File(path) = &source {
+        let stop = running.stop.subscribe();
+        config::reload::spawn_until_stopped(
+            path.clone(),
+            running.config.clone(),
+            reload_options.clone(),
+            stop,
+        );
     }
+    if let ConfigSource::Xds(mut options) = source {
+        options.load = reload_options.load;
+        let stop = running.stop.subscribe();
+        xds::spawn(
+            options,
+            running.config.clone(),
+            running.readiness.clone(),
+            stop,
+        );
+    }
+    Ok(running)
 }
 
 async fn serve<B: Backend>(
     settings: Settings,
     config: Arc<ConfigStore>,
     backend: B,
+    config_loaded: bool,
 ) -> Result<Running, ServeError> {
     let readiness = Arc::new(Readiness::default());
-    readiness.set_config_loaded(true);
+    readiness.set_config_loaded(config_loaded);
     readiness.set_backend_ready(backend.probe().await.is_ok());
 
     let limiter = Arc::new(Limiter::new(
@@ -205,14 +230,7 @@ async fn serve<B: Backend>(
     let drain = settings.drain_timeout;
     let drain_readiness = readiness.clone();
     let mut grpc_stop = stop_rx.clone();
-    let reloader = config::reload::spawn_reloader(
-        settings.config.clone(),
-        config.clone(),
-        settings.config_ops.reload_options(settings.max_entries),
-    );
     let task = tokio::spawn(async move {
-        // Reloads run while the service does.
-        let _reloader = reloader;
         let shutdown = async move {
             let _ = grpc_stop.wait_for(|s| *s).await;
             drain_readiness.set_draining(true);

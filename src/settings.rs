@@ -68,9 +68,10 @@ pub enum LogFormat {
 /// Everything `serve` needs.
 #[derive(Clone, Debug, Args)]
 pub struct Settings {
-    /// A YAML file or a directory of *.yaml / *.yml descriptor configs.
+    /// A YAML file or a directory of *.yaml / *.yml descriptor configs (required unless the
+    /// config source is xds).
     #[arg(long, env = "SLUICE_CONFIG")]
-    pub config: PathBuf,
+    pub config: Option<PathBuf>,
 
     /// gRPC listen address (RateLimitService and grpc.health.v1).
     #[arg(long, env = "SLUICE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
@@ -180,6 +181,9 @@ pub struct Settings {
 
     #[command(flatten)]
     pub config_ops: crate::config::args::ConfigOpsArgs,
+
+    #[command(flatten)]
+    pub xds: crate::xds::XdsArgs,
 }
 
 impl Settings {

@@ -222,7 +222,7 @@ async fn a_configmap_update_is_seen() {
     // What the kubelet writes: the data in a timestamped directory, `..data` pointing at it,
     // and one top-level symlink per key through `..data`.
     let server = TestServer::start_with(&[], |settings| {
-        let dir = settings.config.clone();
+        let dir = settings.config.clone().expect("a config directory");
         write_version(&dir, "..2026_01_01_00_00_00.000000001", 3);
         symlink("..2026_01_01_00_00_00.000000001", dir.join("..data")).unwrap();
         symlink("..data/edge.yaml", dir.join("edge.yaml")).unwrap();
@@ -262,7 +262,7 @@ async fn a_swapped_runtime_root_symlink_is_seen_and_followed() {
     symlink("v1", root.path().join("current")).unwrap();
     let config_path = root.path().join("current/ratelimit/config");
     let server = TestServer::start_with(&[], |settings| {
-        settings.config = config_path.clone();
+        settings.config = Some(config_path.clone());
         fast_reload(settings);
     })
     .await;

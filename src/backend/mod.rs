@@ -1,7 +1,7 @@
 //! Where bucket state lives: one trait, an in-process [`memory`] backend and a shared [`redis`] one.
 //!
 //! Both evaluate every bucket of one request in one atomic step with the arithmetic of
-//! [`crate::algorithm::token_bucket`]; `tests/conformance.rs` runs one suite against each so they
+//! [`crate::algorithm::token_bucket`]; `integration/conformance.rs` runs one suite against each so they
 //! cannot drift.
 
 pub mod memory;

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use notify_debouncer_full::notify::{Event, EventKind, RecommendedWatcher, RecursiveMode};
 use notify_debouncer_full::{DebounceEventResult, Debouncer, RecommendedCache, new_debouncer};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use super::{ConfigErrors, ConfigStore, Diagnostic, LoadOptions, load_path_with};
@@ -96,6 +96,20 @@ pub fn spawn_reloader(path: PathBuf, store: Arc<ConfigStore>, options: ReloadOpt
         watcher,
     )));
     Reloader { trigger, tasks }
+}
+
+/// [`spawn_reloader`] for a server: reloads until `stop` turns true or its sender is dropped.
+pub fn spawn_until_stopped(
+    path: PathBuf,
+    store: Arc<ConfigStore>,
+    options: ReloadOptions,
+    mut stop: watch::Receiver<bool>,
+) {
+    let reloader = spawn_reloader(path, store, options);
+    tokio::spawn(async move {
+        let _ = stop.wait_for(|stopped| *stopped).await;
+        drop(reloader);
+    });
 }
 
 async fn reload_loop(

@@ -3,11 +3,12 @@
 use redis::Value;
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, Slot};
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 
 use super::{RedisOptions, bounded, classify, collect, invalid_url, script};
 use crate::algorithm::Verdict;
 use crate::backend::{BackendError, Hit};
+use crate::key::slot;
 
 /// Redirects (MOVED/ASK) and TRYAGAIN are retried inside the cluster connection; these bound
 /// how often and how long it waits, since a check has only its command timeout to spend.
@@ -57,17 +58,17 @@ pub(super) async fn check(
     hits: &[Hit],
     now_ms: Option<u64>,
 ) -> Result<Vec<Verdict>, BackendError> {
-    let first = Slot::for_key(&hits[0].key);
-    if hits[1..].iter().all(|hit| Slot::for_key(&hit.key) == first) {
+    let first = slot(&hits[0].key);
+    if hits[1..].iter().all(|hit| slot(&hit.key) == first) {
         let reply = script::run(&mut conn.clone(), hits.iter(), hits.len(), now_ms)
             .await
             .map_err(classify)?;
         return collect(&reply, hits.len());
     }
 
-    let mut groups: Vec<(Slot, Vec<usize>)> = Vec::new();
+    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
     for (index, hit) in hits.iter().enumerate() {
-        let slot = Slot::for_key(&hit.key);
+        let slot = slot(&hit.key);
         match groups.iter_mut().find(|(s, _)| *s == slot) {
             Some((_, members)) => members.push(index),
             None => groups.push((slot, vec![index])),

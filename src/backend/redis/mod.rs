@@ -44,8 +44,40 @@ pub enum RedisMode {
     Sentinel,
 }
 
-/// Connection settings for [`RedisBackend::connect`].
-#[derive(Clone, Debug)]
+impl std::str::FromStr for RedisMode {
+    type Err = String;
+
+    /// `standalone`, `cluster` or `sentinel` (the `--redis-mode` spellings), any case.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [
+            RedisMode::Standalone,
+            RedisMode::Cluster,
+            RedisMode::Sentinel,
+        ]
+        .into_iter()
+        .find(|mode| mode.as_str().eq_ignore_ascii_case(s))
+        .ok_or_else(|| format!("unknown Redis mode `{s}` (standalone, cluster or sentinel)"))
+    }
+}
+
+impl RedisMode {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RedisMode::Standalone => "standalone",
+            RedisMode::Cluster => "cluster",
+            RedisMode::Sentinel => "sentinel",
+        }
+    }
+}
+
+impl std::fmt::Display for RedisMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Connection settings for [`RedisBackend::connect`]. `Debug` hides URL passwords.
+#[derive(Clone)]
 pub struct RedisOptions {
     /// `redis://[user:password@]host:port[/db]`, `rediss://` for TLS. Credentials in the URL are
     /// sent with `AUTH` (ACL user or the default user); in Sentinel mode they are used for the
@@ -58,6 +90,47 @@ pub struct RedisOptions {
     pub connect_timeout: Duration,
     /// Bound on one check (all of its round trips); well under Envoy's 20 ms filter timeout.
     pub command_timeout: Duration,
+}
+
+impl std::fmt::Debug for RedisOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let urls: Vec<String> = self.urls.iter().map(|url| redact(url)).collect();
+        f.debug_struct("RedisOptions")
+            .field("urls", &urls)
+            .field("mode", &self.mode)
+            .field("sentinel_master", &self.sentinel_master)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .finish()
+    }
+}
+
+/// `scheme://user:secret@host` → `scheme://user:***@host`, for logs.
+fn redact(url: &str) -> String {
+    let Some(authority_at) = url.find("://").map(|i| i + 3) else {
+        return url.to_string();
+    };
+    let authority_end = url[authority_at..]
+        .find('/')
+        .map_or(url.len(), |i| authority_at + i);
+    let authority = &url[authority_at..authority_end];
+    match authority.rfind('@') {
+        Some(at) => {
+            let user = authority[..at].split(':').next().unwrap_or_default();
+            let hidden = if authority[..at].contains(':') {
+                ":***"
+            } else {
+                ""
+            };
+            format!(
+                "{}{user}{hidden}{}{}",
+                &url[..authority_at],
+                &authority[at..],
+                &url[authority_end..]
+            )
+        }
+        None => url.to_string(),
+    }
 }
 
 impl Default for RedisOptions {
@@ -208,6 +281,30 @@ async fn connect_standalone(
     opts: &RedisOptions,
 ) -> Result<ConnectionManager, BackendError> {
     let client = redis::Client::open(url).map_err(|err| invalid_url(0, &err))?;
+
+    // A first, plain connection loads the script and reports a refused port, a wrong password
+    // or an untrusted certificate as such; the manager below would retry those quietly until
+    // the deadline and leave only "timed out".
+    let direct_config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(opts.connect_timeout))
+        .set_response_timeout(None);
+    let mut direct = bounded(opts.connect_timeout, async {
+        client
+            .get_multiplexed_async_connection_with_config(&direct_config)
+            .await
+            .map_err(classify)
+    })
+    .await?;
+    let reply = bounded(opts.connect_timeout, async {
+        script::load_command()
+            .query_async::<redis::Value>(&mut direct)
+            .await
+            .map_err(classify)
+    })
+    .await?;
+    script::check_loaded(&reply)?;
+    drop(direct);
+
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(opts.connect_timeout))
         // The caller bounds every call itself (command_timeout), including waits for a reconnect.
@@ -216,14 +313,14 @@ async fn connect_standalone(
         .set_max_delay(RECONNECT_MAX_DELAY)
         .set_number_of_retries(RECONNECT_ATTEMPTS);
     let mut manager = ConnectionManager::new_lazy_with_config(client, config).map_err(classify)?;
-    let reply = bounded(opts.connect_timeout, async {
-        script::load_command()
-            .query_async::<redis::Value>(&mut manager)
+    // Connect now, so the first check does not pay for it.
+    bounded(opts.connect_timeout, async {
+        redis::cmd("PING")
+            .query_async::<()>(&mut manager)
             .await
             .map_err(classify)
     })
     .await?;
-    script::check_loaded(&reply)?;
     Ok(manager)
 }
 
@@ -290,6 +387,41 @@ mod tests {
         assert!(matches!(classify(refused), BackendError::Unavailable(_)));
         let parse = RedisError::from((ErrorKind::Parse, "bad"));
         assert!(matches!(classify(parse), BackendError::Protocol(_)));
+    }
+
+    #[test]
+    fn debug_hides_passwords() {
+        let opts = RedisOptions {
+            urls: vec![
+                "redis://sluice:s3cret@10.0.0.1:6379/2".into(),
+                "rediss://:s3cret@host".into(),
+                "redis://host:6379".into(),
+                "redis://user@host".into(),
+            ],
+            ..RedisOptions::default()
+        };
+        let text = format!("{opts:?}");
+        assert!(!text.contains("s3cret"), "{text}");
+        assert!(
+            text.contains("redis://sluice:***@10.0.0.1:6379/2"),
+            "{text}"
+        );
+        assert!(text.contains("rediss://:***@host"), "{text}");
+        assert!(text.contains("redis://host:6379"), "{text}");
+        assert!(text.contains("redis://user@host"), "{text}");
+    }
+
+    #[test]
+    fn modes_parse_from_their_flag_spelling() {
+        for mode in [
+            RedisMode::Standalone,
+            RedisMode::Cluster,
+            RedisMode::Sentinel,
+        ] {
+            assert_eq!(mode.to_string().parse::<RedisMode>(), Ok(mode));
+        }
+        assert_eq!("CLUSTER".parse::<RedisMode>(), Ok(RedisMode::Cluster));
+        assert!("replica".parse::<RedisMode>().is_err());
     }
 
     #[tokio::test]

@@ -1,0 +1,319 @@
+"""Tests for deploy/validate.py: the shipped files pass, and each kind of mistake fails.
+
+Run with: python -m pytest -q deploy/test_validate.py
+Each test copies the deployment files into a temporary repository, breaks one thing, and runs
+the validator on the copy.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+DEPLOY_DIR = Path(__file__).resolve().parent
+REPO_ROOT = DEPLOY_DIR.parent
+
+_spec = importlib.util.spec_from_file_location("sluice_deploy_validate", DEPLOY_DIR / "validate.py")
+validate = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = validate
+_spec.loader.exec_module(validate)
+
+
+def source_config() -> Path:
+    """config/edge.yaml once it exists; until then the ConfigMap's copy stands in for it."""
+    config = REPO_ROOT / "config" / "edge.yaml"
+    return config if config.is_file() else DEPLOY_DIR / "kubernetes" / "edge.yaml"
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    shutil.copytree(
+        DEPLOY_DIR, tmp_path / "deploy", ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache")
+    )
+    shutil.copy(REPO_ROOT / "Cargo.toml", tmp_path / "Cargo.toml")
+    (tmp_path / "config").mkdir()
+    shutil.copy(source_config(), tmp_path / "config" / "edge.yaml")
+    return tmp_path
+
+
+def run(repo: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = validate.main(["--root", str(repo)])
+    return code, capsys.readouterr().out
+
+
+def edit(repo: Path, relative: str, old: str, new: str) -> None:
+    """Replaces every occurrence of `old` (comments included) in a file of the copy."""
+    path = repo / relative
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {relative}: the test no longer matches the file"
+    path.write_text(text.replace(old, new))
+
+
+def edit_yaml(repo: Path, relative: str, change: Callable[[list[Any]], None]) -> None:
+    """Applies `change` to the parsed YAML documents of a file of the copy and writes them back."""
+    path = repo / relative
+    documents = list(yaml.safe_load_all(path.read_text()))
+    change(documents)
+    path.write_text(yaml.safe_dump_all(documents, sort_keys=False))
+
+
+def envoy_vhost(documents: list[Any]) -> dict:
+    hcm = documents[0]["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    return hcm["typed_config"]["route_config"]["virtual_hosts"][0]
+
+
+def istio_vhost_patch(documents: list[Any]) -> dict:
+    patch = next(p for p in documents[0]["spec"]["configPatches"] if p["applyTo"] == "VIRTUAL_HOST")
+    return patch["patch"]["value"]
+
+
+def test_shipped_files_pass(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = run(repo, capsys)
+    assert code == 0, out
+    assert "all deployment files valid" in out
+
+
+@pytest.mark.parametrize(
+    ("relative", "old", "new", "expected"),
+    [
+        # Kubernetes objects, against the Kubernetes schemas.
+        (
+            "deploy/kubernetes/deployment.yaml",
+            "readinessProbe:",
+            "readinesProbe:",
+            "'readinesProbe' was unexpected",
+        ),
+        (
+            "deploy/kubernetes/hpa.yaml",
+            "averageUtilization:",
+            "averageUtilisation:",
+            "'averageUtilisation' was unexpected",
+        ),
+        ("deploy/kubernetes/redis.yaml", "serviceName:", "servicename:", "'servicename' was unexpected"),
+        (
+            "deploy/kubernetes/service.yaml",
+            "appProtocol: grpc",
+            "appProtocols: grpc",
+            "'appProtocols' was unexpected",
+        ),
+        (
+            "deploy/kubernetes/kustomization.yaml",
+            "configMapGenerator:",
+            "configMapGenerater:",
+            "'configMapGenerater' was unexpected",
+        ),
+        # The Envoy bootstrap, against the Envoy v3 protos (also inside typed_config).
+        ("deploy/envoy/envoy.yaml", "grpc_service:", "grpc_servce:", "Unknown field 'grpc_servce'"),
+        ("deploy/envoy/envoy.yaml", "stat_prefix:", "stats_prefix:", "Unknown field 'stats_prefix'"),
+        ("deploy/envoy/envoy.yaml", "DRAFT_VERSION_03", "DRAFT_VERSION_3", "DRAFT_VERSION_3"),
+        ("deploy/envoy/envoy.yaml", "timeout: 0.025s", "timeout: 25ms", "Invalid duration string: 25ms"),
+        # EnvoyFilter structure, and its patch values against the Envoy v3 protos.
+        (
+            "deploy/istio/ratelimit-filter.yaml",
+            "configPatches:",
+            "configPatchs:",
+            "'configPatchs' was unexpected",
+        ),
+        (
+            "deploy/istio/ratelimit-filter.yaml",
+            "failure_mode_deny:",
+            "failure_mode_deney:",
+            "Unknown field 'failure_mode_deney'",
+        ),
+        (
+            "deploy/istio/ratelimit-actions.yaml",
+            "descriptor_key: tenant",
+            "descriptor_kye: tenant",
+            "Unknown field 'descriptor_kye'",
+        ),
+        (
+            "deploy/istio/ratelimit-actions.yaml",
+            "applyTo: HTTP_ROUTE",
+            "applyTo: HTTP_ROUT",
+            "'HTTP_ROUT' is not one of",
+        ),
+        (
+            "deploy/istio/ratelimit-actions.yaml",
+            "vh_rate_limits: INCLUDE",
+            "vh_rate_limit: INCLUDE",
+            "Unknown field 'vh_rate_limit'",
+        ),
+    ],
+)
+def test_misspelled_field_fails(
+    repo: Path, capsys: pytest.CaptureFixture[str], relative: str, old: str, new: str, expected: str
+) -> None:
+    edit(repo, relative, old, new)
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert expected in out
+    assert f"FAIL {relative}" in out
+
+
+def test_action_producing_an_unlimited_descriptor_fails(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A virtual-host action that sends [route=export] alone: the config limits route only under tenant.
+    edit_yaml(
+        repo,
+        "deploy/envoy/envoy.yaml",
+        lambda docs: envoy_vhost(docs)["rate_limits"].append(
+            {"actions": [{"generic_key": {"descriptor_key": "route", "descriptor_value": "export"}}]}
+        ),
+    )
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert "FAIL deploy/envoy/envoy.yaml: actions produce descriptor [route=export]" in out
+    assert "has no rule for it" in out
+
+
+def test_plan_from_raw_header_value_fails(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Taking x-plan's value verbatim sends [plan=<anything>, tenant]; only plan=free has a rule.
+    def plan_from_header(documents: list[Any]) -> None:
+        plan_limit = istio_vhost_patch(documents)["rate_limits"][2]
+        assert "header_value_match" in plan_limit["actions"][0]
+        plan_limit["actions"][0] = {"request_headers": {"header_name": "x-plan", "descriptor_key": "plan"}}
+
+    edit_yaml(repo, "deploy/istio/ratelimit-actions.yaml", plan_from_header)
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert "FAIL deploy/istio: actions produce descriptor [plan, tenant]" in out
+
+
+def test_config_rule_without_action_fails(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def drop_remote_address(documents: list[Any]) -> None:
+        limits = envoy_vhost(documents)["rate_limits"]
+        limits[:] = [limit for limit in limits if "remote_address" not in limit["actions"][0]]
+
+    edit_yaml(repo, "deploy/envoy/envoy.yaml", drop_remote_address)
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert "FAIL deploy/envoy/envoy.yaml: config rule [remote_address] is never produced" in out
+
+
+def test_keying_on_raw_path_fails(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edit(repo, "deploy/envoy/envoy.yaml", "header_name: x-tenant-id", 'header_name: ":path"')
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert "request_headers keys on :path" in out
+
+
+def test_route_hiding_virtual_host_actions_fails(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Envoy's default (OVERRIDE) drops the tenant, address and plan limits on /export.
+    def override_on_export(documents: list[Any]) -> None:
+        route = next(r for r in envoy_vhost(documents)["routes"] if r["name"] == "export")
+        del route["typed_per_filter_config"]
+
+    edit_yaml(repo, "deploy/envoy/envoy.yaml", override_on_export)
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert "route 'export': its own rate_limits hide the virtual host's" in out
+
+
+def test_domain_mismatch_fails(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edit(repo, "deploy/istio/ratelimit-filter.yaml", "domain: edge", "domain: internal")
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert "domain 'internal' differs from the config's 'edge'" in out
+
+
+def test_configmap_copy_drift_fails(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edit(repo, "deploy/kubernetes/edge.yaml", "requests_per_unit: 600", "requests_per_unit: 601")
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert "FAIL deploy/kubernetes/edge.yaml: differs from config/edge.yaml" in out
+
+
+def test_unknown_kind_without_schema_fails(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edit(repo, "deploy/kubernetes/pdb.yaml", "kind: PodDisruptionBudget", "kind: PodDisruptionBudgett")
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert "Couldn't find schema for kind PodDisruptionBudgett" in out
+
+
+def test_duplicate_yaml_key_fails(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edit(
+        repo,
+        "deploy/kubernetes/deployment.yaml",
+        "  revisionHistoryLimit: 5\n",
+        "  revisionHistoryLimit: 5\n  replicas: 1\n",
+    )
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert "duplicate key 'replicas'" in out
+
+
+def test_grace_period_shorter_than_drain_fails(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edit(
+        repo,
+        "deploy/kubernetes/deployment.yaml",
+        "terminationGracePeriodSeconds: 30",
+        "terminationGracePeriodSeconds: 10",
+    )
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert "terminationGracePeriodSeconds 10 must exceed" in out
+
+
+def test_dockerfile_root_user_fails(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edit(repo, "deploy/Dockerfile", "USER nonroot", "USER root")
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert "FAIL deploy/Dockerfile: the runtime stage must set a non-root USER" in out
+
+
+def config_of(text: str) -> validate.DescriptorConfig:
+    failures = validate.Failures(Path("/"))
+    config = validate.parse_descriptor_config(yaml.safe_load(text), Path("/test.yaml"), failures)
+    assert config is not None and not failures.lines
+    return config
+
+
+def test_request_value_needs_a_bare_key_rule() -> None:
+    # Only a wildcard rule: an arbitrary tenant id is not limited, so the action is rejected.
+    config = config_of(
+        "domain: d\ndescriptors:\n  - {key: tenant, value: 'internal-*', rate_limit: {unlimited: true}}\n"
+    )
+    failures = validate.Failures(Path("/"))
+    validate.compare_descriptors(config, {(("tenant", validate.ANY),): ["test"]}, Path("/x"), failures)
+    assert any("actions produce descriptor [tenant]" in line for line in failures.lines)
+
+
+def test_fixed_values_follow_exact_then_wildcard_then_bare() -> None:
+    config = config_of(
+        "domain: d\ndescriptors:\n"
+        "  - {key: k, value: ab, rate_limit: {unit: second, requests_per_unit: 1}}\n"
+        "  - {key: k, value: 'a*', rate_limit: {unit: second, requests_per_unit: 2}}\n"
+        "  - {key: k, rate_limit: {unit: second, requests_per_unit: 3}}\n"
+    )
+    exact, wildcard, bare = config.roots
+    assert validate.generic_match(config, (("k", "ab"),)) is exact
+    assert validate.generic_match(config, (("k", "ax"),)) is wildcard
+    assert validate.generic_match(config, (("k", "b"),)) is bare
+    assert validate.generic_match(config, (("k", validate.ANY),)) is bare
+    assert validate.reachable_rules(config, (("k", validate.ANY),)) == {id(exact), id(wildcard), id(bare)}
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+def test_render_matches_kubectl_kustomize(repo: Path) -> None:
+    rendered = subprocess.run(
+        ["kubectl", "kustomize", str(repo / "deploy" / "kubernetes")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    from_kubectl = {(doc["kind"], doc["metadata"]["name"]) for doc in yaml.safe_load_all(rendered)}
+    ours = validate.render_kustomization(repo / "deploy" / "kubernetes", validate.Failures(repo))
+    # kustomize appends a content hash to generated ConfigMap names.
+    normalized = {
+        (kind, name.rsplit("-", 1)[0] if kind == "ConfigMap" else name) for kind, name in from_kubectl
+    }
+    assert normalized == {(doc["kind"], doc["metadata"]["name"]) for _, doc in ours}

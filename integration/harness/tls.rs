@@ -1,0 +1,87 @@
+//! A throwaway CA and a server certificate for 127.0.0.1, made with the `openssl` CLI.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+pub struct TlsFiles {
+    _dir: tempfile::TempDir,
+    /// The CA certificate (PEM) clients must trust.
+    pub ca: PathBuf,
+    /// Server certificate (PEM, SAN IP:127.0.0.1) and its key.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl TlsFiles {
+    pub fn generate() -> TlsFiles {
+        let dir = super::temp_dir();
+        let path = |name: &str| dir.path().join(name);
+        std::fs::write(path("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").expect("write ext.cnf");
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        openssl(
+            &dir,
+            &[
+                &["req", "-x509"][..],
+                &ec,
+                &["-keyout", "ca.key", "-out", "ca.pem"],
+                &["-days", "2", "-subj", "/CN=sluice-test-ca"],
+            ]
+            .concat(),
+        );
+        openssl(
+            &dir,
+            &[
+                &["req"][..],
+                &ec,
+                &["-keyout", "server.key", "-out", "server.csr"],
+                &["-subj", "/CN=127.0.0.1"],
+            ]
+            .concat(),
+        );
+        openssl(
+            &dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                "server.pem",
+                "-days",
+                "2",
+                "-extfile",
+                "ext.cnf",
+            ],
+        );
+        TlsFiles {
+            ca: path("ca.pem"),
+            cert: path("server.pem"),
+            key: path("server.key"),
+            _dir: dir,
+        }
+    }
+}
+
+fn openssl(dir: &tempfile::TempDir, args: &[&str]) {
+    let output = Command::new("openssl")
+        .args(args)
+        .current_dir(dir.path())
+        .output()
+        .unwrap_or_else(|err| panic!("run openssl (install the Debian package `openssl`): {err}"));
+    assert!(
+        output.status.success(),
+        "openssl {args:?} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

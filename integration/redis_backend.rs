@@ -1,0 +1,466 @@
+//! The Redis backend against real servers: round trips per check, script cache loss, restarts,
+//! key expiry, Cluster slot routing and MOVED, Sentinel failover, timeouts, credentials.
+
+mod harness;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use sluice::algorithm::{BucketParams, Verdict};
+use sluice::backend::redis::{RedisBackend, RedisMode, RedisOptions};
+use sluice::backend::{Backend, BackendError, Hit};
+use sluice::key::{RuleTag, bucket_key};
+use sluice::request::Entry;
+
+use harness::{RedisCluster, RedisSentinel, RedisServer, command_calls, wait_until};
+
+/// Plenty of tokens: these tests are about transport, not limits.
+const ROOMY: BucketParams = BucketParams {
+    capacity: 1_000,
+    requests_per_unit: 1_000,
+    unit_ms: 1_000,
+};
+const TEN_PER_SECOND: BucketParams = BucketParams {
+    capacity: 10,
+    requests_per_unit: 10,
+    unit_ms: 1_000,
+};
+/// Slow enough that a bucket's state visibly survives a failover.
+const ONE_PER_MINUTE: BucketParams = BucketParams {
+    capacity: 10,
+    requests_per_unit: 1,
+    unit_ms: 60_000,
+};
+/// Bound on waiting for a server to come back or a failover to be followed.
+const RECOVERY: Duration = Duration::from_secs(20);
+
+fn options(urls: Vec<String>, mode: RedisMode) -> RedisOptions {
+    RedisOptions {
+        urls,
+        mode,
+        // Generous: a shared CI machine must not turn a slow reply into a failed test. The
+        // timeout test sets its own bound.
+        connect_timeout: Duration::from_secs(5),
+        command_timeout: Duration::from_secs(5),
+        ..RedisOptions::default()
+    }
+}
+
+async fn standalone(server: &RedisServer) -> RedisBackend {
+    RedisBackend::connect(options(vec![server.url()], RedisMode::Standalone))
+        .await
+        .expect("connect")
+}
+
+fn key(tag: &str, bucket: &str) -> String {
+    format!("test:{{{tag}}}:{bucket}")
+}
+
+/// Retries `check` until it succeeds (the backend reconnecting or following a failover).
+async fn check_until_ok(backend: &RedisBackend, hits: &[Hit]) -> Vec<Verdict> {
+    let mut waited = Duration::ZERO;
+    loop {
+        match backend.check(hits).await {
+            Ok(verdicts) => return verdicts,
+            Err(err) => {
+                assert!(waited < RECOVERY, "no recovery within {RECOVERY:?}: {err}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                waited += Duration::from_millis(20);
+            }
+        }
+    }
+}
+
+fn reset_stats(server: &RedisServer) {
+    let _: String = server.cmd(&["CONFIG", "RESETSTAT"]);
+}
+
+#[test]
+#[should_panic(
+    expected = "redis-server-x not found: install the Debian package `redis-server` (apt-get install -y redis-server)"
+)]
+fn a_missing_tool_names_the_debian_package() {
+    harness::binary("redis-server-x");
+}
+
+#[test]
+fn servers_are_killed_when_a_test_panics() {
+    let mut pid = 0;
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let server = RedisServer::start();
+        pid = server.pid();
+        panic!("test failure while the server runs");
+    }));
+    assert!(outcome.is_err());
+    // SAFETY: signal 0 only asks whether the pid exists.
+    let alive = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0;
+    assert!(!alive, "redis-server {pid} outlived the panicking test");
+}
+
+#[tokio::test]
+async fn one_evalsha_per_check() {
+    let server = RedisServer::start();
+    let backend = standalone(&server).await;
+    reset_stats(&server);
+
+    const CHECKS: u64 = 40;
+    for request in 0..CHECKS {
+        // 1 to 4 buckets per request: still one round trip.
+        let hits: Vec<Hit> = (0..=request % 4)
+            .map(|bucket| Hit::new(key(&format!("rt{request}"), &bucket.to_string()), ROOMY, 1))
+            .collect();
+        let verdicts = backend.check(&hits).await.expect("check");
+        assert_eq!(verdicts.len(), hits.len());
+        assert!(verdicts.iter().all(|v| v.allowed));
+    }
+
+    let evalsha = command_calls(&server, "evalsha");
+    println!(
+        "standalone: {CHECKS} checks, {evalsha} EVALSHA: {} round trips per check",
+        evalsha as f64 / CHECKS as f64
+    );
+    assert_eq!(evalsha, CHECKS);
+    assert_eq!(command_calls(&server, "eval"), 0);
+    // Nothing else reached the server: only the script's own commands and this test's inspection
+    // (each harness connection announces itself with CLIENT SETINFO).
+    let stats = server.info("commandstats");
+    let own = [
+        "cmdstat_evalsha",
+        // Commands the script runs count too.
+        "cmdstat_time",
+        "cmdstat_hmget",
+        "cmdstat_hset",
+        "cmdstat_pexpire",
+        "cmdstat_info",
+        "cmdstat_config|resetstat",
+        "cmdstat_client|setinfo",
+    ];
+    let others: Vec<&String> = stats
+        .keys()
+        .filter(|name| !own.contains(&name.as_str()))
+        .collect();
+    assert!(others.is_empty(), "unexpected commands: {others:?}");
+}
+
+#[tokio::test]
+async fn script_flush_while_checking_costs_one_eval() {
+    let server = RedisServer::start();
+    let backend = standalone(&server).await;
+    for round in 0..5 {
+        let _: String = server.cmd(&["SCRIPT", "FLUSH"]);
+        reset_stats(&server);
+        let checks = (0..20).map(|i| {
+            let hit = Hit::new(key(&format!("flush{round}"), &i.to_string()), ROOMY, 1);
+            let backend = &backend;
+            async move { backend.check(std::slice::from_ref(&hit)).await }
+        });
+        for result in futures::future::join_all(checks).await {
+            result.expect("a check during a script cache loss must not fail");
+        }
+        // Every NOSCRIPT costs one EVAL, and EVAL re-cached the script.
+        let (evalsha, eval) = (
+            command_calls(&server, "evalsha"),
+            command_calls(&server, "eval"),
+        );
+        assert_eq!(evalsha, 20, "round {round}");
+        assert!((1..=20).contains(&eval), "round {round}: {eval} EVAL");
+        reset_stats(&server);
+        backend
+            .check(&[Hit::new(key("flush", "after"), ROOMY, 1)])
+            .await
+            .expect("check");
+        assert_eq!(
+            (
+                command_calls(&server, "evalsha"),
+                command_calls(&server, "eval")
+            ),
+            (1, 0)
+        );
+    }
+}
+
+#[tokio::test]
+async fn recovers_after_redis_restart() {
+    let mut server = RedisServer::start();
+    let backend = standalone(&server).await;
+    let hit = [Hit::new(key("restart", "a"), TEN_PER_SECOND, 1)];
+    assert_eq!(backend.check(&hit).await.expect("check")[0].remaining, 9);
+
+    server.restart();
+    // No persistence: the restarted server starts empty and without the script.
+    let verdicts = check_until_ok(&backend, &hit).await;
+    assert_eq!(verdicts[0].remaining, 9);
+    assert_eq!(
+        command_calls(&server, "eval"),
+        1,
+        "NOSCRIPT after restart → one EVAL"
+    );
+    backend.probe().await.expect("probe after recovery");
+}
+
+#[tokio::test]
+async fn keys_expire_once_the_bucket_would_be_full() {
+    let server = RedisServer::start();
+    let backend = standalone(&server).await;
+
+    // 2 tokens, 10/s: taking one leaves it 100 ms from full; the key lives that + 1 s margin.
+    let fast = key("ttl", "fast");
+    let verdict = backend
+        .check(&[Hit::new(
+            &fast,
+            BucketParams {
+                capacity: 2,
+                ..TEN_PER_SECOND
+            },
+            1,
+        )])
+        .await
+        .expect("check")[0];
+    assert!(verdict.until_full_ms <= 100);
+    let pttl: i64 = server.cmd(&["PTTL", &fast]);
+    assert!(pttl > 0 && pttl <= 1_100, "PTTL {pttl}");
+
+    // 1 token an hour: the TTL follows the refill time, not a fixed default.
+    let slow = key("ttl", "slow");
+    let hourly = BucketParams {
+        capacity: 10,
+        requests_per_unit: 1,
+        unit_ms: 3_600_000,
+    };
+    let until_full = backend
+        .check(&[Hit::new(&slow, hourly, 1)])
+        .await
+        .expect("check")[0]
+        .until_full_ms;
+    assert!(until_full >= 3_600_000);
+    let pttl: i64 = server.cmd(&["PTTL", &slow]);
+    assert!(
+        pttl > until_full as i64 && pttl <= until_full as i64 + 1_000,
+        "PTTL {pttl}"
+    );
+
+    wait_until(
+        "the refilled bucket's key to expire",
+        Duration::from_secs(10),
+        || server.cmd::<i64>(&["EXISTS", &fast]) == 0,
+    );
+    // A missing key is a full bucket.
+    let verdict = backend
+        .check(&[Hit::new(
+            &fast,
+            BucketParams {
+                capacity: 2,
+                ..TEN_PER_SECOND
+            },
+            0,
+        )])
+        .await
+        .expect("check")[0];
+    assert_eq!((verdict.remaining, verdict.until_full_ms), (2, 0));
+}
+
+#[tokio::test]
+async fn stalled_server_gives_timeout_then_recovers() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::connect(RedisOptions {
+        command_timeout: Duration::from_millis(100),
+        ..options(vec![server.url()], RedisMode::Standalone)
+    })
+    .await
+    .expect("connect");
+    let hit = [Hit::new(key("stall", "a"), ROOMY, 1)];
+    // A busy CI machine may take longer than the tight bound once; the stall below cannot pass.
+    check_until_ok(&backend, &hit).await;
+
+    server.pause();
+    let stalled = backend.check(&hit).await;
+    let probe = backend.probe().await;
+    server.resume();
+    assert_eq!(stalled, Err(BackendError::Timeout(100)));
+    assert_eq!(probe, Err(BackendError::Timeout(100)));
+    check_until_ok(&backend, &hit).await;
+}
+
+#[tokio::test]
+async fn probe_runs_the_script_and_fails_when_redis_is_gone() {
+    let mut server = RedisServer::start();
+    let backend = standalone(&server).await;
+    reset_stats(&server);
+    backend.probe().await.expect("probe");
+    assert_eq!(command_calls(&server, "evalsha"), 1);
+    server.kill();
+    let err = backend.probe().await.expect_err("probe with Redis gone");
+    assert!(
+        matches!(err, BackendError::Unavailable(_) | BackendError::Timeout(_)),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn acl_user_and_password_from_the_url() {
+    let server =
+        RedisServer::start_with(&["--user", "sluice", "on", ">s3cret", "~*", "&*", "+@all"]);
+    let url = |password: &str| format!("redis://sluice:{password}@127.0.0.1:{}", server.port());
+    let backend = RedisBackend::connect(options(vec![url("s3cret")], RedisMode::Standalone))
+        .await
+        .expect("connect as the ACL user");
+    backend
+        .check(&[Hit::new(key("acl", "a"), ROOMY, 1)])
+        .await
+        .expect("check");
+    let err = RedisBackend::connect(RedisOptions {
+        connect_timeout: Duration::from_millis(500),
+        ..options(vec![url("xyzzy-guess")], RedisMode::Standalone)
+    })
+    .await
+    .expect_err("a wrong password must not connect");
+    assert!(
+        !err.to_string().contains("xyzzy"),
+        "password leaked into {err}"
+    );
+    // Said as such at once, not left to time out.
+    assert!(matches!(err, BackendError::Unavailable(_)), "{err:?}");
+}
+
+#[tokio::test]
+async fn cluster_one_call_per_slot_in_hit_order_and_follows_moved() {
+    let cluster = RedisCluster::start(3, 0);
+    let backend = RedisBackend::connect(options(cluster.urls(), RedisMode::Cluster))
+        .await
+        .expect("connect");
+
+    // The script was loaded on every master.
+    let sha = sha1_smol::Sha1::from(include_str!("../lua/token_bucket.lua"))
+        .digest()
+        .to_string();
+    for master in cluster.masters() {
+        let exists: Vec<i64> = master.cmd(&["SCRIPT", "EXISTS", &sha]);
+        assert_eq!(exists, [1], "script cached on {}", master.addr());
+    }
+
+    // Descriptors sharing domain and first entry share a hash tag, hence a slot.
+    let tenant = Entry::new("tenant", "acme");
+    let same_tag: Vec<String> = [
+        vec![tenant.clone()],
+        vec![tenant.clone(), Entry::new("route", "export")],
+    ]
+    .iter()
+    .map(|entries| bucket_key("sluice:", "api", entries, RuleTag::Configured))
+    .collect();
+    let slots: HashSet<u16> = same_tag.iter().map(|key| cluster.keyslot(key)).collect();
+    assert_eq!(slots.len(), 1, "{same_tag:?}");
+    assert_eq!(
+        sluice::key::slot(&same_tag[0]),
+        cluster.keyslot(&same_tag[0])
+    );
+
+    // Three hash tags on three different masters.
+    let tags: Vec<String> = {
+        let mut by_master = std::collections::HashMap::new();
+        for n in 0.. {
+            let tag = format!("t{n}");
+            by_master
+                .entry(cluster.master_for(&key(&tag, "x")).port())
+                .or_insert(tag);
+            if by_master.len() == 3 {
+                break;
+            }
+        }
+        by_master.into_values().collect()
+    };
+    // Distinct capacities tell the verdicts apart; the slow refill keeps state visible.
+    let capacity = |n: u64| BucketParams {
+        capacity: n,
+        ..ONE_PER_MINUTE
+    };
+    // Interleaved so the grouping by slot has to put verdicts back in order.
+    let hits = [
+        Hit::new(key(&tags[0], "a"), capacity(11), 1),
+        Hit::new(key(&tags[1], "a"), capacity(12), 1),
+        Hit::new(key(&tags[0], "b"), capacity(13), 1),
+        Hit::new(key(&tags[2], "a"), capacity(14), 1),
+        Hit::new(same_tag[0].clone(), capacity(15), 1),
+        Hit::new(same_tag[1].clone(), capacity(16), 1),
+    ];
+    let distinct_slots: HashSet<u16> = hits.iter().map(|hit| cluster.keyslot(&hit.key)).collect();
+    cluster.masters().into_iter().for_each(reset_stats);
+    let verdicts = backend.check(&hits).await.expect("check");
+    let remaining: Vec<u64> = verdicts.iter().map(|v| v.remaining).collect();
+    assert_eq!(remaining, [10, 11, 12, 13, 14, 15]);
+    let evalsha: u64 = cluster
+        .masters()
+        .into_iter()
+        .map(|m| command_calls(m, "evalsha"))
+        .sum();
+    println!(
+        "cluster: {} slots in one check, {evalsha} EVALSHA",
+        distinct_slots.len()
+    );
+    assert_eq!(evalsha, distinct_slots.len() as u64);
+
+    // One slot, one call.
+    cluster.masters().into_iter().for_each(reset_stats);
+    let same_slot = [
+        Hit::new(same_tag[0].clone(), capacity(15), 1),
+        Hit::new(same_tag[1].clone(), capacity(16), 1),
+    ];
+    backend.check(&same_slot).await.expect("check");
+    let evalsha: u64 = cluster
+        .masters()
+        .into_iter()
+        .map(|m| command_calls(m, "evalsha"))
+        .sum();
+    assert_eq!(evalsha, 1);
+
+    // Move that slot (with its keys) to another master: the stale slot map meets MOVED.
+    let slot = cluster.keyslot(&same_tag[0]);
+    let owner = cluster.master_for_slot(slot).port();
+    let target = cluster
+        .masters()
+        .into_iter()
+        .find(|m| m.port() != owner)
+        .expect("another master");
+    cluster.move_slot(slot, target);
+    let verdicts = backend.check(&same_slot).await.expect("check after MOVED");
+    let remaining: Vec<u64> = verdicts.iter().map(|v| v.remaining).collect();
+    assert_eq!(remaining, [12, 13], "state moved with the slot");
+    assert!(command_calls(target, "evalsha") >= 1);
+}
+
+#[tokio::test]
+async fn sentinel_checks_go_to_the_master_and_follow_a_failover() {
+    let mut sentinel = RedisSentinel::start();
+    let backend = RedisBackend::connect(RedisOptions {
+        sentinel_master: Some(sentinel.master_name().into()),
+        ..options(sentinel.sentinel_urls(), RedisMode::Sentinel)
+    })
+    .await
+    .expect("connect through the sentinels");
+    let hit = [Hit::new(key("sentinel", "a"), ONE_PER_MINUTE, 1)];
+    assert_eq!(backend.check(&hit).await.expect("check")[0].remaining, 9);
+    let old = sentinel.master().port();
+    assert_eq!(command_calls(sentinel.master(), "evalsha"), 1);
+    backend.probe().await.expect("probe");
+
+    // Let the replica catch up, so the promoted one holds the bucket.
+    let offset = |node: &RedisServer| node.info("replication").get("master_repl_offset").cloned();
+    wait_until("replica caught up", RECOVERY, || {
+        offset(&sentinel.nodes()[0]) == offset(&sentinel.nodes()[1])
+    });
+
+    // The master dies: checks fail until the sentinels promote the replica, then reach it.
+    let old_index = sentinel
+        .nodes()
+        .iter()
+        .position(|n| n.port() == old)
+        .expect("ours");
+    sentinel.node_mut(old_index).kill();
+    let verdicts = check_until_ok(&backend, &hit).await;
+    assert_eq!(
+        verdicts[0].remaining, 8,
+        "the promoted replica carries on with the bucket"
+    );
+    let new_master = sentinel.master();
+    assert_ne!(new_master.port(), old);
+    assert!(command_calls(new_master, "evalsha") + command_calls(new_master, "eval") >= 1);
+}
