@@ -4,9 +4,10 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+mod harness;
 
 use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
@@ -332,58 +333,6 @@ fn explain_prints_the_rule_its_bucket_and_key() {
     );
 }
 
-/// A `redis-server` on a free loopback port (never 6379), no persistence; killed on drop.
-struct Redis {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Redis {
-    fn start() -> Redis {
-        let dir = tempfile::tempdir().unwrap();
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server (Debian package redis-server) is installed");
-        let redis = Redis {
-            child,
-            port,
-            _dir: dir,
-        };
-        eventually("redis-server answers PING", || {
-            redis.cli(&["PING"]).trim() == "PONG"
-        });
-        redis
-    }
-
-    fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(args)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// envoyproxy/ratelimit's README example config (upper-case units, as its users write them).
 const MONGO: &str = r#"domain: mongo_cps
 descriptors:
@@ -424,7 +373,7 @@ fn runtime_layout(root: &Path) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_envoyproxy_ratelimit_deployment_switches_by_changing_the_image() {
-    let redis = Redis::start();
+    let redis = harness::RedisServer::start();
     let root = tempfile::tempdir().unwrap();
     let runtime_root = runtime_layout(root.path());
 
@@ -436,7 +385,7 @@ async fn an_envoyproxy_ratelimit_deployment_switches_by_changing_the_image() {
         ("RUNTIME_IGNOREDOTFILES", "true"),
         ("RUNTIME_WATCH_ROOT", "false"),
         ("REDIS_SOCKET_TYPE", "tcp"),
-        ("REDIS_URL", &format!("127.0.0.1:{}", redis.port)),
+        ("REDIS_URL", &redis.addr()),
         ("REDIS_TYPE", "SINGLE"),
         ("REDIS_POOL_SIZE", "10"),
         ("GRPC_HOST", "127.0.0.1"),
@@ -513,11 +462,11 @@ async fn an_envoyproxy_ratelimit_deployment_switches_by_changing_the_image() {
     assert_eq!(r.overall_code, OK);
 
     // The buckets live in the deployment's Redis, under CACHE_KEY_PREFIX.
-    let keys = redis.cli(&["--scan", "--pattern", "ratelimit:*"]);
+    let keys: Vec<String> = redis.cmd(&["KEYS", "ratelimit:*"]);
     assert!(
-        keys.lines()
+        keys.iter()
             .any(|k| k == "ratelimit:{mongo_cps|database=default}"),
-        "{keys}"
+        "{keys:?}"
     );
 
     // envoyproxy/ratelimit's health check path on PORT; the config came from the runtime dir.
