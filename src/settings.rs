@@ -178,6 +178,9 @@ pub struct Settings {
 
     #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+
+    #[command(flatten)]
+    pub security: crate::security::SecurityArgs,
 }
 
 impl Settings {
