@@ -579,3 +579,148 @@ where
         Either::Left(self.inner.call(request))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use rcgen::{CertificateParams, KeyPair};
+
+    use super::*;
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn allow_list_matching() {
+        let none = |_: IpAddr| false;
+        assert!(
+            AllowList::default().permits(&[], none),
+            "empty list: anyone"
+        );
+        let list = AllowList::new(names(&[
+            " spiffe://td/ns/a/sa/envoy ",
+            "API.example.com",
+            "spiffe://td/ns/b/*",
+            "",
+            "192.0.2.7",
+        ]));
+        assert!(!list.is_empty());
+        assert!(list.permits(&names(&["spiffe://td/ns/a/sa/envoy"]), none));
+        assert!(list.permits(&names(&["x", "api.EXAMPLE.com"]), none));
+        assert!(list.permits(&names(&["spiffe://td/ns/b/sa/anything"]), none));
+        assert!(list.permits(&names(&["spiffe://td/ns/b/"]), none));
+        assert!(!list.permits(&names(&["spiffe://td/ns/a/sa/envoy2"]), none));
+        assert!(!list.permits(&names(&["spiffe://td/ns/bb/sa/x"]), none));
+        assert!(!list.permits(&names(&["sub.api.example.com"]), none));
+        assert!(!list.permits(&[], none));
+        assert!(
+            !list.permits(&names(&["192.0.2.7"]), none),
+            "IP patterns need an IP SAN"
+        );
+        assert!(list.permits(&[], |ip| ip == "192.0.2.7".parse::<IpAddr>().unwrap()));
+        // Multi-byte text never splits inside a character.
+        assert!(!list.permits(&names(&["spiffe://td/ns/é"]), none));
+        let star = AllowList::new(names(&["*"]));
+        assert!(star.permits(&names(&["anything"]), none));
+        assert!(!star.permits(&[], none), "`*` still needs some name");
+    }
+
+    struct Material {
+        dir: tempfile::TempDir,
+        settings: TlsSettings,
+    }
+
+    fn pair() -> (String, String) {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    fn material() -> Material {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = pair();
+        std::fs::write(dir.path().join("c.pem"), cert).unwrap();
+        std::fs::write(dir.path().join("k.pem"), key).unwrap();
+        let settings = TlsSettings {
+            cert: dir.path().join("c.pem"),
+            key: dir.path().join("k.pem"),
+            client_ca: None,
+            allowed: AllowList::default(),
+            reload_interval: Duration::from_secs(1),
+            handshake_timeout: Duration::from_secs(1),
+        };
+        Material { dir, settings }
+    }
+
+    #[test]
+    fn reload_installs_only_changed_valid_sets() {
+        let m = material();
+        let state = TlsState::load(m.settings.clone()).unwrap();
+        let first = state.config.load_full();
+        assert!(matches!(state.reload(), Reload::Unchanged));
+
+        // A new certificate with the old key: rejected, the old config stays, and the same bad
+        // contents are not retried.
+        let (cert, key) = pair();
+        std::fs::write(&m.settings.cert, &cert).unwrap();
+        assert!(matches!(
+            state.reload(),
+            Reload::Rejected(TlsError::Rustls(_))
+        ));
+        assert!(Arc::ptr_eq(&first, &state.config.load_full()));
+        assert!(matches!(state.reload(), Reload::Unchanged));
+
+        std::fs::write(&m.settings.key, &key).unwrap();
+        assert!(matches!(state.reload(), Reload::Installed));
+        let second = state.config.load_full();
+        assert!(!Arc::ptr_eq(&first, &second));
+        assert_eq!(second.alpn_protocols, [b"h2".to_vec()]);
+
+        // A file missing mid-rotation is an error each time, never a config without it.
+        std::fs::remove_file(&m.settings.key).unwrap();
+        assert!(matches!(
+            state.reload(),
+            Reload::Rejected(TlsError::Read { .. })
+        ));
+        assert!(Arc::ptr_eq(&second, &state.config.load_full()));
+        std::fs::write(&m.settings.key, &key).unwrap();
+        assert!(matches!(state.reload(), Reload::Unchanged));
+
+        std::fs::write(&m.settings.cert, "not a certificate").unwrap();
+        assert!(matches!(
+            state.reload(),
+            Reload::Rejected(TlsError::Pem { .. })
+        ));
+        assert!(Arc::ptr_eq(&second, &state.config.load_full()));
+        drop(m.dir);
+    }
+
+    #[test]
+    fn load_rejects_bad_material_naming_the_file() {
+        let m = material();
+        let mut bad_ca = m.settings.clone();
+        let ca = m.dir.path().join("ca.pem");
+        std::fs::write(
+            &ca,
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        bad_ca.client_ca = Some(ca);
+        let err = TlsState::load(bad_ca).unwrap_err().to_string();
+        assert!(err.contains("ca.pem"), "{err}");
+
+        let mut empty_key = m.settings.clone();
+        std::fs::write(m.dir.path().join("empty"), "").unwrap();
+        empty_key.key = m.dir.path().join("empty");
+        let err = TlsState::load(empty_key).unwrap_err().to_string();
+        assert!(err.contains("empty"), "{err}");
+
+        let mut client_ca = m.settings.clone();
+        client_ca.client_ca = Some(m.settings.cert.clone());
+        let state = TlsState::load(client_ca).unwrap();
+        assert!(!state.enforces_allow_list());
+    }
+}
