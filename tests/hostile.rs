@@ -129,7 +129,7 @@ async fn messages_above_the_transport_ceiling_are_refused_before_decoding() {
     let value = "x".repeat(1 << 16);
     let huge = req(
         "edge",
-        (0..(9 * MIB >> 16))
+        (0..((9 * MIB) >> 16))
             .map(|_| desc(&[("tenant", &value)]))
             .collect(),
     );

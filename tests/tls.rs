@@ -369,3 +369,48 @@ fn request(addr: std::net::SocketAddr, method: &str, path: &str) -> u16 {
         .and_then(|s| s.parse().ok())
         .unwrap_or(0)
 }
+
+#[tokio::test]
+async fn silent_clients_neither_block_others_nor_stay_connected() {
+    use tokio::io::AsyncReadExt;
+    let ca = Ca::new("CA");
+    let files = Files::new(&ca.issue(&["localhost"]), &ca);
+    let running = start(&files, |s| {
+        s.security.tls.tls_handshake_timeout = Duration::from_millis(200);
+    })
+    .await;
+    // Connections that never say a word, and one that sends garbage instead of a ClientHello.
+    let mut silent = Vec::new();
+    for _ in 0..20 {
+        silent.push(
+            tokio::net::TcpStream::connect(running.grpc_addr)
+                .await
+                .unwrap(),
+        );
+    }
+    let mut garbage = tokio::net::TcpStream::connect(running.grpc_addr)
+        .await
+        .unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut garbage, b"GET / HTTP/1.1\r\n\r\n")
+        .await
+        .unwrap();
+    // Others are served meanwhile.
+    assert_eq!(call_tls(&running, &ca, None).await.unwrap(), OK);
+    // The server hangs up on each of them once the handshake deadline passes.
+    silent.push(garbage);
+    for mut conn in silent {
+        let mut buf = [0u8; 64];
+        let closed = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                match conn.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => continue,
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "the server closed the connection");
+    }
+    assert_eq!(call_tls(&running, &ca, None).await.unwrap(), OK);
+    running.shutdown().await.unwrap();
+}
