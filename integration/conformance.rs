@@ -457,6 +457,7 @@ async fn redis_script_matches_pure_algorithm() {
                 .map(|(key, demand)| Hit {
                     key: key.clone(),
                     demand: *demand,
+                    rule: None,
                 })
                 .collect();
             let expected = token_bucket::decide(now, &demands, &mut model);

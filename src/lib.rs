@@ -21,6 +21,7 @@
 //! - [`admin`]: HTTP admin — health, readiness, active config.
 //! - [`telemetry`]: logging setup (stderr, text or JSON).
 //! - [`cli`]: the `check-config` subcommand's output and exit code.
+//! - [`security`]: TLS/mTLS, caller policy, HTTP/2 limits, strict request decoding.
 //! - [`settings`]: CLI flags and environment → [`settings::Settings`].
 //! - [`server`]: `run(settings, shutdown)` — wires the pieces and serves.
 //! - [`xds`]: config pushed by an xDS management server (ADS), validated like files.
@@ -38,6 +39,7 @@ pub mod key;
 pub mod limiter;
 pub mod request;
 pub mod rule;
+pub mod security;
 pub mod server;
 pub mod service;
 pub mod settings;

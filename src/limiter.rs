@@ -13,7 +13,7 @@ use crate::backend::{Backend, BackendError, Hit};
 use crate::config::{Config, Domain};
 use crate::key::{RuleTag, write_bucket_key};
 use crate::request::{LimitRequest, RequestDescriptor};
-use crate::rule::{FailureMode, Limit, RateLimit, Rule, Unit};
+use crate::rule::{FailureMode, Limit, RateLimit, Rule, RuleId, Unit};
 
 /// The outcome of one descriptor, or of the whole request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -230,7 +230,8 @@ impl<B: Backend> Limiter<B> {
                         refund: descriptor.is_negative_hits,
                         shadow: target.shadow,
                     };
-                    target.hit = merge_hit(&mut hits, &mut hit_index, key, demand);
+                    let rule = target.rule.as_ref().map(|r| r.id);
+                    target.hit = merge_hit(&mut hits, &mut hit_index, key, demand, rule);
                     statuses.push(None);
                     targets.push(Some(target));
                 }
@@ -357,6 +358,7 @@ fn merge_hit(
     index: &mut HashMap<String, usize>,
     key: String,
     demand: Demand,
+    rule: Option<RuleId>,
 ) -> usize {
     if let Some(&i) = index.get(&key) {
         let prior = &mut hits[i].demand;
@@ -374,7 +376,7 @@ fn merge_hit(
         return i;
     }
     index.insert(key.clone(), hits.len());
-    hits.push(Hit { key, demand });
+    hits.push(Hit { key, demand, rule });
     hits.len() - 1
 }
 

@@ -9,7 +9,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::admin::{self, AdminState, Readiness};
 use crate::backend::Backend;
@@ -18,6 +17,8 @@ use crate::backend::redis::{RedisBackend, RedisMode, RedisOptions};
 use crate::clock::MonotonicClock;
 use crate::config::{self, Config, ConfigErrors, ConfigStore};
 use crate::limiter::{Limiter, LimiterOptions};
+use crate::security::tls::{AuthorizeLayer, GrpcIncoming, TlsState};
+use crate::security::wire::RateLimitServer;
 use crate::service::{HeaderOptions, RateLimitGrpc, RequestBounds};
 use crate::settings::{BackendKind, RedisModeArg, Settings};
 use crate::xds::{self, ConfigSource};
@@ -49,6 +50,8 @@ pub struct Running {
     pub admin_addr: SocketAddr,
     pub readiness: Arc<Readiness>,
     pub config: Arc<ConfigStore>,
+    /// The embedded backend, when it is the one serving (tests watch its bounds).
+    pub memory_backend: Option<Arc<MemoryBackend>>,
     stop: watch::Sender<bool>,
     task: JoinHandle<Result<(), ServeError>>,
 }
@@ -113,15 +116,22 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
                 Arc::new(MonotonicClock::new()),
                 MemoryOptions {
                     max_buckets: settings.memory_max_buckets,
+                    max_buckets_per_rule: settings
+                        .security
+                        .memory_max_buckets_per_rule
+                        .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
                     ..MemoryOptions::default()
                 },
             ));
             let sweeper = backend.spawn_sweeper(Duration::from_secs(1));
-            let running = serve(settings, config, backend, config_loaded).await;
+            let running = serve(settings, config, backend.clone(), config_loaded).await;
             if running.is_err() {
                 sweeper.abort();
             }
-            running
+            running.map(|mut r| {
+                r.memory_backend = Some(backend);
+                r
+            })
         }
         BackendKind::Redis => {
             let backend = RedisBackend::connect(redis_options(&settings))
@@ -158,6 +168,10 @@ async fn serve<B: Backend>(
     backend: B,
     config_loaded: bool,
 ) -> Result<Running, ServeError> {
+    let tls = match settings.security.tls.settings() {
+        None => None,
+        Some(tls) => Some(TlsState::load(tls).map_err(|e| ServeError::Setting(e.to_string()))?),
+    };
     let readiness = Arc::new(Readiness::default());
     readiness.set_config_loaded(config_loaded);
     readiness.set_backend_ready(backend.probe().await.is_ok());
@@ -178,6 +192,7 @@ async fn serve<B: Backend>(
             max_entries: settings.max_entries,
             max_key_bytes: settings.max_key_bytes,
             max_value_bytes: settings.max_value_bytes,
+            policy: settings.security.callers.policy(),
         },
         HeaderOptions {
             enabled: settings.response_headers,
@@ -225,8 +240,14 @@ async fn serve<B: Backend>(
         }
     });
 
-    let rls =
-        RateLimitServiceServer::new(service).max_decoding_message_size(TRANSPORT_MAX_MESSAGE_BYTES);
+    let rls = RateLimitServer::new(service).max_decoding_message_size(TRANSPORT_MAX_MESSAGE_BYTES);
+    let mut grpc_server = settings.security.http2.server().layer(AuthorizeLayer::new(
+        tls.as_ref().is_some_and(|t| t.enforces_allow_list()),
+    ));
+    if let Some(tls) = &tls {
+        tls.spawn_reloader();
+    }
+    let incoming = GrpcIncoming::new(grpc_listener, tls);
     let drain = settings.drain_timeout;
     let drain_readiness = readiness.clone();
     let mut grpc_stop = stop_rx.clone();
@@ -242,13 +263,10 @@ async fn serve<B: Backend>(
                 .await;
             tracing::info!("shutting down: no new connections, draining in-flight calls");
         };
-        let server = tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-            .tcp_nodelay(true)
+        let server = grpc_server
             .add_service(health_service)
             .add_service(rls)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), shutdown);
+            .serve_with_incoming_shutdown(incoming, shutdown);
         let mut drain_stop = stop_rx.clone();
         let result = tokio::select! {
             r = server => r.map_err(ServeError::from),
@@ -269,6 +287,7 @@ async fn serve<B: Backend>(
         admin_addr,
         readiness,
         config,
+        memory_backend: None,
         stop: stop_tx,
         task,
     })

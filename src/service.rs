@@ -19,6 +19,7 @@ use crate::backend::{Backend, BackendError};
 use crate::limiter::{Code, Decision, LimitError, Limiter, Status};
 use crate::request::{Entry, LimitOverride, LimitRequest, RequestDescriptor};
 use crate::rule::Unit;
+use crate::security::CallerPolicy;
 
 /// Size bounds on incoming requests; anything larger is `INVALID_ARGUMENT`.
 #[derive(Clone, Debug)]
@@ -28,6 +29,8 @@ pub struct RequestBounds {
     pub max_entries: usize,
     pub max_key_bytes: usize,
     pub max_value_bytes: usize,
+    /// What untrusted callers may not decide (applied before validation).
+    pub policy: CallerPolicy,
 }
 
 impl Default for RequestBounds {
@@ -38,6 +41,7 @@ impl Default for RequestBounds {
             max_entries: 32,
             max_key_bytes: 256,
             max_value_bytes: 4096,
+            policy: CallerPolicy::default(),
         }
     }
 }
@@ -99,7 +103,7 @@ impl<B: Backend> RateLimitService for RateLimitGrpc<B> {
 
 /// Validates a protobuf request and converts it. Every error names the offending field.
 pub fn to_limit_request(
-    request: RateLimitRequest,
+    mut request: RateLimitRequest,
     bounds: &RequestBounds,
 ) -> Result<LimitRequest, GrpcStatus> {
     let size = request.encoded_len();
@@ -109,6 +113,7 @@ pub fn to_limit_request(
             bounds.max_message_bytes
         )));
     }
+    bounds.policy.apply(&mut request);
     if request.domain.is_empty() {
         return Err(invalid("domain: must not be empty".into()));
     }

@@ -184,6 +184,9 @@ pub struct Settings {
 
     #[command(flatten)]
     pub xds: crate::xds::XdsArgs,
+
+    #[command(flatten)]
+    pub security: crate::security::SecurityArgs,
 }
 
 impl Settings {

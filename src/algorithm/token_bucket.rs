@@ -475,6 +475,70 @@ mod tests {
             }
         }
 
+        /// One request over several buckets: either every non-shadow bucket can pay and each
+        /// paying bucket loses exactly its tokens, or nothing is taken anywhere; refunds apply
+        /// either way, capped at capacity.
+        #[test]
+        fn requests_are_all_or_nothing(
+            buckets in prop::collection::vec(
+                (any_params(), 0.0f64..=1.0, 0u64..1_500, any::<bool>(), any::<bool>()),
+                1..6,
+            ),
+            dt in 0u64..10_000,
+        ) {
+            let now = 1_000_000 + dt;
+            let demands: Vec<Demand> = buckets
+                .iter()
+                .map(|&(p, _, tokens, refund, shadow)| Demand { params: p, tokens, refund, shadow })
+                .collect();
+            let mut states: Vec<Option<BucketState>> = buckets
+                .iter()
+                .map(|&(p, fill, ..)| at(fill * p.capacity as f64, 1_000_000))
+                .collect();
+            let before: Vec<f64> = states
+                .iter()
+                .zip(&demands)
+                .map(|(s, d)| refill(*s, now, &d.params).0)
+                .collect();
+            let verdicts = decide(now, &demands, &mut states);
+            let fits = |i: usize| demands[i].refund || before[i] >= demands[i].tokens.max(1) as f64;
+            let request_allowed = (0..demands.len()).all(|i| demands[i].shadow || fits(i));
+            for (i, (d, v)) in demands.iter().zip(&verdicts).enumerate() {
+                prop_assert_eq!(v.allowed, fits(i));
+                let after = states[i].unwrap().tokens;
+                let capacity = d.params.capacity as f64;
+                let expected = if d.refund {
+                    (before[i] + d.tokens as f64).min(capacity)
+                } else if request_allowed && fits(i) {
+                    before[i] - d.tokens as f64
+                } else {
+                    before[i]
+                };
+                prop_assert_eq!(after, expected, "bucket {} of {:?}", i, demands);
+            }
+        }
+
+        /// A rejected demand that can ever fit fits after exactly `retry_after_ms`, not before.
+        #[test]
+        fn retry_after_is_the_exact_wait(
+            p in any_params(),
+            fill in 0.0f64..=1.0,
+            tokens in 0u64..1_000,
+        ) {
+            let start = at(fill * p.capacity as f64, 5_000);
+            let (v, s) = decide_one(5_000, take(p, tokens), start);
+            prop_assume!(!v.allowed);
+            let need = tokens.max(1) as f64;
+            match v.retry_after_ms {
+                None => prop_assert!(need > p.capacity as f64),
+                Some(wait) => {
+                    prop_assert!(wait > 0);
+                    prop_assert!(refill(Some(s), 5_000 + wait, &p).0 >= need, "wait {wait} too short");
+                    prop_assert!(refill(Some(s), 5_000 + wait - 1, &p).0 < need, "wait {wait} too long");
+                }
+            }
+        }
+
         #[test]
         fn bucket_is_full_once_until_full_has_elapsed(
             p in any_params(),

@@ -10,18 +10,25 @@
 //! from a missing bucket (a missing bucket is full), so it is treated as missing on lookup and may
 //! be dropped at any time: by [`MemoryBackend::sweep`], by the sweeper task, or when a shard needs
 //! room. A request that leaves its bucket full stores nothing at all.
+//!
+//! With [`MemoryOptions::max_buckets_per_rule`], each rule (the [`Hit::rule`] that created a
+//! bucket) may hold only so many buckets: a new bucket of a rule at its bound evicts one of that
+//! rule's own buckets, so a flood of distinct values reaching one rule (spoofed client
+//! addresses, random header values) cannot evict the buckets of any other rule.
 
+use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::future::Future;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use indexmap::IndexMap;
+use indexmap::{IndexMap, IndexSet};
 
 use crate::algorithm::{BucketState, Demand, Verdict, token_bucket};
 use crate::backend::{Backend, BackendError, Hit};
 use crate::clock::SharedClock;
+use crate::rule::RuleId;
 
 /// Buckets looked at when a shard must evict one that is not yet full again.
 const EVICTION_SAMPLE: usize = 8;
@@ -34,6 +41,10 @@ pub struct MemoryOptions {
     pub max_buckets: usize,
     /// Number of independently locked maps; capped at `max_buckets`, at least 1.
     pub shards: usize,
+    /// Upper bound on stored buckets of one rule; `None`: only `max_buckets` applies. Split
+    /// across shards like `max_buckets`, with at least one per shard (so the effective bound is
+    /// at least the shard count).
+    pub max_buckets_per_rule: Option<usize>,
 }
 
 impl Default for MemoryOptions {
@@ -41,6 +52,7 @@ impl Default for MemoryOptions {
         MemoryOptions {
             max_buckets: 1_000_000,
             shards: 64,
+            max_buckets_per_rule: None,
         }
     }
 }
@@ -51,6 +63,8 @@ struct Slot {
     state: BucketState,
     /// From this time on the bucket is full again (`updated + until_full`).
     full_at_ms: u64,
+    /// The rule that created the bucket.
+    rule: Option<RuleId>,
 }
 
 struct Shard {
@@ -60,14 +74,91 @@ struct Shard {
     /// No bucket here is full again before this time (a lower bound: updates may raise the true
     /// minimum), so a shard at capacity skips its O(n) sweep when nothing could be swept.
     earliest_full_ms: u64,
+    /// This shard's share of `max_buckets_per_rule`, if set.
+    rule_capacity: Option<usize>,
+    /// Positions in `buckets` of each rule's buckets (kept only with a `rule_capacity`), so a
+    /// rule at its bound finds a victim among its own buckets in O(1).
+    members: HashMap<Option<RuleId>, IndexSet<usize>>,
 }
 
 impl Shard {
-    fn new(capacity: usize) -> Self {
+    fn new(capacity: usize, rule_capacity: Option<usize>) -> Self {
         Shard {
             buckets: IndexMap::new(),
             capacity,
             earliest_full_ms: u64::MAX,
+            rule_capacity,
+            members: HashMap::new(),
+        }
+    }
+
+    /// Removes the bucket at `index`; the last bucket moves into its place.
+    fn remove_at(&mut self, index: usize) {
+        let last = self.buckets.len() - 1;
+        let Some((_, removed)) = self.buckets.swap_remove_index(index) else {
+            return;
+        };
+        if self.rule_capacity.is_none() {
+            return;
+        }
+        if let Some(set) = self.members.get_mut(&removed.rule) {
+            set.swap_remove(&index);
+            if set.is_empty() {
+                self.members.remove(&removed.rule);
+            }
+        }
+        if index != last {
+            let moved = self.buckets[index].rule;
+            if let Some(set) = self.members.get_mut(&moved) {
+                set.swap_remove(&last);
+                set.insert(index);
+            }
+        }
+    }
+
+    fn rebuild_members(&mut self) {
+        if self.rule_capacity.is_none() {
+            return;
+        }
+        self.members.clear();
+        for (index, slot) in self.buckets.values().enumerate() {
+            self.members.entry(slot.rule).or_default().insert(index);
+        }
+    }
+
+    /// Frees a place for one more bucket of `rule` if it is at its bound, by evicting the one of
+    /// its buckets closest to full (sampled). False when every candidate belongs to `request`.
+    fn make_room_for_rule(&mut self, rule: Option<RuleId>, request: &[Hit]) -> bool {
+        let Some(cap) = self.rule_capacity else {
+            return true;
+        };
+        let Some(set) = self.members.get(&rule) else {
+            return true;
+        };
+        if set.len() < cap {
+            return true;
+        }
+        let len = set.len();
+        let sampled = len > EVICTION_SAMPLE;
+        let victim = (0..len.min(EVICTION_SAMPLE))
+            .map(|i| {
+                if sampled {
+                    rand::random_range(0..len)
+                } else {
+                    i
+                }
+            })
+            .filter_map(|i| set.get_index(i).copied())
+            .filter_map(|pos| self.buckets.get_index(pos).map(|(k, s)| (pos, k, s)))
+            .filter(|(_, k, _)| !request.iter().any(|hit| hit.key == **k))
+            .min_by_key(|(_, _, slot)| slot.full_at_ms)
+            .map(|(pos, _, _)| pos);
+        match victim {
+            Some(pos) => {
+                self.remove_at(pos);
+                true
+            }
+            None => false,
         }
     }
 
@@ -85,17 +176,26 @@ impl Shard {
         let full = slot.full_at_ms <= now_ms;
         if let Some((index, _, stored)) = self.buckets.get_full_mut(key) {
             if full {
-                self.buckets.swap_remove_index(index);
+                self.remove_at(index);
             } else {
-                *stored = slot;
+                // The bucket stays counted under the rule that created it.
+                *stored = Slot {
+                    rule: stored.rule,
+                    ..slot
+                };
                 self.earliest_full_ms = self.earliest_full_ms.min(slot.full_at_ms);
             }
             return;
         }
-        if full || !self.make_room(now_ms, request) {
+        if full || !self.make_room_for_rule(slot.rule, request) || !self.make_room(now_ms, request)
+        {
             return;
         }
+        let index = self.buckets.len();
         self.buckets.insert(key.to_owned(), slot);
+        if self.rule_capacity.is_some() {
+            self.members.entry(slot.rule).or_default().insert(index);
+        }
         self.earliest_full_ms = self.earliest_full_ms.min(slot.full_at_ms);
     }
 
@@ -131,7 +231,7 @@ impl Shard {
             .map(|(i, _, _)| i);
         match victim {
             Some(i) => {
-                self.buckets.swap_remove_index(i);
+                self.remove_at(i);
                 true
             }
             None => false,
@@ -153,7 +253,11 @@ impl Shard {
             live
         });
         self.earliest_full_ms = earliest;
-        before - self.buckets.len()
+        let swept = before - self.buckets.len();
+        if swept > 0 {
+            self.rebuild_members();
+        }
+        swept
     }
 }
 
@@ -170,9 +274,12 @@ impl MemoryBackend {
     pub fn new(clock: SharedClock, opts: MemoryOptions) -> Self {
         let max_buckets = opts.max_buckets.max(1);
         let count = opts.shards.clamp(1, max_buckets);
-        let (share, extra) = (max_buckets / count, max_buckets % count);
+        let split = |total: usize, i: usize| total / count + usize::from(i < total % count);
         let shards = (0..count)
-            .map(|i| Mutex::new(Shard::new(share + usize::from(i < extra))))
+            .map(|i| {
+                let rule_capacity = opts.max_buckets_per_rule.map(|cap| split(cap, i).max(1));
+                Mutex::new(Shard::new(split(max_buckets, i), rule_capacity))
+            })
             .collect();
         MemoryBackend {
             clock,
@@ -270,6 +377,7 @@ impl MemoryBackend {
             let slot = Slot {
                 state,
                 full_at_ms: state.updated_ms.saturating_add(verdict.until_full_ms),
+                rule: hit.rule,
             };
             guards[guard_of(s)].store(&hit.key, slot, now_ms, hits);
         }
@@ -324,6 +432,7 @@ mod tests {
         MemoryOptions {
             max_buckets,
             shards,
+            max_buckets_per_rule: None,
         }
     }
 
@@ -542,6 +651,128 @@ mod tests {
                 assert!(tiny.live_buckets() <= max);
             }
         }
+    }
+
+    fn ruled(key: &str, rule: u32, tokens: u64) -> Hit {
+        let mut hit = Hit::new(key, TEN, tokens);
+        hit.rule = Some(RuleId(rule));
+        hit
+    }
+
+    /// Buckets stored per rule, and a check that the per-rule index matches the maps.
+    fn per_rule(b: &MemoryBackend) -> HashMap<Option<RuleId>, usize> {
+        let mut counts = HashMap::new();
+        for shard in b.shards.iter() {
+            let shard = lock(shard);
+            let mut expected: HashMap<Option<RuleId>, IndexSet<usize>> = HashMap::new();
+            for (i, slot) in shard.buckets.values().enumerate() {
+                expected.entry(slot.rule).or_default().insert(i);
+                *counts.entry(slot.rule).or_insert(0) += 1;
+            }
+            if shard.rule_capacity.is_some() {
+                assert_eq!(shard.members.len(), expected.len());
+                for (rule, set) in &expected {
+                    let mut have: Vec<usize> = shard.members[rule].iter().copied().collect();
+                    let mut want: Vec<usize> = set.iter().copied().collect();
+                    have.sort_unstable();
+                    want.sort_unstable();
+                    assert_eq!(have, want, "positions of {rule:?}");
+                }
+            } else {
+                assert!(shard.members.is_empty());
+            }
+        }
+        counts
+    }
+
+    #[tokio::test]
+    async fn a_flooded_rule_evicts_only_its_own_buckets() {
+        let (b, _clock) = backend(MemoryOptions {
+            max_buckets_per_rule: Some(5),
+            ..small(100, 1)
+        });
+        for key in ["b1", "b2", "b3"] {
+            check(&b, &[ruled(key, 2, 4)]).await;
+        }
+        for i in 0..200 {
+            let v = check(&b, &[ruled(&format!("flood-{i}"), 1, 1 + i % 9)]).await;
+            assert!(v[0].allowed);
+            let counts = per_rule(&b);
+            assert!(counts[&Some(RuleId(1))] <= 5);
+        }
+        let counts = per_rule(&b);
+        assert_eq!(counts[&Some(RuleId(1))], 5);
+        assert_eq!(counts[&Some(RuleId(2))], 3);
+        for key in ["b1", "b2", "b3"] {
+            let mut probe = ruled(key, 2, 0);
+            probe.demand.tokens = 0;
+            assert_eq!(
+                check(&b, &[probe]).await[0].remaining,
+                6,
+                "{key} kept its state"
+            );
+        }
+        // Without a per-rule bound the same flood pushes the other rule out.
+        let (b, _clock) = backend(small(100, 1));
+        for key in ["b1", "b2", "b3"] {
+            check(&b, &[ruled(key, 2, 4)]).await;
+        }
+        for i in 0..2_000 {
+            check(&b, &[ruled(&format!("flood-{i}"), 1, 9)]).await;
+        }
+        assert_eq!(per_rule(&b).get(&Some(RuleId(2))), None);
+    }
+
+    #[tokio::test]
+    async fn per_rule_bound_is_split_across_shards_and_index_stays_consistent() {
+        let (b, clock) = backend(MemoryOptions {
+            max_buckets_per_rule: Some(40),
+            ..small(1_000, 8)
+        });
+        for round in 0..3u64 {
+            for i in 0..600u64 {
+                let rule = (i % 3) as u32;
+                let hits = [
+                    ruled(&format!("r{round}-{i}"), rule, 1 + i % 10),
+                    ruled(&format!("shared-{}", i % 7), 9, 1),
+                ];
+                check(&b, &hits).await;
+                if i % 50 == 0 {
+                    clock.advance(37);
+                    b.sweep();
+                }
+            }
+            // Time stands still: every shard's share of every rule fills up.
+            for i in 0..900u64 {
+                check(
+                    &b,
+                    &[ruled(&format!("still{round}-{i}"), (i % 3) as u32, 5)],
+                )
+                .await;
+            }
+            let counts = per_rule(&b);
+            for rule in 0..3 {
+                assert_eq!(
+                    counts[&Some(RuleId(rule))],
+                    40,
+                    "rule {rule}, round {round}"
+                );
+            }
+            assert!(b.live_buckets() <= 1_000);
+            clock.advance(400);
+        }
+        clock.advance(10_000);
+        b.sweep();
+        assert!(per_rule(&b).is_empty());
+        // Fewer allowed buckets than shards: one per shard still.
+        let (tiny, _) = backend(MemoryOptions {
+            max_buckets_per_rule: Some(2),
+            ..small(1_000, 8)
+        });
+        for i in 0..500 {
+            check(&tiny, &[ruled(&format!("k{i}"), 1, 5)]).await;
+        }
+        assert_eq!(per_rule(&tiny)[&Some(RuleId(1))], 8);
     }
 
     /// Many tasks on one key, with the clock moving: the bucket never grants more than its

@@ -10,6 +10,7 @@ pub mod redis;
 use std::future::Future;
 
 use crate::algorithm::{BucketParams, Demand, Verdict};
+use crate::rule::RuleId;
 
 /// One bucket touched by a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -17,6 +18,9 @@ pub struct Hit {
     /// Full storage key from [`crate::key`]; distinct within one call.
     pub key: String,
     pub demand: Demand,
+    /// The rule the bucket belongs to (`None`: a `limit` override where no rule matched), so the
+    /// memory backend can bound buckets per rule. Not part of the bucket's identity.
+    pub rule: Option<RuleId>,
 }
 
 impl Hit {
@@ -29,6 +33,7 @@ impl Hit {
                 refund: false,
                 shadow: false,
             },
+            rule: None,
         }
     }
 }

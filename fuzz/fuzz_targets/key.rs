@@ -1,0 +1,141 @@
+//! Bucket keys: every key parses back into its inputs (so distinct inputs give distinct keys),
+//! the hash tag covers exactly the domain and first entry, and two inputs share a key only if
+//! they are equal.
+#![no_main]
+
+use libfuzzer_sys::arbitrary::{self, Arbitrary};
+use libfuzzer_sys::fuzz_target;
+use sluice::key::{RuleTag, bucket_key, hash_tag, slot};
+use sluice::request::{Entry, LimitOverride};
+use sluice::rule::Unit;
+
+#[derive(Arbitrary, Debug, Clone, PartialEq, Eq)]
+struct KeyInput {
+    domain: String,
+    entries: Vec<(String, String)>,
+    override_rate: Option<(u32, u8)>,
+}
+
+impl KeyInput {
+    fn entries(&self) -> Vec<Entry> {
+        self.entries
+            .iter()
+            .map(|(k, v)| Entry::new(k.as_str(), v.as_str()))
+            .collect()
+    }
+
+    fn tag(&self) -> RuleTag {
+        match self.override_rate {
+            None => RuleTag::Configured,
+            Some((n, u)) => RuleTag::Override(LimitOverride {
+                requests_per_unit: n,
+                unit: Unit::ALL[usize::from(u) % Unit::ALL.len()],
+            }),
+        }
+    }
+
+    fn key(&self) -> String {
+        bucket_key(PREFIX, &self.domain, &self.entries(), self.tag())
+    }
+}
+
+const PREFIX: &str = "sl:";
+
+fn is_plain(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b".-_:/@+*".contains(&b)
+}
+
+/// Whether an encoded component stands for `raw`: its escaped spelling, or `#` and the SHA-1
+/// of `raw`.
+fn stands_for(encoded: &str, raw: &str) -> bool {
+    if let Some(digest) = encoded.strip_prefix('#') {
+        return digest == sha1_smol::Sha1::from(raw.as_bytes()).digest().to_string();
+    }
+    let b = encoded.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let Some(hex) = encoded.get(i + 1..i + 3) else {
+                return false;
+            };
+            let Ok(byte) = u8::from_str_radix(hex, 16) else {
+                return false;
+            };
+            if is_plain(byte) {
+                return false; // escaping is canonical
+            }
+            out.push(byte);
+            i += 3;
+        } else {
+            if !is_plain(b[i]) {
+                return false;
+            }
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out == raw.as_bytes()
+}
+
+/// Splits a key back into (domain, [(key, value)], tag) using only the separators.
+fn parse(key: &str) -> (&str, Vec<(&str, &str)>, Option<&str>) {
+    let rest = key.strip_prefix(PREFIX).expect("prefix");
+    let rest = rest.strip_prefix('{').expect("tag opens after the prefix");
+    let (inside, after) = rest.split_once('}').expect("tag closes");
+    let (body, tag) = match after.split_once('~') {
+        Some((body, tag)) => (body, Some(tag)),
+        None => (after, None),
+    };
+    let (domain, first) = inside.split_once('|').expect("domain separator");
+    let mut pairs = Vec::new();
+    if !first.is_empty() {
+        pairs.push(first.split_once('=').expect("pair separator"));
+    }
+    if !body.is_empty() {
+        let body = body.strip_prefix('|').expect("entry separator");
+        pairs.extend(body.split('|').map(|p| p.split_once('=').expect("pair separator")));
+    }
+    (domain, pairs, tag)
+}
+
+fn check_round_trip(input: &KeyInput) -> String {
+    let key = input.key();
+    assert!(key.is_ascii(), "{key:?}");
+    assert_eq!(key.matches('{').count(), 1, "{key:?}");
+    assert_eq!(key.matches('}').count(), 1, "{key:?}");
+    assert!(!key.bytes().any(|b| b.is_ascii_control() || b == b' '), "{key:?}");
+    let (domain, pairs, tag) = parse(&key);
+    assert!(stands_for(domain, &input.domain), "{key:?} vs {input:?}");
+    assert_eq!(pairs.len(), input.entries.len(), "{key:?}");
+    for ((k, v), (rk, rv)) in pairs.iter().zip(&input.entries) {
+        assert!(stands_for(k, rk), "{key:?} vs {input:?}");
+        assert!(stands_for(v, rv), "{key:?} vs {input:?}");
+    }
+    let expected_tag = match input.tag() {
+        RuleTag::Configured => None,
+        RuleTag::Override(o) => Some(format!("o{}/{}", o.requests_per_unit, o.unit)),
+    };
+    assert_eq!(tag.map(str::to_string), expected_tag, "{key:?}");
+    // The Cluster hash tag: the domain and first entry only.
+    let first_only = KeyInput {
+        entries: input.entries.iter().take(1).cloned().collect(),
+        override_rate: None,
+        ..input.clone()
+    };
+    let alone = first_only.key();
+    assert_eq!(hash_tag(&key), hash_tag(&alone));
+    assert_eq!(slot(&key), slot(&alone));
+    key
+}
+
+fuzz_target!(|pair: (KeyInput, KeyInput)| {
+    let (a, b) = pair;
+    let (ka, kb) = (check_round_trip(&a), check_round_trip(&b));
+    let meaning = |i: &KeyInput| (i.domain.clone(), i.entries.clone(), i.tag());
+    if meaning(&a) != meaning(&b) {
+        assert_ne!(ka, kb, "{a:?} and {b:?} share a key");
+    } else {
+        assert_eq!(ka, kb);
+    }
+});

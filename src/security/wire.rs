@@ -1,0 +1,327 @@
+//! The `RateLimitService` gRPC server with a stricter request decoder than the generated one.
+//!
+//! The generated server decodes with prost and answers any decode failure with INTERNAL, which
+//! blames the server for the caller's bytes — typically invalid UTF-8 in a string field, since
+//! Envoy copies header values into descriptor values. This server answers INVALID_ARGUMENT and
+//! names the field the way [`crate::service::to_limit_request`] does
+//! (`descriptors[2].entries[0].value: not valid UTF-8`). Otherwise it behaves exactly like
+//! `RateLimitServiceServer`, calling the same [`RateLimitService`] implementation.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, SERVICE_NAME,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use prost::Message;
+use prost::bytes::Buf;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codegen::{BoxFuture, StdError};
+use tonic::{Code, Status};
+
+/// gRPC path of the one method.
+pub const SHOULD_RATE_LIMIT_PATH: &str =
+    "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// Decodes a `RateLimitRequest`; a malformed one is INVALID_ARGUMENT naming the first field that
+/// is not valid UTF-8, or saying why the bytes are not a `RateLimitRequest` at all.
+pub fn decode_request(bytes: &[u8]) -> Result<RateLimitRequest, Status> {
+    RateLimitRequest::decode(bytes).map_err(|error| explain(bytes, error))
+}
+
+fn explain(bytes: &[u8], error: prost::DecodeError) -> Status {
+    if let Ok(raw) = RawRequest::decode(bytes)
+        && let Some(field) = raw.first_invalid_utf8()
+    {
+        return Status::invalid_argument(format!("{field}: not valid UTF-8"));
+    }
+    Status::invalid_argument(format!(
+        "message: not a valid envoy.service.ratelimit.v3.RateLimitRequest ({error})"
+    ))
+}
+
+/// `RateLimitRequest` with its string fields as bytes and every other field skipped, so it
+/// decodes wherever the real message fails on UTF-8 alone and shows where.
+#[derive(Clone, PartialEq, Message)]
+struct RawRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    domain: Vec<u8>,
+    #[prost(message, repeated, tag = "2")]
+    descriptors: Vec<RawDescriptor>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct RawDescriptor {
+    #[prost(message, repeated, tag = "1")]
+    entries: Vec<RawEntry>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct RawEntry {
+    #[prost(bytes = "vec", tag = "1")]
+    key: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    value: Vec<u8>,
+}
+
+impl RawRequest {
+    fn first_invalid_utf8(&self) -> Option<String> {
+        let bad = |b: &[u8]| std::str::from_utf8(b).is_err();
+        if bad(&self.domain) {
+            return Some("domain".into());
+        }
+        for (i, d) in self.descriptors.iter().enumerate() {
+            for (j, e) in d.entries.iter().enumerate() {
+                if bad(&e.key) {
+                    return Some(format!("descriptors[{i}].entries[{j}].key"));
+                }
+                if bad(&e.value) {
+                    return Some(format!("descriptors[{i}].entries[{j}].value"));
+                }
+            }
+        }
+        None
+    }
+}
+
+/// The codec of [`RateLimitServer`]: prost encoding, [`decode_request`] decoding.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StrictCodec;
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ResponseEncoder;
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RequestDecoder;
+
+impl Codec for StrictCodec {
+    type Encode = RateLimitResponse;
+    type Decode = RateLimitRequest;
+    type Encoder = ResponseEncoder;
+    type Decoder = RequestDecoder;
+
+    fn encoder(&mut self) -> ResponseEncoder {
+        ResponseEncoder
+    }
+
+    fn decoder(&mut self) -> RequestDecoder {
+        RequestDecoder
+    }
+}
+
+impl Encoder for ResponseEncoder {
+    type Item = RateLimitResponse;
+    type Error = Status;
+
+    fn encode(&mut self, item: RateLimitResponse, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        item.encode(dst)
+            .map_err(|e| Status::new(Code::Internal, format!("encoding the response: {e}")))
+    }
+}
+
+impl Decoder for RequestDecoder {
+    type Item = RateLimitRequest;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<RateLimitRequest>, Status> {
+        let len = src.remaining();
+        // tonic hands over one message in one contiguous buffer; copy only if it ever does not.
+        let decoded = if src.chunk().len() == len {
+            decode_request(src.chunk())
+        } else {
+            decode_request(&src.copy_to_bytes(len))
+        };
+        src.advance(src.remaining());
+        decoded.map(Some)
+    }
+}
+
+/// `envoy.service.ratelimit.v3.RateLimitService` over [`StrictCodec`]; a drop-in replacement
+/// for the generated `RateLimitServiceServer`.
+#[derive(Debug)]
+pub struct RateLimitServer<T> {
+    inner: Arc<T>,
+    max_decoding_message_size: Option<usize>,
+    max_encoding_message_size: Option<usize>,
+}
+
+impl<T> RateLimitServer<T> {
+    pub fn new(inner: T) -> Self {
+        Self::from_arc(Arc::new(inner))
+    }
+
+    pub fn from_arc(inner: Arc<T>) -> Self {
+        RateLimitServer {
+            inner,
+            max_decoding_message_size: None,
+            max_encoding_message_size: None,
+        }
+    }
+
+    /// Largest request tonic buffers (larger ones get OUT_OF_RANGE before decoding); default 4 MiB.
+    #[must_use]
+    pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+        self.max_decoding_message_size = Some(limit);
+        self
+    }
+
+    #[must_use]
+    pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+        self.max_encoding_message_size = Some(limit);
+        self
+    }
+}
+
+impl<T> Clone for RateLimitServer<T> {
+    fn clone(&self) -> Self {
+        RateLimitServer {
+            inner: Arc::clone(&self.inner),
+            max_decoding_message_size: self.max_decoding_message_size,
+            max_encoding_message_size: self.max_encoding_message_size,
+        }
+    }
+}
+
+impl<T> tonic::server::NamedService for RateLimitServer<T> {
+    const NAME: &'static str = SERVICE_NAME;
+}
+
+struct ShouldRateLimit<T>(Arc<T>);
+
+impl<T: RateLimitService> tonic::server::UnaryService<RateLimitRequest> for ShouldRateLimit<T> {
+    type Response = RateLimitResponse;
+    type Future = BoxFuture<tonic::Response<RateLimitResponse>, Status>;
+
+    fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
+        let inner = Arc::clone(&self.0);
+        Box::pin(async move { inner.should_rate_limit(request).await })
+    }
+}
+
+impl<T, B> tower_service::Service<http::Request<B>> for RateLimitServer<T>
+where
+    T: RateLimitService,
+    B: tonic::codegen::Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if request.uri().path() != SHOULD_RATE_LIMIT_PATH {
+            return Box::pin(async {
+                Ok(Status::unimplemented("unknown method of RateLimitService").into_http())
+            });
+        }
+        let method = ShouldRateLimit(Arc::clone(&self.inner));
+        let (max_decoding, max_encoding) = (
+            self.max_decoding_message_size,
+            self.max_encoding_message_size,
+        );
+        Box::pin(async move {
+            let mut grpc = tonic::server::Grpc::new(StrictCodec)
+                .apply_max_message_size_config(max_decoding, max_encoding);
+            Ok(grpc.unary(method, request).await)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+
+    use super::*;
+
+    fn request() -> RateLimitRequest {
+        let entry = |k: &str, v: &str| Entry {
+            key: k.into(),
+            value: v.into(),
+        };
+        RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: vec![
+                RateLimitDescriptor {
+                    entries: vec![entry("tenant", "acme")],
+                    ..Default::default()
+                },
+                RateLimitDescriptor {
+                    entries: vec![entry("tenant", "globex"), entry("route", "VALUE")],
+                    hits_addend: Some(envoy_types::pb::google::protobuf::UInt64Value { value: 3 }),
+                    is_negative_hits: true,
+                    ..Default::default()
+                },
+            ],
+            hits_addend: 7,
+        }
+    }
+
+    /// The encoded request with the first occurrence of `needle` replaced by `with` (same length).
+    fn patched(needle: &[u8], with: &[u8]) -> Vec<u8> {
+        assert_eq!(needle.len(), with.len());
+        let mut bytes = request().encode_to_vec();
+        let at = bytes
+            .windows(needle.len())
+            .position(|w| w == needle)
+            .expect("needle present");
+        bytes[at..at + with.len()].copy_from_slice(with);
+        bytes
+    }
+
+    fn message_of(bytes: &[u8]) -> String {
+        let status = decode_request(bytes).expect_err("rejected");
+        assert_eq!(status.code(), Code::InvalidArgument);
+        status.message().to_string()
+    }
+
+    #[test]
+    fn valid_requests_decode_unchanged() {
+        assert_eq!(
+            decode_request(&request().encode_to_vec()).unwrap(),
+            request()
+        );
+        assert_eq!(decode_request(&[]).unwrap(), RateLimitRequest::default());
+    }
+
+    #[test]
+    fn invalid_utf8_names_the_field() {
+        assert_eq!(
+            message_of(&patched(b"edge", b"ed\xffe")),
+            "domain: not valid UTF-8"
+        );
+        assert_eq!(
+            message_of(&patched(b"acme", b"\xc3\x28me")),
+            "descriptors[0].entries[0].value: not valid UTF-8"
+        );
+        assert_eq!(
+            message_of(&patched(b"route", b"ro\xed\xa0\x80")),
+            "descriptors[1].entries[1].key: not valid UTF-8",
+            "an encoded surrogate is not UTF-8"
+        );
+        assert_eq!(
+            message_of(&patched(b"VALUE", b"VAL\xf8\x88")),
+            "descriptors[1].entries[1].value: not valid UTF-8"
+        );
+    }
+
+    #[test]
+    fn malformed_protobuf_is_invalid_argument() {
+        let mut truncated = request().encode_to_vec();
+        truncated.truncate(truncated.len() - 3);
+        for bytes in [
+            truncated,
+            vec![0xff; 8],
+            vec![0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f],
+        ] {
+            let message = message_of(&bytes);
+            assert!(message.starts_with("message: not a valid"), "{message}");
+        }
+    }
+}

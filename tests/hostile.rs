@@ -1,0 +1,520 @@
+//! Hostile input through the real gRPC path: every case gets a defined answer (INVALID_ARGUMENT
+//! naming the field, or a decision), the server keeps serving others afterwards, and the memory
+//! backend stays within its bounds under a flood of distinct keys.
+
+mod common;
+
+use common::*;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use prost::Message;
+use prost::bytes::{Buf, BufMut};
+use sluice::security::wire::SHOULD_RATE_LIMIT_PATH;
+use tonic::Code;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+
+const CONFIG: &str = r#"
+domain: edge
+descriptors:
+  - key: tenant
+    rate_limit: {unit: day, requests_per_unit: 3}
+  - key: ip
+    rate_limit: {unit: day, requests_per_unit: 10}
+"#;
+
+const MIB: usize = 1024 * 1024;
+
+fn entry(key: &str, value: &str) -> Entry {
+    Entry {
+        key: key.into(),
+        value: value.into(),
+    }
+}
+
+/// The normal request every case is followed by: the server must still decide it.
+async fn still_serving(s: &mut TestServer) {
+    let r = s
+        .ok(req("edge", vec![desc(&[("tenant", "bystander")])]))
+        .await;
+    assert_eq!(r.statuses.len(), 1);
+    assert!(r.statuses[0].current_limit.is_some());
+}
+
+async fn rejected(s: &mut TestServer, request: RateLimitRequest, field: &str) {
+    let err = s.call(request).await.expect_err("rejected");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().starts_with(field),
+        "message `{}` should name `{field}`",
+        err.message()
+    );
+    still_serving(s).await;
+}
+
+#[tokio::test]
+async fn oversized_requests_get_invalid_argument_naming_the_bound() {
+    let mut s = TestServer::start(&[("edge.yaml", CONFIG)]).await;
+
+    let many_descriptors = || {
+        req(
+            "edge",
+            (0..10_000)
+                .map(|i| desc(&[("tenant", &i.to_string())]))
+                .collect(),
+        )
+    };
+    let many_entries = || {
+        let entries = (0..10_000).map(|i| entry(&format!("k{i}"), "v")).collect();
+        req(
+            "edge",
+            vec![RateLimitDescriptor {
+                entries,
+                ..Default::default()
+            }],
+        )
+    };
+    let mib_value = || req("edge", vec![desc(&[("tenant", &"v".repeat(MIB))])]);
+    let mib_key = || req("edge", vec![desc(&[(&"k".repeat(MIB), "v")])]);
+    let mib_domain = || req(&"d".repeat(MIB), vec![desc(&[("tenant", "v")])]);
+    let four_mib = || {
+        let value = "x".repeat(4000);
+        req(
+            "edge",
+            (0..4 * MIB)
+                .step_by(4000)
+                .map(|_| desc(&[("tenant", &value)]))
+                .collect(),
+        )
+    };
+    assert!(four_mib().encoded_len() > 4 * MIB);
+
+    // With the default bounds the message size is the first bound crossed.
+    for request in [
+        many_descriptors(),
+        many_entries(),
+        mib_value(),
+        mib_key(),
+        mib_domain(),
+        four_mib(),
+    ] {
+        rejected(&mut s, request, "message").await;
+    }
+    s.stop().await;
+
+    // With room for the message, each count and length bound names its field.
+    let mut s = TestServer::start_with(&[("edge.yaml", CONFIG)], |st| {
+        st.max_message_bytes = 6 * MIB;
+    })
+    .await;
+    rejected(&mut s, many_descriptors(), "descriptors:").await;
+    rejected(&mut s, many_entries(), "descriptors[0].entries:").await;
+    rejected(&mut s, mib_value(), "descriptors[0].entries[0].value").await;
+    rejected(&mut s, mib_key(), "descriptors[0].entries[0].key").await;
+    rejected(&mut s, four_mib(), "descriptors:").await;
+    // The domain has no bound of its own beyond the message; it is simply unknown.
+    let r = s.ok(mib_domain()).await;
+    assert_eq!(r.overall_code, OK);
+    assert!(r.statuses[0].current_limit.is_none());
+    still_serving(&mut s).await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn messages_above_the_transport_ceiling_are_refused_before_decoding() {
+    let mut s = TestServer::start(&[("edge.yaml", CONFIG)]).await;
+    let value = "x".repeat(1 << 16);
+    let huge = req(
+        "edge",
+        (0..((9 * MIB) >> 16))
+            .map(|_| desc(&[("tenant", &value)]))
+            .collect(),
+    );
+    assert!(huge.encoded_len() > 8 * MIB);
+    let err = s.call(huge).await.expect_err("refused");
+    assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
+    still_serving(&mut s).await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn empty_fields_get_invalid_argument_or_a_decision() {
+    let mut s = TestServer::start(&[("edge.yaml", CONFIG)]).await;
+    rejected(&mut s, RateLimitRequest::default(), "domain").await;
+    rejected(&mut s, req("edge", vec![]), "descriptors").await;
+    rejected(
+        &mut s,
+        req("edge", vec![desc(&[])]),
+        "descriptors[0].entries",
+    )
+    .await;
+    rejected(
+        &mut s,
+        req(
+            "edge",
+            vec![desc(&[("tenant", "a")]), RateLimitDescriptor::default()],
+        ),
+        "descriptors[1].entries",
+    )
+    .await;
+    rejected(
+        &mut s,
+        req("edge", vec![desc(&[("", "")])]),
+        "descriptors[0].entries[0].key",
+    )
+    .await;
+    rejected(&mut s, req("", vec![]), "domain").await;
+
+    // An empty value is a value: its own bucket.
+    let r = s.ok(req("edge", vec![desc(&[("tenant", "")])])).await;
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 2));
+    // Unknown domains and unmatched descriptors are OK with no limit.
+    let r = s
+        .ok(req("no-such-domain", vec![desc(&[("tenant", "a")])]))
+        .await;
+    assert_eq!(r.overall_code, OK);
+    assert!(r.statuses[0].current_limit.is_none());
+    let r = s.ok(req("edge", vec![desc(&[("color", "red")])])).await;
+    assert!(r.statuses[0].current_limit.is_none());
+    still_serving(&mut s).await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn control_characters_and_braces_are_plain_values_with_their_own_buckets() {
+    let mut s = TestServer::start(&[("edge.yaml", CONFIG)]).await;
+    let nasty = [
+        "a\0b",
+        "a\r\nb",
+        "a\nb",
+        "{edge|tenant=a}",
+        "}",
+        "{",
+        "a%0D%0Ab",
+        "a%00b",
+        "a b",
+        "\u{202e}rtl",
+        "a|b=c",
+        "#0000000000000000000000000000000000000000",
+    ];
+    // Drain the first one completely.
+    for _ in 0..3 {
+        let r = s.ok(req("edge", vec![desc(&[("tenant", nasty[0])])])).await;
+        assert_eq!(r.overall_code, OK);
+    }
+    let r = s.ok(req("edge", vec![desc(&[("tenant", nasty[0])])])).await;
+    assert_eq!(r.overall_code, OVER_LIMIT);
+    // Every other value, however similar once escaped, still has its full bucket; each one
+    // hit twice shows it is one stable bucket.
+    for value in &nasty[1..] {
+        for remaining in [2, 1] {
+            let r = s.ok(req("edge", vec![desc(&[("tenant", value)])])).await;
+            assert_eq!(r.overall_code, OK, "{value:?}");
+            assert_eq!(r.statuses[0].limit_remaining, remaining, "{value:?}");
+        }
+    }
+    // Keys with separators and braces reach no rule and break nothing.
+    let r = s
+        .ok(req(
+            "edge",
+            vec![desc(&[("tenant}", "x"), ("{", "}"), ("|", "=")])],
+        ))
+        .await;
+    assert_eq!(r.overall_code, OK);
+    // Header values in responses stay printable.
+    for h in &r.response_headers_to_add {
+        assert!(h.value.chars().all(|c| !c.is_control()), "{h:?}");
+    }
+    still_serving(&mut s).await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn extreme_hits_addend_is_a_decision() {
+    let mut s = TestServer::start(&[("edge.yaml", CONFIG)]).await;
+    let mut r = req("edge", vec![desc(&[("tenant", "big")])]);
+    r.hits_addend = u32::MAX;
+    assert_eq!(s.ok(r).await.overall_code, OVER_LIMIT);
+    let mut d = desc(&[("tenant", "big")]);
+    d.hits_addend = Some(UInt64Value { value: u64::MAX });
+    let resp = s.ok(req("edge", vec![d])).await;
+    assert_eq!(resp.overall_code, OVER_LIMIT);
+    assert!(header(&resp, "retry-after").is_none(), "never satisfiable");
+    // Two descriptors on one bucket, both u64::MAX: the sum saturates, still a decision.
+    let mut d = desc(&[("tenant", "big")]);
+    d.hits_addend = Some(UInt64Value { value: u64::MAX });
+    assert_eq!(
+        s.ok(req("edge", vec![d.clone(), d.clone()]))
+            .await
+            .overall_code,
+        OVER_LIMIT
+    );
+    // A u64::MAX refund is capped at capacity.
+    d.is_negative_hits = true;
+    let resp = s.ok(req("edge", vec![d])).await;
+    assert_eq!(
+        (resp.overall_code, resp.statuses[0].limit_remaining),
+        (OK, 3)
+    );
+    // Nothing was taken by the rejected calls.
+    let r = s.ok(req("edge", vec![desc(&[("tenant", "big")])])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 2);
+    still_serving(&mut s).await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn untrusted_caller_policy_through_grpc() {
+    let mut s = TestServer::start_with(&[("edge.yaml", CONFIG)], |st| {
+        st.security.callers.ignore_limit_override = true;
+        st.security.callers.ignore_negative_hits = true;
+        st.security.callers.max_hits_addend = Some(2);
+    })
+    .await;
+    // An override asking for a million per second gets the configured 3 per minute.
+    let mut d = desc(&[("tenant", "o")]);
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit: 1_000_000,
+        unit: 1,
+    });
+    let r = s.ok(req("edge", vec![d.clone()])).await;
+    let limit = r.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!((limit.requests_per_unit, limit.unit), (3, 4), "3 per DAY");
+    assert_eq!(r.statuses[0].limit_remaining, 2);
+    // An ignored override is not validated either.
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit: 0,
+        unit: 0,
+    });
+    assert_eq!(
+        s.ok(req("edge", vec![d])).await.statuses[0].limit_remaining,
+        1
+    );
+
+    // hits_addend is clamped to 2, request- and descriptor-level.
+    let mut r = req("edge", vec![desc(&[("ip", "h")])]);
+    r.hits_addend = u32::MAX;
+    assert_eq!(s.ok(r).await.statuses[0].limit_remaining, 8);
+    let mut d = desc(&[("ip", "h")]);
+    d.hits_addend = Some(UInt64Value { value: u64::MAX });
+    assert_eq!(
+        s.ok(req("edge", vec![d])).await.statuses[0].limit_remaining,
+        6
+    );
+
+    // A refund gives nothing back.
+    let mut d = desc(&[("ip", "h")]);
+    d.is_negative_hits = true;
+    d.hits_addend = Some(UInt64Value { value: 5 });
+    let r = s.ok(req("edge", vec![d])).await;
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 6));
+    let r = s.ok(req("edge", vec![desc(&[("ip", "h")])])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 5);
+    s.stop().await;
+}
+
+/// Sends raw bytes as a `RateLimitRequest` and decodes the answer.
+#[derive(Clone, Copy, Default)]
+struct RawCodec;
+struct RawEncoder;
+struct ResponseDecoder;
+
+impl Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = RateLimitResponse;
+    type Encoder = RawEncoder;
+    type Decoder = ResponseDecoder;
+    fn encoder(&mut self) -> RawEncoder {
+        RawEncoder
+    }
+    fn decoder(&mut self) -> ResponseDecoder {
+        ResponseDecoder
+    }
+}
+
+impl Encoder for RawEncoder {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl Decoder for ResponseDecoder {
+    type Item = RateLimitResponse;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        src: &mut DecodeBuf<'_>,
+    ) -> Result<Option<RateLimitResponse>, tonic::Status> {
+        let bytes = src.copy_to_bytes(src.remaining());
+        RateLimitResponse::decode(bytes)
+            .map(Some)
+            .map_err(|e| tonic::Status::internal(e.to_string()))
+    }
+}
+
+async fn call_raw(s: &TestServer, bytes: Vec<u8>) -> Result<RateLimitResponse, tonic::Status> {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", s.grpc_addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    grpc.unary(
+        tonic::Request::new(bytes),
+        http::uri::PathAndQuery::from_static(SHOULD_RATE_LIMIT_PATH),
+        RawCodec,
+    )
+    .await
+    .map(|r| r.into_inner())
+}
+
+/// The encoding of `request` with the first `needle` replaced by same-length `with`.
+fn patched(request: &RateLimitRequest, needle: &[u8], with: &[u8]) -> Vec<u8> {
+    let mut bytes = request.encode_to_vec();
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("needle present");
+    bytes[at..at + with.len()].copy_from_slice(with);
+    bytes
+}
+
+#[tokio::test]
+async fn invalid_utf8_and_malformed_protobuf_are_invalid_argument() {
+    let mut s = TestServer::start(&[("edge.yaml", CONFIG)]).await;
+    let request = req(
+        "edge",
+        vec![
+            desc(&[("tenant", "acme")]),
+            desc(&[("tenant", "globex"), ("route", "EXPORT")]),
+        ],
+    );
+    let valid = call_raw(&s, request.encode_to_vec()).await.unwrap();
+    assert_eq!(valid.statuses.len(), 2);
+
+    for (needle, with, field) in [
+        (&b"edge"[..], &b"e\xffge"[..], "domain"),
+        (b"acme", b"ac\xc3\x28", "descriptors[0].entries[0].value"),
+        (b"route", b"r\xed\xa0\x80t", "descriptors[1].entries[1].key"),
+        (
+            b"EXPORT",
+            b"EXP\xf0\x9fT",
+            "descriptors[1].entries[1].value",
+        ),
+    ] {
+        let err = call_raw(&s, patched(&request, needle, with))
+            .await
+            .expect_err("rejected");
+        assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+        assert_eq!(err.message(), format!("{field}: not valid UTF-8"));
+        still_serving(&mut s).await;
+    }
+
+    let mut truncated = request.encode_to_vec();
+    truncated.truncate(truncated.len() - 2);
+    for bytes in [
+        truncated,
+        vec![0xff; 64],
+        vec![0x12, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80],
+    ] {
+        let err = call_raw(&s, bytes).await.expect_err("rejected");
+        assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+        assert!(err.message().starts_with("message: not a valid"), "{err:?}");
+        still_serving(&mut s).await;
+    }
+    // Zero bytes decode to the empty request, which names its first missing field.
+    let err = call_raw(&s, Vec::new()).await.expect_err("rejected");
+    assert_eq!(
+        (err.code(), err.message()),
+        (Code::InvalidArgument, "domain: must not be empty")
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn oversized_headers_are_refused_and_the_connection_recovers() {
+    let mut s = TestServer::start(&[("edge.yaml", CONFIG)]).await;
+    let mut request = tonic::Request::new(req("edge", vec![desc(&[("tenant", "h")])]));
+    request
+        .metadata_mut()
+        .insert("x-padding", "p".repeat(64 * 1024).parse().unwrap());
+    let err = s
+        .client
+        .should_rate_limit(request)
+        .await
+        .expect_err("refused");
+    // The server's h2 layer closes the connection (GOAWAY header_list_way_too_large).
+    assert!(format!("{err:?}").contains("header_list"), "{err:?}");
+    // A new connection is served.
+    let mut client = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::connect(
+        format!("http://{}", s.grpc_addr()),
+    )
+    .await
+    .unwrap();
+    let r = client
+        .should_rate_limit(req("edge", vec![desc(&[("tenant", "h")])]))
+        .await
+        .unwrap();
+    assert_eq!(r.into_inner().overall_code, OK);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn distinct_key_flood_stays_within_the_per_rule_bound() {
+    const PER_RULE: usize = 128;
+    let mut s = TestServer::start_with(&[("edge.yaml", CONFIG)], |st| {
+        st.security.memory_max_buckets_per_rule = Some(PER_RULE as u64);
+    })
+    .await;
+    let backend = s
+        .running
+        .as_ref()
+        .unwrap()
+        .memory_backend
+        .clone()
+        .expect("memory backend");
+
+    // Five tenants use their buckets: 1 of 3 tokens left each.
+    for t in 0..5 {
+        for _ in 0..2 {
+            s.ok(req("edge", vec![desc(&[("tenant", &format!("t{t}"))])]))
+                .await;
+        }
+    }
+    assert_eq!(backend.live_buckets(), 5);
+
+    // A flood of distinct client addresses, 50 per request.
+    for batch in 0..80 {
+        let descriptors = (0..50)
+            .map(|i| desc(&[("ip", &format!("10.{batch}.{i}.1"))]))
+            .collect();
+        let r = s.ok(req("edge", descriptors)).await;
+        assert_eq!(r.overall_code, OK);
+        assert!(backend.live_buckets() <= PER_RULE + 5);
+    }
+    assert_eq!(
+        backend.live_buckets(),
+        PER_RULE + 5,
+        "the flooded rule fills its bound"
+    );
+
+    // The tenants' buckets were not evicted by the flood.
+    for t in 0..5 {
+        let r = s
+            .ok(req("edge", vec![desc(&[("tenant", &format!("t{t}"))])]))
+            .await;
+        assert_eq!(
+            (r.overall_code, r.statuses[0].limit_remaining),
+            (OK, 0),
+            "t{t}"
+        );
+    }
+    s.stop().await;
+}
