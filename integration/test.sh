@@ -19,6 +19,11 @@ else
   cargo test --workspace --all-targets --locked
 fi
 
+# Fuzz targets, each for a bounded time (FUZZ_SECONDS per target; 0 skips).
+if [ "${FUZZ_SECONDS:-20}" -gt 0 ] && [ -x fuzz/run.sh ]; then
+  fuzz/run.sh "${FUZZ_SECONDS:-20}"
+fi
+
 if [ -f deploy/validate.py ]; then
   venv="${SLUICE_VENV:-target/venv}"
   if [ ! -x "$venv/bin/python" ]; then
