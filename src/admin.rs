@@ -1,4 +1,4 @@
-//! Admin HTTP: liveness, readiness and the active config. Read-only by design: nothing here
+//! Admin HTTP: liveness, readiness, the active config and metrics. Read-only by design: nothing here
 //! changes state, so exposing the port leaks at most the config.
 
 use std::sync::Arc;
@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Json};
 use axum::routing::get;
 
 use crate::config::ConfigStore;
+use crate::telemetry::Metrics;
 
 /// Readiness inputs, flipped by the server as it starts, degrades and drains.
 #[derive(Debug, Default)]
@@ -55,6 +56,7 @@ impl Readiness {
 pub struct AdminState {
     pub config: Arc<ConfigStore>,
     pub readiness: Arc<Readiness>,
+    pub metrics: Metrics,
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -62,7 +64,26 @@ pub fn router(state: AdminState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/config", get(config))
+        .route("/metrics", get(metrics))
         .with_state(state)
+}
+
+/// Prometheus text exposition (format 0.0.4) of every metric; 404 with metrics off.
+async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
+    const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+    match state.metrics.prometheus_text() {
+        Some(Ok(text)) => (StatusCode::OK, [("content-type", CONTENT_TYPE)], text),
+        Some(Err(e)) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [("content-type", "text/plain; charset=utf-8")],
+            format!("cannot render metrics: {e}\n"),
+        ),
+        None => (
+            StatusCode::NOT_FOUND,
+            [("content-type", "text/plain; charset=utf-8")],
+            "metrics are off (--metrics false)\n".to_owned(),
+        ),
+    }
 }
 
 async fn healthz() -> &'static str {

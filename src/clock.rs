@@ -69,3 +69,21 @@ impl Clock for ManualClock {
 
 /// Shared handle to whichever clock a component was given.
 pub type SharedClock = Arc<dyn Clock>;
+
+/// Measures how long something took (request and Redis latency for the metrics). Durations are
+/// reported, never compared with stored timestamps, so this reads the monotonic clock directly
+/// rather than through an injected [`Clock`] (whose millisecond grain is too coarse for
+/// sub-millisecond histograms).
+#[derive(Debug, Clone, Copy)]
+pub struct Stopwatch(Instant);
+
+impl Stopwatch {
+    #[allow(clippy::disallowed_methods)]
+    pub fn start() -> Self {
+        Stopwatch(Instant::now())
+    }
+
+    pub fn elapsed(&self) -> std::time::Duration {
+        self.0.elapsed()
+    }
+}

@@ -219,11 +219,7 @@ impl<B: Backend> Limiter<B> {
                         tag,
                     );
                     let cost = target.rule.as_ref().map_or(1, |r| r.cost);
-                    let hits_each = match descriptor.hits_addend {
-                        Some(n) => n,
-                        None if request.hits_addend > 0 => request.hits_addend,
-                        None => 1,
-                    };
+                    let hits_each = descriptor.hits(request.hits_addend);
                     let demand = Demand {
                         params: target.rate.bucket(),
                         tokens: hits_each.saturating_mul(cost),

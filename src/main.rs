@@ -20,10 +20,17 @@ async fn main() -> ExitCode {
     match cli.command {
         Command::CheckConfig(args) => sluice::cli::check_config(&args),
         Command::Explain(args) => sluice::cli::explain(&args),
-        Command::Serve(settings) => {
-            sluice::telemetry::init_logging(&settings.log_level, settings.log_format);
+        Command::Serve(mut settings) => {
+            settings.telemetry.otlp = sluice::telemetry::OtlpSettings::from_process_env();
+            let telemetry = sluice::telemetry::init(
+                &settings.log_level,
+                settings.log_format,
+                &settings.telemetry,
+            );
             compat.log();
-            match sluice::server::run(*settings, sluice::server::shutdown_signal()).await {
+            let result = sluice::server::run(*settings, sluice::server::shutdown_signal()).await;
+            telemetry.shutdown().await;
+            match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!("{e}");

@@ -48,6 +48,16 @@ impl RequestDescriptor {
             is_negative_hits: false,
         }
     }
+
+    /// Hits this descriptor asks for: its own `hits_addend`, else the request's when above 0,
+    /// else 1. Tokens taken are these hits times the rule's `cost`.
+    pub fn hits(&self, request_hits_addend: u64) -> u64 {
+        match self.hits_addend {
+            Some(n) => n,
+            None if request_hits_addend > 0 => request_hits_addend,
+            None => 1,
+        }
+    }
 }
 
 /// A whole `ShouldRateLimit` call.

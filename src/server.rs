@@ -21,6 +21,7 @@ use crate::security::tls::{AuthorizeLayer, GrpcIncoming, TlsState};
 use crate::security::wire::RateLimitServer;
 use crate::service::{HeaderOptions, RateLimitGrpc, RequestBounds};
 use crate::settings::{BackendKind, RedisModeArg, Settings};
+use crate::telemetry::{Metrics, MetricsOptions};
 use crate::xds::{self, ConfigSource};
 
 /// Hard ceiling tonic enforces before our own `max_message_bytes` check can name the field.
@@ -52,6 +53,8 @@ pub struct Running {
     pub config: Arc<ConfigStore>,
     /// The embedded backend, when it is the one serving (tests watch its bounds).
     pub memory_backend: Option<Arc<MemoryBackend>>,
+    /// This server's metrics (sources such as circuit breakers register here).
+    pub metrics: Metrics,
     stop: watch::Sender<bool>,
     task: JoinHandle<Result<(), ServeError>>,
 }
@@ -109,6 +112,8 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
         ConfigSource::Xds(options) => (Config::default(), options.start_without_config),
     };
     let config = Arc::new(ConfigStore::new(loaded));
+    let metrics = Metrics::new(config.clone(), &metrics_options(&settings))
+        .map_err(|e| ServeError::Setting(e.to_string()))?;
 
     let running = match settings.backend {
         BackendKind::Memory => {
@@ -124,7 +129,11 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
                 },
             ));
             let sweeper = backend.spawn_sweeper(Duration::from_secs(1));
-            let running = serve(settings, config, backend.clone(), config_loaded).await;
+            let held = Arc::downgrade(&backend);
+            metrics.observe_memory_buckets(move || {
+                held.upgrade().map_or(0, |b| b.live_buckets() as u64)
+            });
+            let running = serve(settings, config, backend.clone(), config_loaded, metrics).await;
             if running.is_err() {
                 sweeper.abort();
             }
@@ -136,8 +145,9 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
         BackendKind::Redis => {
             let backend = RedisBackend::connect(redis_options(&settings))
                 .await
-                .map_err(|e| ServeError::Backend(e.to_string()))?;
-            serve(settings, config, backend, config_loaded).await
+                .map_err(|e| ServeError::Backend(e.to_string()))?
+                .with_metrics(metrics.redis_calls());
+            serve(settings, config, backend, config_loaded, metrics).await
         }
     }?;
     if let ConfigSource::File(path) = &source {
@@ -167,6 +177,7 @@ async fn serve<B: Backend>(
     config: Arc<ConfigStore>,
     backend: B,
     config_loaded: bool,
+    metrics: Metrics,
 ) -> Result<Running, ServeError> {
     let tls = match settings.security.tls.settings() {
         None => None,
@@ -201,7 +212,8 @@ async fn serve<B: Backend>(
             reset: settings.header_reset.clone(),
             retry_after: settings.header_retry_after.clone(),
         },
-    );
+    )
+    .with_metrics(metrics.clone());
 
     let grpc_listener = bind(settings.grpc_addr).await?;
     let admin_listener = bind(settings.admin_addr).await?;
@@ -222,6 +234,7 @@ async fn serve<B: Backend>(
     let admin_router = admin::router(AdminState {
         config: config.clone(),
         readiness: readiness.clone(),
+        metrics: metrics.clone(),
     })
     .merge(crate::explain::router(
         config.clone(),
@@ -249,6 +262,7 @@ async fn serve<B: Backend>(
     }
     let incoming = GrpcIncoming::new(grpc_listener, tls);
     let drain = settings.drain_timeout;
+    let flushed = metrics.clone();
     let drain_readiness = readiness.clone();
     let mut grpc_stop = stop_rx.clone();
     let task = tokio::spawn(async move {
@@ -279,6 +293,8 @@ async fn serve<B: Backend>(
             }
         };
         let _ = admin_task.await;
+        // Pushes the last OTLP batch; blocks on the exporter, so off the async workers.
+        let _ = tokio::task::spawn_blocking(move || flushed.shutdown()).await;
         result
     });
 
@@ -288,6 +304,7 @@ async fn serve<B: Backend>(
         readiness,
         config,
         memory_backend: None,
+        metrics,
         stop: stop_tx,
         task,
     })
@@ -297,6 +314,17 @@ fn explain_options(settings: &Settings) -> crate::explain::ExplainOptions {
     crate::explain::ExplainOptions {
         key_prefix: settings.key_prefix.clone(),
         default_failure_mode: settings.failure_mode.into(),
+    }
+}
+
+fn metrics_options(settings: &Settings) -> MetricsOptions {
+    let telemetry = &settings.telemetry;
+    MetricsOptions {
+        enabled: telemetry.metrics,
+        near_limit_ratio: telemetry.near_limit_ratio,
+        detailed_max_values: telemetry.metrics_detailed_max_values,
+        otlp: telemetry.otlp.clone(),
+        redis_timeout: (settings.backend == BackendKind::Redis).then_some(settings.redis_timeout),
     }
 }
 

@@ -14,12 +14,14 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use prost::Message;
 use tonic::{Request, Response, Status as GrpcStatus};
+use tracing::Instrument as _;
 
 use crate::backend::{Backend, BackendError};
 use crate::limiter::{Code, Decision, LimitError, Limiter, Status};
 use crate::request::{Entry, LimitOverride, LimitRequest, RequestDescriptor};
 use crate::rule::Unit;
 use crate::security::CallerPolicy;
+use crate::telemetry::{Metrics, Outcome, traces};
 
 /// Size bounds on incoming requests; anything larger is `INVALID_ARGUMENT`.
 #[derive(Clone, Debug)]
@@ -73,6 +75,7 @@ pub struct RateLimitGrpc<B> {
     limiter: Arc<Limiter<B>>,
     bounds: RequestBounds,
     headers: HeaderOptions,
+    metrics: Metrics,
 }
 
 impl<B> RateLimitGrpc<B> {
@@ -81,7 +84,51 @@ impl<B> RateLimitGrpc<B> {
             limiter,
             bounds,
             headers,
+            metrics: Metrics::off(),
         }
+    }
+
+    /// Counts every call into `metrics` (off by default).
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+}
+
+impl<B: Backend> RateLimitGrpc<B> {
+    /// Validate, decide, convert; metrics and the span record the outcome.
+    async fn answer(
+        &self,
+        request: RateLimitRequest,
+        span: &tracing::Span,
+    ) -> Result<RateLimitResponse, GrpcStatus> {
+        let started = self.metrics.start();
+        let request = match to_limit_request(request, &self.bounds) {
+            Ok(request) => request,
+            Err(status) => return Err(self.failed(started, span, status)),
+        };
+        traces::record_request(span, &request);
+        match self.limiter.decide(&request).await {
+            Ok(decision) => {
+                let response = to_response(&decision, &self.headers);
+                self.metrics.record_decision(started, &request, &decision);
+                traces::record_decision(span, &decision);
+                Ok(response)
+            }
+            Err(error) => Err(self.failed(started, span, to_grpc_status(error))),
+        }
+    }
+
+    fn failed(
+        &self,
+        started: Option<crate::clock::Stopwatch>,
+        span: &tracing::Span,
+        status: GrpcStatus,
+    ) -> GrpcStatus {
+        self.metrics
+            .record_error(started, Outcome::of_status(&status));
+        traces::record_error(span, &status);
+        status
     }
 }
 
@@ -91,13 +138,16 @@ impl<B: Backend> RateLimitService for RateLimitGrpc<B> {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, GrpcStatus> {
-        let request = to_limit_request(request.into_inner(), &self.bounds)?;
-        let decision = self
-            .limiter
-            .decide(&request)
-            .await
-            .map_err(to_grpc_status)?;
-        Ok(Response::new(to_response(&decision, &self.headers)))
+        let span = traces::rpc_span();
+        let response = if span.is_disabled() {
+            self.answer(request.into_inner(), &span).await
+        } else {
+            traces::adopt_remote_parent(&span, request.metadata());
+            self.answer(request.into_inner(), &span)
+                .instrument(span.clone())
+                .await
+        };
+        response.map(Response::new)
     }
 }
 

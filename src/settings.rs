@@ -187,6 +187,9 @@ pub struct Settings {
 
     #[command(flatten)]
     pub security: crate::security::SecurityArgs,
+
+    #[command(flatten)]
+    pub telemetry: crate::telemetry::TelemetryArgs,
 }
 
 impl Settings {

@@ -54,6 +54,19 @@ pub enum BackendError {
     Overloaded(String),
 }
 
+impl BackendError {
+    /// Short, stable name of the failure (the `kind` label of the Redis error metric).
+    pub const fn kind(&self) -> &'static str {
+        match self {
+            BackendError::Timeout(_) => "timeout",
+            BackendError::Unavailable(_) => "unavailable",
+            BackendError::Protocol(_) => "protocol",
+            BackendError::CircuitOpen => "circuit_open",
+            BackendError::Overloaded(_) => "overloaded",
+        }
+    }
+}
+
 /// A store of token buckets.
 pub trait Backend: Send + Sync + 'static {
     /// Decides all `hits` of one request. Keys are distinct. Atomic for hits that share a storage

@@ -9,6 +9,8 @@ use super::{RedisOptions, bounded, classify, collect, invalid_url, script};
 use crate::algorithm::Verdict;
 use crate::backend::{BackendError, Hit};
 use crate::key::slot;
+use crate::telemetry::traces;
+use tracing::Instrument as _;
 
 /// Redirects (MOVED/ASK) and TRYAGAIN are retried inside the cluster connection; these bound
 /// how often and how long it waits, since a check has only its command timeout to spend.
@@ -52,6 +54,18 @@ pub(super) async fn connect(opts: &RedisOptions) -> Result<ClusterConnection, Ba
     Ok(conn)
 }
 
+/// One script call inside its span; a failure is classified and marked on the span.
+async fn traced(
+    span: &tracing::Span,
+    call: impl Future<Output = Result<Value, redis::RedisError>>,
+) -> Result<Value, BackendError> {
+    let result = call.instrument(span.clone()).await.map_err(classify);
+    if let Err(e) = &result {
+        traces::record_redis_error(span, e);
+    }
+    result
+}
+
 /// Decides `hits`, grouped by slot; results come back in hit order.
 pub(super) async fn check(
     conn: &ClusterConnection,
@@ -60,9 +74,12 @@ pub(super) async fn check(
 ) -> Result<Vec<Verdict>, BackendError> {
     let first = slot(&hits[0].key);
     if hits[1..].iter().all(|hit| slot(&hit.key) == first) {
-        let reply = script::run(&mut conn.clone(), hits.iter(), hits.len(), now_ms)
-            .await
-            .map_err(classify)?;
+        let span = traces::redis_span(hits.len(), None, Some(first));
+        let reply = traced(
+            &span,
+            script::run(&mut conn.clone(), hits.iter(), hits.len(), now_ms),
+        )
+        .await?;
         return collect(&reply, hits.len());
     }
 
@@ -74,13 +91,12 @@ pub(super) async fn check(
             None => groups.push((slot, vec![index])),
         }
     }
-    let calls = groups.iter().map(|(_, members)| {
+    let calls = groups.iter().map(|(slot, members)| {
         let mut conn = conn.clone();
         async move {
             let group = members.iter().map(|&index| &hits[index]);
-            script::run(&mut conn, group, members.len(), now_ms)
-                .await
-                .map_err(classify)
+            let span = traces::redis_span(members.len(), None, Some(*slot));
+            traced(&span, script::run(&mut conn, group, members.len(), now_ms)).await
         }
     });
     let replies: Vec<Value> = futures::future::try_join_all(calls).await?;

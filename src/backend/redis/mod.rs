@@ -25,10 +25,12 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
+use tracing::Instrument as _;
 
 use crate::algorithm::{BucketParams, Verdict};
 use crate::backend::{Backend, BackendError, Hit};
 use crate::clock::SharedClock;
+use crate::telemetry::{RedisCalls, traces};
 
 use self::sentinel::SentinelLink;
 
@@ -152,11 +154,14 @@ pub struct RedisBackend {
     command_timeout: Duration,
     /// Test-only override of Redis's clock (see [`RedisBackend::with_test_clock`]).
     test_clock: Option<SharedClock>,
+    /// Latency and failures of every decision (empty unless [`RedisBackend::with_metrics`]).
+    calls: RedisCalls,
 }
 
 #[derive(Clone)]
 enum Link {
-    Standalone(ConnectionManager),
+    /// The connection and the server's `host:port` (for spans).
+    Standalone(ConnectionManager, Arc<str>),
     Sentinel(Arc<SentinelLink>),
     Cluster(ClusterConnection),
 }
@@ -183,7 +188,8 @@ impl RedisBackend {
                 let [url] = opts.urls.as_slice() else {
                     return Err(config_error("standalone mode takes exactly one Redis URL"));
                 };
-                Link::Standalone(connect_standalone(url, &opts).await?)
+                let (manager, server) = connect_standalone(url, &opts).await?;
+                Link::Standalone(manager, server)
             }
             RedisMode::Cluster => Link::Cluster(cluster::connect(&opts).await?),
             RedisMode::Sentinel => {
@@ -197,7 +203,14 @@ impl RedisBackend {
             link,
             command_timeout: opts.command_timeout,
             test_clock: None,
+            calls: RedisCalls::default(),
         })
+    }
+
+    /// Records every decision's latency and failure kind into `calls`.
+    pub fn with_metrics(mut self, calls: RedisCalls) -> Self {
+        self.calls = calls;
+        self
     }
 
     /// Makes the script use `clock` instead of Redis's `TIME`, so a test can step time.
@@ -213,23 +226,31 @@ impl RedisBackend {
             return Ok(Vec::new());
         }
         let now_ms = self.test_clock.as_ref().map(|clock| clock.now_ms());
-        match &self.link {
-            Link::Standalone(manager) => {
-                let mut conn = manager.clone();
-                let timeout = self.command_timeout;
-                bounded(timeout, async move {
-                    let reply = script::run(&mut conn, hits.iter(), hits.len(), now_ms)
-                        .await
-                        .map_err(classify)?;
-                    collect(&reply, hits.len())
-                })
-                .await
+        let call = async {
+            match &self.link {
+                Link::Standalone(manager, server) => {
+                    let mut conn = manager.clone();
+                    let span = traces::redis_span(hits.len(), Some(server), None);
+                    let result = bounded(self.command_timeout, async move {
+                        let reply = script::run(&mut conn, hits.iter(), hits.len(), now_ms)
+                            .await
+                            .map_err(classify)?;
+                        collect(&reply, hits.len())
+                    })
+                    .instrument(span.clone())
+                    .await;
+                    if let Err(e) = &result {
+                        traces::record_redis_error(&span, e);
+                    }
+                    result
+                }
+                Link::Sentinel(link) => link.check(hits, now_ms, self.command_timeout).await,
+                Link::Cluster(conn) => {
+                    bounded(self.command_timeout, cluster::check(conn, hits, now_ms)).await
+                }
             }
-            Link::Sentinel(link) => link.check(hits, now_ms, self.command_timeout).await,
-            Link::Cluster(conn) => {
-                bounded(self.command_timeout, cluster::check(conn, hits, now_ms)).await
-            }
-        }
+        };
+        self.calls.time(call).await
     }
 }
 
@@ -264,7 +285,7 @@ impl Backend for RedisBackend {
 impl std::fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mode = match self.link {
-            Link::Standalone(_) => RedisMode::Standalone,
+            Link::Standalone(..) => RedisMode::Standalone,
             Link::Sentinel(_) => RedisMode::Sentinel,
             Link::Cluster(_) => RedisMode::Cluster,
         };
@@ -279,8 +300,9 @@ impl std::fmt::Debug for RedisBackend {
 async fn connect_standalone(
     url: &str,
     opts: &RedisOptions,
-) -> Result<ConnectionManager, BackendError> {
+) -> Result<(ConnectionManager, Arc<str>), BackendError> {
     let client = redis::Client::open(url).map_err(|err| invalid_url(0, &err))?;
+    let server: Arc<str> = client.get_connection_info().addr().to_string().into();
 
     // A first, plain connection loads the script and reports a refused port, a wrong password
     // or an untrusted certificate as such; the manager below would retry those quietly until
@@ -321,7 +343,7 @@ async fn connect_standalone(
             .map_err(classify)
     })
     .await?;
-    Ok(manager)
+    Ok((manager, server))
 }
 
 /// Decodes a whole reply into verdicts in hit order.

@@ -13,6 +13,8 @@ use redis::{AsyncConnectionConfig, ConnectionAddr, IntoConnectionInfo, TlsMode, 
 use super::{RedisOptions, bounded, classify, collect, invalid_url, is_connection_error, script};
 use crate::algorithm::Verdict;
 use crate::backend::{BackendError, Hit};
+use crate::telemetry::traces;
+use tracing::Instrument as _;
 
 /// After a resolution, the next one waits this long, so a master that stays down costs the
 /// sentinels a few queries per second, not one per request.
@@ -30,6 +32,8 @@ pub(super) struct SentinelLink {
 
 struct Master {
     addr: ConnectionAddr,
+    /// `host:port`, for spans.
+    name: String,
     conn: MultiplexedConnection,
 }
 
@@ -92,13 +96,18 @@ impl SentinelLink {
             ));
         };
         let mut conn = master.conn.clone();
+        let span = traces::redis_span(hits.len(), Some(&master.name), None);
         let result = bounded(timeout, async {
             let reply = script::run(&mut conn, hits.iter(), hits.len(), now_ms)
                 .await
                 .map_err(classify)?;
             collect(&reply, hits.len())
         })
+        .instrument(span.clone())
         .await;
+        if let Err(e) = &result {
+            traces::record_redis_error(&span, e);
+        }
         match &result {
             Err(err) if is_connection_error(err) => self.refresh(true),
             // A stalled master keeps its socket open: replace it only if the sentinels moved on.
@@ -158,7 +167,8 @@ impl SentinelLink {
         .await?;
         script::check_loaded(&reply)?;
         tracing::info!(master = %addr, "using the Redis master named by the sentinels");
-        self.master.store(Some(Arc::new(Master { addr, conn })));
+        let name = addr.to_string();
+        self.master.store(Some(Arc::new(Master { addr, name, conn })));
         Ok(())
     }
 }

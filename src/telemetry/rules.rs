@@ -1,0 +1,596 @@
+//! Per-rule decision counters: envoyproxy/ratelimit's `ratelimit_service_rate_limit_*` family.
+//!
+//! Every rule of the active config gets one [`RuleCounters`] (plain atomics) when the config is
+//! first seen: its attribute set is built then, so counting a decision is an index, a pointer
+//! compare and a few relaxed atomic adds — no hashing, no allocation. The SDK reads the atomics
+//! through observable counters at collection time ([`super::metrics`]).
+//!
+//! A rule that keeps its place in the descriptor tree (same domain and path) keeps its counters
+//! across reloads, so a limit edit does not reset them. A rule that leaves the config leaves the
+//! export with it.
+//!
+//! Cardinality is bounded by the config: one series per rule and counter, plus, for a
+//! `detailed_metric` rule, one per distinct descriptor value up to `detailed_max` (later values
+//! are counted in the rule's own series), so at most `rules + detailed_rules × detailed_max`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use arc_swap::ArcSwap;
+use opentelemetry::KeyValue;
+
+use crate::config::Config;
+use crate::limiter::{Basis, Decision, Status};
+use crate::request::{Entry, LimitRequest};
+use crate::rule::{FailureMode, Rule};
+
+/// The per-rule counters, in envoyproxy/ratelimit's names (its Prometheus mapper's output).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    TotalHits,
+    OverLimit,
+    NearLimit,
+    WithinLimit,
+    ShadowMode,
+    OverLimitWithLocalCache,
+}
+
+impl Counter {
+    pub const ALL: [Counter; 6] = [
+        Counter::TotalHits,
+        Counter::OverLimit,
+        Counter::NearLimit,
+        Counter::WithinLimit,
+        Counter::ShadowMode,
+        Counter::OverLimitWithLocalCache,
+    ];
+
+    pub const fn metric_name(self) -> &'static str {
+        match self {
+            Counter::TotalHits => "ratelimit_service_rate_limit_total_hits",
+            Counter::OverLimit => "ratelimit_service_rate_limit_over_limit",
+            Counter::NearLimit => "ratelimit_service_rate_limit_near_limit",
+            Counter::WithinLimit => "ratelimit_service_rate_limit_within_limit",
+            Counter::ShadowMode => "ratelimit_service_rate_limit_shadow_mode",
+            Counter::OverLimitWithLocalCache => {
+                "ratelimit_service_rate_limit_over_limit_with_local_cache"
+            }
+        }
+    }
+
+    pub const fn description(self) -> &'static str {
+        match self {
+            Counter::TotalHits => "Hits (hits_addend, default 1) that reached the rule",
+            Counter::OverLimit => "Hits the rule's bucket could not pay",
+            Counter::NearLimit => {
+                "Allowed hits that left the bucket past the near-limit ratio of its capacity"
+            }
+            Counter::WithinLimit => "Hits the rule's bucket paid",
+            Counter::ShadowMode => "Over-limit hits of a shadow-mode rule (answered OK)",
+            Counter::OverLimitWithLocalCache => {
+                "Over-limit hits answered from the local over-limit cache without asking the backend"
+            }
+        }
+    }
+
+    const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// What one descriptor status adds to its rule's counters, in hits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub total_hits: u64,
+    pub over_limit: u64,
+    pub near_limit: u64,
+    pub within_limit: u64,
+    pub shadow_mode: u64,
+    pub over_limit_with_local_cache: u64,
+}
+
+impl Tally {
+    fn get(&self, counter: Counter) -> u64 {
+        match counter {
+            Counter::TotalHits => self.total_hits,
+            Counter::OverLimit => self.over_limit,
+            Counter::NearLimit => self.near_limit,
+            Counter::WithinLimit => self.within_limit,
+            Counter::ShadowMode => self.shadow_mode,
+            Counter::OverLimitWithLocalCache => self.over_limit_with_local_cache,
+        }
+    }
+}
+
+/// The counts of one status: `hits` asked for (0 for a refund or a check-only descriptor),
+/// `cost` tokens per hit, `near_ratio` the near-limit ratio.
+///
+/// As envoyproxy/ratelimit counts them: total = within + over for a decided bucket; shadow-mode
+/// over-limit hits count as over limit *and* shadow mode; unlimited or replaced rules count
+/// nothing. Decisions made by a failure policy count only as hits (they are counted by policy in
+/// `sluice_degraded_decisions_total`), since no bucket was asked.
+pub fn tally(status: &Status, hits: u64, cost: u64, near_ratio: f64) -> Tally {
+    let mut t = Tally {
+        total_hits: hits,
+        ..Tally::default()
+    };
+    match status.basis {
+        Basis::NoRule | Basis::Unlimited => return Tally::default(),
+        Basis::Degraded(_) => {}
+        Basis::Backend if status.over => {
+            t.over_limit = hits;
+            if status.shadow {
+                t.shadow_mode = hits;
+            }
+        }
+        Basis::Backend => {
+            t.within_limit = hits;
+            if let Some(limit) = &status.limit {
+                t.near_limit = near_hits(hits, cost, limit.capacity, status.remaining, near_ratio);
+            }
+        }
+        // The resilience layer's "over limit from the local cache" basis lands here:
+        // over_limit = over_limit_with_local_cache = hits (and shadow_mode for shadow rules).
+    }
+    t
+}
+
+/// Allowed hits that land past the near-limit threshold.
+///
+/// For a token bucket: the threshold is `⌊capacity × ratio⌋` tokens used; a hit is near limit
+/// when the tokens it took end beyond it, i.e. when after the request fewer than
+/// `capacity − ⌊capacity × ratio⌋` whole tokens are left. For a bucket that does not refill in
+/// between this is envoyproxy/ratelimit's "hits beyond ratio × limit" exactly (capacity 10,
+/// ratio 0.8: the 9th and 10th hit); a request of several hits counts only those of its hits
+/// whose tokens fall beyond the threshold.
+pub fn near_hits(hits: u64, cost: u64, capacity: u64, remaining: u64, ratio: f64) -> u64 {
+    let cost = cost.max(1);
+    let threshold = (capacity as f64 * ratio).floor() as u64;
+    let used = capacity.saturating_sub(remaining);
+    if used <= threshold {
+        return 0;
+    }
+    let past = (used - threshold).min(hits.saturating_mul(cost));
+    past.div_ceil(cost).min(hits)
+}
+
+/// Counters of one rule (or of one descriptor value of a `detailed_metric` rule).
+pub struct RuleCounters {
+    /// `domain`, `key` (the descriptor path below the domain, as envoyproxy/ratelimit's stat key).
+    pub attrs: Box<[KeyValue]>,
+    counts: [AtomicU64; 6],
+    detailed: Option<Detailed>,
+}
+
+/// The per-value series of a `detailed_metric` rule, bounded.
+struct Detailed {
+    domain: Arc<str>,
+    max: usize,
+    values: RwLock<HashMap<Box<str>, Arc<RuleCounters>>>,
+    /// The bound was reached once (logged once).
+    full: AtomicBool,
+}
+
+/// Longest runtime key kept in a label; longer ones are cut (and may share a series).
+const MAX_DETAILED_KEY_BYTES: usize = 256;
+
+impl RuleCounters {
+    fn new(domain: &Arc<str>, key: &str, detailed: Option<usize>) -> RuleCounters {
+        RuleCounters {
+            attrs: vec![
+                KeyValue::new("domain", domain.to_string()),
+                KeyValue::new("key", key.to_owned()),
+            ]
+            .into_boxed_slice(),
+            counts: Default::default(),
+            detailed: detailed.map(|max| Detailed {
+                domain: domain.clone(),
+                max,
+                values: RwLock::new(HashMap::new()),
+                full: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    fn for_rule(rule: &Rule, detailed_max: usize) -> RuleCounters {
+        let key = rule
+            .path
+            .strip_prefix(&*rule.domain)
+            .and_then(|rest| rest.strip_prefix('.'))
+            .unwrap_or(&rule.path);
+        RuleCounters::new(
+            &rule.domain,
+            key,
+            rule.detailed_metric.then_some(detailed_max),
+        )
+    }
+
+    pub fn get(&self, counter: Counter) -> u64 {
+        self.counts[counter.index()].load(Ordering::Relaxed)
+    }
+
+    fn add(&self, tally: &Tally) {
+        for counter in Counter::ALL {
+            let n = tally.get(counter);
+            if n > 0 {
+                self.counts[counter.index()].fetch_add(n, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Where a descriptor's counts go: the rule's own series, or its value's for a
+    /// `detailed_metric` rule while under the bound.
+    fn record(&self, entries: &[Entry], tally: &Tally) {
+        let Some(detailed) = &self.detailed else {
+            self.add(tally);
+            return;
+        };
+        let key = detailed_key(entries);
+        let found = detailed
+            .values
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key.as_str())
+            .cloned();
+        let series = found.or_else(|| {
+            let mut values = detailed
+                .values
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(existing) = values.get(key.as_str()) {
+                return Some(existing.clone());
+            }
+            if values.len() >= detailed.max {
+                if !detailed.full.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        domain = %detailed.domain,
+                        max = detailed.max,
+                        "detailed_metric: value bound reached; further values are counted in the rule's own series"
+                    );
+                }
+                return None;
+            }
+            let series = Arc::new(RuleCounters::new(&detailed.domain, &key, None));
+            values.insert(key.into_boxed_str(), series.clone());
+            Some(series)
+        });
+        match series {
+            Some(series) => series.add(tally),
+            None => self.add(tally),
+        }
+    }
+
+    /// This series and, for a detailed rule, its value series.
+    fn visit(&self, f: &mut dyn FnMut(&RuleCounters)) {
+        f(self);
+        if let Some(detailed) = &self.detailed {
+            for series in detailed
+                .values
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .values()
+            {
+                f(series);
+            }
+        }
+    }
+}
+
+/// envoyproxy/ratelimit's runtime stat key of a descriptor: `key_value` per entry (just `key`
+/// for an empty value), joined by `.`; cut at [`MAX_DETAILED_KEY_BYTES`].
+fn detailed_key(entries: &[Entry]) -> String {
+    let mut key = String::new();
+    for (i, entry) in entries.iter().enumerate() {
+        if i > 0 {
+            key.push('.');
+        }
+        key.push_str(&entry.key);
+        if !entry.value.is_empty() {
+            key.push('_');
+            key.push_str(&entry.value);
+        }
+        if key.len() > MAX_DETAILED_KEY_BYTES {
+            let mut end = MAX_DETAILED_KEY_BYTES;
+            while !key.is_char_boundary(end) {
+                end -= 1;
+            }
+            key.truncate(end);
+            break;
+        }
+    }
+    key
+}
+
+/// Degraded decisions of one domain, by failure policy.
+pub struct DomainCounters {
+    /// `domain`, `policy` for open, closed, local.
+    pub attrs: [Box<[KeyValue]>; 3],
+    counts: [AtomicU64; 3],
+}
+
+const POLICIES: [FailureMode; 3] = [FailureMode::Open, FailureMode::Closed, FailureMode::Local];
+
+impl DomainCounters {
+    fn new(domain: &str) -> DomainCounters {
+        DomainCounters {
+            attrs: POLICIES.map(|policy| {
+                vec![
+                    KeyValue::new("domain", domain.to_owned()),
+                    KeyValue::new("policy", policy.as_str()),
+                ]
+                .into_boxed_slice()
+            }),
+            counts: Default::default(),
+        }
+    }
+
+    pub fn get(&self, policy_index: usize) -> u64 {
+        self.counts[policy_index].load(Ordering::Relaxed)
+    }
+
+    fn add(&self, policy: FailureMode) {
+        if let Some(i) = POLICIES.iter().position(|p| *p == policy) {
+            self.counts[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The counters of one config's rules, indexed by [`crate::rule::RuleId`].
+struct RuleTable {
+    config: Arc<Config>,
+    /// Each rule with its counters; the rule identifies the config the entry belongs to.
+    rules: Vec<(Arc<Rule>, Arc<RuleCounters>)>,
+    /// (domain, path) → index in `rules`: continuity across reloads, and statuses from a config
+    /// replaced while they were decided.
+    by_path: HashMap<(Arc<str>, Arc<str>), usize>,
+    domains: HashMap<Arc<str>, Arc<DomainCounters>>,
+}
+
+impl RuleTable {
+    fn build(config: Arc<Config>, previous: Option<&RuleTable>, detailed_max: usize) -> RuleTable {
+        let mut rules = Vec::with_capacity(config.rule_count());
+        let mut by_path = HashMap::with_capacity(config.rule_count());
+        for rule in config.rules() {
+            let identity = (rule.domain.clone(), rule.path.clone());
+            let kept = previous
+                .and_then(|p| p.by_path.get(&identity).map(|&i| &p.rules[i].1))
+                .filter(|c| c.detailed.is_some() == rule.detailed_metric)
+                .cloned();
+            let counters =
+                kept.unwrap_or_else(|| Arc::new(RuleCounters::for_rule(rule, detailed_max)));
+            by_path.insert(identity, rules.len());
+            rules.push((rule.clone(), counters));
+        }
+        let domains = config
+            .domains()
+            .map(|d| {
+                let kept = previous.and_then(|p| p.domains.get(&d.name)).cloned();
+                let counters = kept.unwrap_or_else(|| Arc::new(DomainCounters::new(&d.name)));
+                (d.name.clone(), counters)
+            })
+            .collect();
+        RuleTable {
+            config,
+            rules,
+            by_path,
+            domains,
+        }
+    }
+
+    fn counters(&self, rule: &Arc<Rule>) -> Option<&RuleCounters> {
+        match self.rules.get(rule.id.0 as usize) {
+            Some((r, c)) if Arc::ptr_eq(r, rule) => Some(c),
+            // Decided on a config replaced meanwhile: the same rule by identity, if it stayed.
+            _ => self
+                .by_path
+                .get(&(rule.domain.clone(), rule.path.clone()))
+                .map(|&i| &*self.rules[i].1),
+        }
+    }
+}
+
+/// The per-rule and per-domain counters of whichever config is active.
+pub struct RuleMetrics {
+    config: Arc<ArcSwap<Config>>,
+    table: ArcSwap<RuleTable>,
+    rebuild: Mutex<()>,
+    near_ratio: f64,
+    detailed_max: usize,
+}
+
+impl RuleMetrics {
+    pub fn new(config: Arc<ArcSwap<Config>>, near_ratio: f64, detailed_max: usize) -> Self {
+        let table = RuleTable::build(config.load_full(), None, detailed_max);
+        RuleMetrics {
+            config,
+            table: ArcSwap::from_pointee(table),
+            rebuild: Mutex::new(()),
+            near_ratio,
+            detailed_max,
+        }
+    }
+
+    /// The table of the active config, built on first sight of a new config.
+    fn current(&self) -> arc_swap::Guard<Arc<RuleTable>> {
+        let table = self.table.load();
+        let active = self.config.load();
+        if Arc::ptr_eq(&table.config, &active) {
+            return table;
+        }
+        drop(table);
+        let _one_at_a_time = self.rebuild.lock().unwrap_or_else(PoisonError::into_inner);
+        let previous = self.table.load_full();
+        let active = self.config.load_full();
+        if !Arc::ptr_eq(&previous.config, &active) {
+            let built = RuleTable::build(active, Some(&previous), self.detailed_max);
+            self.table.store(Arc::new(built));
+        }
+        self.table.load()
+    }
+
+    /// Counts one decided request. `request` is the one `decision` answers (statuses in order).
+    pub fn record(&self, request: &LimitRequest, decision: &Decision) {
+        let table = self.current();
+        for (descriptor, status) in request.descriptors.iter().zip(&decision.statuses) {
+            if let Basis::Degraded(policy) = status.basis
+                && let Some(domain) = table.domains.get(request.domain.as_str())
+            {
+                domain.add(policy);
+            }
+            let Some(rule) = &status.rule else { continue };
+            if descriptor.is_negative_hits {
+                continue;
+            }
+            let hits = descriptor.hits(request.hits_addend);
+            let tally = tally(status, hits, rule.cost, self.near_ratio);
+            if tally == Tally::default() {
+                continue;
+            }
+            if let Some(counters) = table.counters(rule) {
+                counters.record(&descriptor.entries, &tally);
+            }
+        }
+    }
+
+    /// Calls `f` with every rule series (and detailed value series) and its value of `counter`.
+    pub fn each(&self, counter: Counter, f: &mut dyn FnMut(u64, &[KeyValue])) {
+        let table = self.current();
+        for (_, counters) in &table.rules {
+            counters.visit(&mut |series| f(series.get(counter), &series.attrs));
+        }
+    }
+
+    /// Calls `f` with every domain's degraded count per policy.
+    pub fn each_degraded(&self, f: &mut dyn FnMut(u64, &[KeyValue])) {
+        let table = self.current();
+        for counters in table.domains.values() {
+            for (i, attrs) in counters.attrs.iter().enumerate() {
+                f(counters.get(i), attrs);
+            }
+        }
+    }
+
+    /// Upper bound on the series one per-rule metric can have under the active config.
+    pub fn series_bound(&self) -> usize {
+        let table = self.current();
+        table
+            .rules
+            .iter()
+            .map(|(rule, _)| 1 + if rule.detailed_metric { self.detailed_max } else { 0 })
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::{AppliedLimit, Code};
+    use crate::rule::Unit;
+
+    fn status(basis: Basis, over: bool, shadow: bool, capacity: u64, remaining: u64) -> Status {
+        Status {
+            code: if over && !shadow {
+                Code::OverLimit
+            } else {
+                Code::Ok
+            },
+            basis,
+            limit: Some(AppliedLimit {
+                requests_per_unit: capacity as u32,
+                unit: Unit::Minute,
+                capacity,
+                name: None,
+            }),
+            remaining,
+            reset_ms: 0,
+            retry_after_ms: None,
+            shadow,
+            over,
+            rule: None,
+        }
+    }
+
+    #[test]
+    fn near_limit_matches_envoyproxy_for_a_bucket_that_does_not_refill() {
+        // Capacity 10, ratio 0.8: envoyproxy counts the 9th and 10th hit as near limit.
+        let near: Vec<u64> = (1..=10)
+            .map(|n| near_hits(1, 1, 10, 10 - n, 0.8))
+            .collect();
+        assert_eq!(near, [0, 0, 0, 0, 0, 0, 0, 0, 1, 1]);
+        // Three hits taking the bucket from 7 used to 10: two of them are past 8.
+        assert_eq!(near_hits(3, 1, 10, 0, 0.8), 2);
+        // Cost 5, capacity 20 (threshold 16): a hit from 15 to 20 used lands past it.
+        assert_eq!(near_hits(1, 5, 20, 0, 0.8), 1);
+        assert_eq!(near_hits(2, 5, 20, 5, 0.8), 0);
+        // Ratio 1: nothing allowed is ever near (used never exceeds capacity).
+        assert_eq!(near_hits(1, 1, 10, 0, 1.0), 0);
+        assert_eq!(near_hits(0, 1, 10, 0, 0.8), 0);
+    }
+
+    #[test]
+    fn tallies_follow_envoyproxy() {
+        let ok = tally(&status(Basis::Backend, false, false, 10, 5), 2, 1, 0.8);
+        assert_eq!(
+            ok,
+            Tally {
+                total_hits: 2,
+                within_limit: 2,
+                ..Tally::default()
+            }
+        );
+        let over = tally(&status(Basis::Backend, true, false, 10, 0), 1, 1, 0.8);
+        assert_eq!((over.total_hits, over.over_limit, over.within_limit), (1, 1, 0));
+        let shadow = tally(&status(Basis::Backend, true, true, 10, 0), 3, 1, 0.8);
+        assert_eq!((shadow.over_limit, shadow.shadow_mode), (3, 3));
+        let degraded = tally(
+            &status(Basis::Degraded(FailureMode::Closed), true, false, 10, 0),
+            1,
+            1,
+            0.8,
+        );
+        assert_eq!(
+            degraded,
+            Tally {
+                total_hits: 1,
+                ..Tally::default()
+            }
+        );
+        assert_eq!(
+            tally(&status(Basis::Unlimited, false, false, 10, 0), 1, 1, 0.8),
+            Tally::default()
+        );
+    }
+
+    #[test]
+    fn detailed_keys_are_envoyproxys_and_bounded() {
+        let e = |k: &str, v: &str| Entry::new(k, v);
+        assert_eq!(
+            detailed_key(&[e("tenant", "acme"), e("route", "")]),
+            "tenant_acme.route"
+        );
+        let long = detailed_key(&[e("k", &"é".repeat(300))]);
+        assert!(long.len() <= MAX_DETAILED_KEY_BYTES, "{}", long.len());
+
+        let counters = RuleCounters::new(&Arc::from("d"), "tenant", Some(2));
+        let one = Tally {
+            total_hits: 1,
+            ..Tally::default()
+        };
+        for value in ["a", "b", "c", "a"] {
+            counters.record(&[e("tenant", value)], &one);
+        }
+        let mut seen = Vec::new();
+        counters.visit(&mut |s| seen.push((s.attrs[1].value.to_string(), s.get(Counter::TotalHits))));
+        seen.sort();
+        // Two values get their own series; the third is folded into the rule's.
+        assert_eq!(
+            seen,
+            [
+                ("tenant".to_string(), 1),
+                ("tenant_a".to_string(), 2),
+                ("tenant_b".to_string(), 1)
+            ]
+        );
+    }
+}
