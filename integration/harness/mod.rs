@@ -11,6 +11,7 @@
 #![allow(dead_code, unused_imports)]
 
 mod cluster;
+pub mod otlp;
 mod sentinel;
 pub mod tls;
 

@@ -59,7 +59,19 @@ impl ConfigStore {
             }
             Err(errors) => {
                 self.loads_failed.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(source, errors = %errors, "config rejected; the last good config stays active");
+                // One line per rejected set, whatever the log format: the errors joined by "; ".
+                let joined = errors
+                    .0
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                tracing::error!(
+                    source,
+                    count = errors.0.len(),
+                    errors = %joined,
+                    "config rejected; the last good config stays active"
+                );
                 *self.lock() = Some(Rejected {
                     source: source.to_string(),
                     errors,

@@ -31,8 +31,8 @@ use crate::request::LimitRequest;
 /// Upper bounds (seconds) of the latency histograms: sub-millisecond steps, then up to and past
 /// Envoy's 20 ms filter timeout.
 pub const LATENCY_BUCKETS: [f64; 14] = [
-    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002, 0.003, 0.005, 0.01, 0.015, 0.02, 0.05,
-    0.1, 0.5,
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002, 0.003, 0.005, 0.01, 0.015, 0.02, 0.05, 0.1,
+    0.5,
 ];
 
 /// Series one per-rule metric may hold before the SDK folds the rest into an overflow series
@@ -252,7 +252,9 @@ impl Metrics {
         register_observables(&meter, &shared);
         let response_time = meter
             .f64_histogram("ratelimit_service_response_time_seconds")
-            .with_description("Time to answer ShouldRateLimit, from the decoded request to the encoded response")
+            .with_description(
+                "Time to answer ShouldRateLimit, from the decoded request to the encoded response",
+            )
             .with_boundaries(LATENCY_BUCKETS.to_vec())
             .build();
         let redis_duration = meter
@@ -403,7 +405,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Room for every rule's series (the per-rule bound is enforced by [`RuleMetrics`]).
 fn rule_series_view(instrument: &Instrument) -> Option<Stream> {
-    let per_rule = instrument.name().starts_with("ratelimit_service_rate_limit_")
+    let per_rule = instrument
+        .name()
+        .starts_with("ratelimit_service_rate_limit_")
         || instrument.name() == "sluice_degraded_decisions_total";
     per_rule
         .then(|| {
@@ -478,7 +482,9 @@ fn register_observables(meter: &Meter, shared: &Arc<Shared>) {
     let s = shared.clone();
     meter
         .u64_observable_gauge("sluice_config_last_load_failed")
-        .with_description("1 while the most recent config set was rejected (until a good one is activated)")
+        .with_description(
+            "1 while the most recent config set was rejected (until a good one is activated)",
+        )
         .with_callback(move |observer| {
             observer.observe(u64::from(s.config.last_rejected().is_some()), &[]);
         })
@@ -503,7 +509,9 @@ fn register_observables(meter: &Meter, shared: &Arc<Shared>) {
     let s = shared.clone();
     meter
         .u64_observable_counter("sluice_unknown_domain_total")
-        .with_description("ShouldRateLimit calls for a domain the config does not have (answered OK)")
+        .with_description(
+            "ShouldRateLimit calls for a domain the config does not have (answered OK)",
+        )
         .with_callback(move |observer| {
             observer.observe(s.unknown_domain.load(Ordering::Relaxed), &[]);
         })
@@ -512,7 +520,9 @@ fn register_observables(meter: &Meter, shared: &Arc<Shared>) {
     let s = shared.clone();
     meter
         .u64_observable_counter("sluice_degraded_decisions_total")
-        .with_description("Descriptors decided by a failure policy because the backend could not answer")
+        .with_description(
+            "Descriptors decided by a failure policy because the backend could not answer",
+        )
         .with_callback(move |observer| {
             s.rules
                 .each_degraded(&mut |value, attrs| observer.observe(value, attrs));
@@ -561,7 +571,9 @@ fn register_observables(meter: &Meter, shared: &Arc<Shared>) {
     let s = shared.clone();
     meter
         .u64_observable_gauge("sluice_redis_breaker_state")
-        .with_description("Circuit breaker per Redis endpoint: 1 for its current state, 0 for the others")
+        .with_description(
+            "Circuit breaker per Redis endpoint: 1 for its current state, 0 for the others",
+        )
         .with_callback(move |observer| {
             for source in lock(&s.breakers).iter() {
                 for reading in source() {

@@ -43,7 +43,11 @@ pub struct TelemetryArgs {
 
     /// Most distinct descriptor values one `detailed_metric` rule gets its own series for; later
     /// values are counted in the rule's own series.
-    #[arg(long, env = "SLUICE_METRICS_DETAILED_MAX_VALUES", default_value_t = 100)]
+    #[arg(
+        long,
+        env = "SLUICE_METRICS_DETAILED_MAX_VALUES",
+        default_value_t = 100
+    )]
     pub metrics_detailed_max_values: usize,
 
     /// Export traces by OTLP/gRPC (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or

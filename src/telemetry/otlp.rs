@@ -118,7 +118,8 @@ mod tests {
         let base = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317");
         let none = OtlpSettings::from_env(&env(&[base, ("OTEL_METRICS_EXPORTER", "none")]));
         assert_eq!(none.metrics_endpoint, None);
-        let both = OtlpSettings::from_env(&env(&[base, ("OTEL_METRICS_EXPORTER", "prometheus,otlp")]));
+        let both =
+            OtlpSettings::from_env(&env(&[base, ("OTEL_METRICS_EXPORTER", "prometheus,otlp")]));
         assert!(both.metrics_endpoint.is_some());
         let off = OtlpSettings::from_env(&env(&[base, ("OTEL_SDK_DISABLED", "TRUE")]));
         assert_eq!(off.metrics_endpoint, None);

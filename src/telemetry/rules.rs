@@ -129,9 +129,8 @@ pub fn tally(status: &Status, hits: u64, cost: u64, near_ratio: f64) -> Tally {
             if let Some(limit) = &status.limit {
                 t.near_limit = near_hits(hits, cost, limit.capacity, status.remaining, near_ratio);
             }
-        }
-        // The resilience layer's "over limit from the local cache" basis lands here:
-        // over_limit = over_limit_with_local_cache = hits (and shadow_mode for shadow rules).
+        } // The resilience layer's "over limit from the local cache" basis lands here:
+          // over_limit = over_limit_with_local_cache = hits (and shadow_mode for shadow rules).
     }
     t
 }
@@ -477,7 +476,13 @@ impl RuleMetrics {
         table
             .rules
             .iter()
-            .map(|(rule, _)| 1 + if rule.detailed_metric { self.detailed_max } else { 0 })
+            .map(|(rule, _)| {
+                1 + if rule.detailed_metric {
+                    self.detailed_max
+                } else {
+                    0
+                }
+            })
             .sum()
     }
 }
@@ -514,9 +519,7 @@ mod tests {
     #[test]
     fn near_limit_matches_envoyproxy_for_a_bucket_that_does_not_refill() {
         // Capacity 10, ratio 0.8: envoyproxy counts the 9th and 10th hit as near limit.
-        let near: Vec<u64> = (1..=10)
-            .map(|n| near_hits(1, 1, 10, 10 - n, 0.8))
-            .collect();
+        let near: Vec<u64> = (1..=10).map(|n| near_hits(1, 1, 10, 10 - n, 0.8)).collect();
         assert_eq!(near, [0, 0, 0, 0, 0, 0, 0, 0, 1, 1]);
         // Three hits taking the bucket from 7 used to 10: two of them are past 8.
         assert_eq!(near_hits(3, 1, 10, 0, 0.8), 2);
@@ -540,7 +543,10 @@ mod tests {
             }
         );
         let over = tally(&status(Basis::Backend, true, false, 10, 0), 1, 1, 0.8);
-        assert_eq!((over.total_hits, over.over_limit, over.within_limit), (1, 1, 0));
+        assert_eq!(
+            (over.total_hits, over.over_limit, over.within_limit),
+            (1, 1, 0)
+        );
         let shadow = tally(&status(Basis::Backend, true, true, 10, 0), 3, 1, 0.8);
         assert_eq!((shadow.over_limit, shadow.shadow_mode), (3, 3));
         let degraded = tally(
@@ -581,7 +587,8 @@ mod tests {
             counters.record(&[e("tenant", value)], &one);
         }
         let mut seen = Vec::new();
-        counters.visit(&mut |s| seen.push((s.attrs[1].value.to_string(), s.get(Counter::TotalHits))));
+        counters
+            .visit(&mut |s| seen.push((s.attrs[1].value.to_string(), s.get(Counter::TotalHits))));
         seen.sort();
         // Two values get their own series; the third is folded into the rule's.
         assert_eq!(

@@ -50,9 +50,9 @@ pub(super) fn provider(args: &TelemetryArgs) -> Result<SdkTracerProvider, String
     // Without the flag the SDK's default applies: OTEL_TRACES_SAMPLER(_ARG), else
     // parentbased_always_on.
     if let Some(ratio) = args.trace_sampling_ratio {
-        builder = builder.with_sampler(Sampler::ParentBased(Box::new(
-            Sampler::TraceIdRatioBased(ratio),
-        )));
+        builder = builder.with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+            ratio,
+        ))));
     }
     Ok(builder.build())
 }

@@ -226,31 +226,28 @@ impl RedisBackend {
             return Ok(Vec::new());
         }
         let now_ms = self.test_clock.as_ref().map(|clock| clock.now_ms());
-        let call = async {
-            match &self.link {
-                Link::Standalone(manager, server) => {
-                    let mut conn = manager.clone();
-                    let span = traces::redis_span(hits.len(), Some(server), None);
-                    let result = bounded(self.command_timeout, async move {
-                        let reply = script::run(&mut conn, hits.iter(), hits.len(), now_ms)
-                            .await
-                            .map_err(classify)?;
-                        collect(&reply, hits.len())
-                    })
-                    .instrument(span.clone())
-                    .await;
-                    if let Err(e) = &result {
-                        traces::record_redis_error(&span, e);
-                    }
-                    result
+        match &self.link {
+            Link::Standalone(manager, server) => {
+                let mut conn = manager.clone();
+                let span = traces::redis_span(hits.len(), Some(server), None);
+                let result = bounded(self.command_timeout, async move {
+                    let reply = script::run(&mut conn, hits.iter(), hits.len(), now_ms)
+                        .await
+                        .map_err(classify)?;
+                    collect(&reply, hits.len())
+                })
+                .instrument(span.clone())
+                .await;
+                if let Err(e) = &result {
+                    traces::record_redis_error(&span, e);
                 }
-                Link::Sentinel(link) => link.check(hits, now_ms, self.command_timeout).await,
-                Link::Cluster(conn) => {
-                    bounded(self.command_timeout, cluster::check(conn, hits, now_ms)).await
-                }
+                result
             }
-        };
-        self.calls.time(call).await
+            Link::Sentinel(link) => link.check(hits, now_ms, self.command_timeout).await,
+            Link::Cluster(conn) => {
+                bounded(self.command_timeout, cluster::check(conn, hits, now_ms)).await
+            }
+        }
     }
 }
 
@@ -259,7 +256,8 @@ impl Backend for RedisBackend {
         &self,
         hits: &[Hit],
     ) -> impl Future<Output = Result<Vec<Verdict>, BackendError>> + Send {
-        self.decide(hits)
+        // The probe below is not a decision: only checks are timed and counted.
+        self.calls.time(self.decide(hits))
     }
 
     fn name(&self) -> &'static str {

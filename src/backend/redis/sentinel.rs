@@ -168,7 +168,8 @@ impl SentinelLink {
         script::check_loaded(&reply)?;
         tracing::info!(master = %addr, "using the Redis master named by the sentinels");
         let name = addr.to_string();
-        self.master.store(Some(Arc::new(Master { addr, name, conn })));
+        self.master
+            .store(Some(Arc::new(Master { addr, name, conn })));
         Ok(())
     }
 }
