@@ -84,11 +84,6 @@ const UNSUPPORTED: &[(&str, Neutral, &str)] = &[
     ("USE_DOG_STATSD_MOGRIFIERS", Neutral::Never, STATS),
     ("EXTRA_TAGS", Neutral::Never, STATS),
     ("STATS_FLUSH_INTERVAL", Neutral::Never, STATS),
-    (
-        "DISABLE_STATS",
-        Neutral::False,
-        "metrics cannot be switched off; nothing is pushed anywhere",
-    ),
     ("PROMETHEUS_ADDR", Neutral::Never, PROMETHEUS),
     (
         "PROMETHEUS_PATH",
@@ -164,10 +159,16 @@ const UNSUPPORTED: &[(&str, Neutral, &str)] = &[
         Neutral::False,
         "no dynamic metadata is returned",
     ),
+    // TRACING_ENABLED and TRACING_SAMPLING_RATE map to --tracing and --trace-sampling-ratio.
     (
-        "TRACING_*",
-        Neutral::False,
-        "tracing is not configured through envoyproxy/ratelimit variables",
+        "TRACING_EXPORTER_PROTOCOL",
+        Neutral::Values(&["grpc"]),
+        "sluice exports OTLP over gRPC only (OTEL_EXPORTER_OTLP_ENDPOINT, port 4317)",
+    ),
+    (
+        "TRACING_SERVICE_*",
+        Neutral::Never,
+        "the service name and instance come from OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES (service.name defaults to sluice)",
     ),
     ("GRPC_SERVER_*", Neutral::Never, GRPC_TLS),
     (
@@ -554,8 +555,25 @@ impl Tr<'_> {
         }
         if self.bool("USE_PROMETHEUS") == Some(true) {
             self.out.notes.push(
-                "USE_PROMETHEUS accepted: metrics are always served at /metrics on the admin listener".to_owned(),
+                "USE_PROMETHEUS accepted: metrics are served at /metrics on the admin listener"
+                    .to_owned(),
             );
+        }
+        if let Some(disable) = self.bool("DISABLE_STATS") {
+            self.set("SLUICE_METRICS", (!disable).to_string(), "DISABLE_STATS");
+        }
+        if let Some(tracing) = self.bool("TRACING_ENABLED") {
+            self.set("SLUICE_TRACING", tracing.to_string(), "TRACING_ENABLED");
+        }
+        if let Some(rate) = self.get("TRACING_SAMPLING_RATE").map(str::to_owned) {
+            match rate.parse::<f64>() {
+                Ok(r) if (0.0..=1.0).contains(&r) => {
+                    self.set("SLUICE_TRACE_SAMPLING_RATIO", rate, "TRACING_SAMPLING_RATE")
+                }
+                _ => self.out.errors.push(format!(
+                    "TRACING_SAMPLING_RATE: `{rate}` is not a ratio in [0, 1]"
+                )),
+            }
         }
         match self.bool("LIMIT_RESPONSE_HEADERS_ENABLED") {
             Some(true) => {
@@ -1106,7 +1124,8 @@ mod tests {
             ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
             ("LOCAL_CACHE_SIZE_IN_BYTES", "1024"),
             ("REDIS_PERSECOND", "false"),
-            ("TRACING_ENABLED", "true"),
+            ("TRACING_EXPORTER_PROTOCOL", "http"),
+            ("TRACING_SERVICE_NAME", "RateLimit"),
             ("GRPC_SERVER_USE_TLS", "true"),
         ]));
         assert_eq!(
@@ -1117,10 +1136,30 @@ mod tests {
                 "LOCAL_CACHE_SIZE_IN_BYTES",
                 "MEMCACHE_HOST_PORT",
                 "STATSD_HOST",
-                "TRACING_ENABLED",
+                "TRACING_EXPORTER_PROTOCOL",
+                "TRACING_SERVICE_NAME",
                 "USE_STATSD",
             ]
         );
+    }
+
+    #[test]
+    fn stats_and_tracing_switches_map() {
+        let t = apply(&env(&[
+            ("DISABLE_STATS", "true"),
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_SAMPLING_RATE", "0.25"),
+            ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+        ]));
+        assert_eq!(over(&t, "SLUICE_METRICS").as_deref(), Some("false"));
+        assert_eq!(over(&t, "SLUICE_TRACING").as_deref(), Some("true"));
+        assert_eq!(
+            over(&t, "SLUICE_TRACE_SAMPLING_RATIO").as_deref(),
+            Some("0.25")
+        );
+        assert!(ignored(&t).is_empty(), "{:?}", t.ignored);
+        let bad = apply(&env(&[("TRACING_SAMPLING_RATE", "2")]));
+        assert_eq!(bad.errors.len(), 1);
     }
 
     #[test]

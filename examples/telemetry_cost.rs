@@ -1,0 +1,174 @@
+//! What metrics and traces cost: a closed-loop benchmark of the real gRPC server, in-process, on
+//! the memory backend, with telemetry off, metrics on (the default), and metrics on plus traces at
+//! 100 % sampling exported to an in-process OTLP collector.
+//!
+//! ```text
+//! cargo run --release --example telemetry_cost -- [--seconds 5] [--concurrency 32]
+//! ```
+//!
+//! Each mode runs in its own child process (the tracing subscriber is process-wide) and prints
+//! one line; the parent prints the table. Prints figures only; nothing is asserted.
+
+#[path = "../integration/harness/otlp.rs"]
+#[allow(dead_code)]
+mod otlp;
+
+use std::process::Command;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use sluice::clock::Stopwatch;
+use sluice::settings::{LogFormat, Settings};
+use sluice::telemetry::{self, TelemetryArgs};
+
+const CONFIG: &str = "domain: bench\ndescriptors:\n  - key: client\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n    descriptors:\n      - key: route\n        rate_limit: {unit: second, requests_per_unit: 1000000000}\n";
+const MODES: [&str; 3] = ["off", "metrics", "traces"];
+/// Clients connections the calls are spread over (HTTP/2 multiplexes the rest).
+const CONNECTIONS: usize = 4;
+
+fn arg(args: &[String], name: &str, default: u64) -> u64 {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map_or(default, |v| v.parse().expect("a number"))
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let seconds = arg(&args, "--seconds", 5);
+    let concurrency = arg(&args, "--concurrency", 32);
+    if let Some(i) = args.iter().position(|a| a == "--mode") {
+        let mode = args[i + 1].clone();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let line = runtime.block_on(run(&mode, seconds, concurrency as usize));
+        println!("{line}");
+        return;
+    }
+    println!(
+        "telemetry_cost: {seconds} s per mode, {concurrency} concurrent ShouldRateLimit calls over {CONNECTIONS} connections, memory backend, 2 descriptors per call"
+    );
+    println!(
+        "{:<8} {:>10} {:>9} {:>9} {:>9}  notes",
+        "mode", "req/s", "p50 µs", "p99 µs", "p99.9 µs"
+    );
+    let exe = std::env::current_exe().unwrap();
+    for mode in MODES {
+        let out = Command::new(&exe)
+            .args(["--mode", mode, "--seconds", &seconds.to_string()])
+            .args(["--concurrency", &concurrency.to_string()])
+            .output()
+            .expect("child runs");
+        assert!(
+            out.status.success(),
+            "{mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        print!("{}", String::from_utf8_lossy(&out.stdout));
+    }
+}
+
+async fn run(mode: &str, seconds: u64, concurrency: usize) -> String {
+    let collector = otlp::Collector::start().await;
+    let mut telemetry_args = TelemetryArgs {
+        tracing: mode == "traces",
+        trace_sampling_ratio: Some(1.0),
+        ..TelemetryArgs::default()
+    };
+    telemetry_args.otlp.traces_endpoint = Some(collector.endpoint());
+    let guard = telemetry::init("warn", LogFormat::Text, &telemetry_args);
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("bench.yaml"), CONFIG).unwrap();
+    let mut settings = Settings::with_config(dir.path());
+    settings.grpc_addr = "127.0.0.1:0".parse().unwrap();
+    settings.admin_addr = "127.0.0.1:0".parse().unwrap();
+    settings.telemetry.metrics = mode != "off";
+    let running = sluice::server::start(settings).await.expect("server starts");
+    let url = format!("http://{}", running.grpc_addr);
+    let mut clients = Vec::new();
+    for _ in 0..CONNECTIONS {
+        clients.push(RateLimitServiceClient::connect(url.clone()).await.unwrap());
+    }
+
+    // Warm up (connections, buckets, allocator), then measure.
+    let _ = drive(&clients, concurrency, Duration::from_millis(500)).await;
+    let measured = Duration::from_secs(seconds);
+    let mut latencies = drive(&clients, concurrency, measured).await;
+    latencies.sort_unstable();
+    let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
+    let rate = latencies.len() as f64 / measured.as_secs_f64();
+
+    drop(clients);
+    running.shutdown().await.unwrap();
+    guard.shutdown().await;
+    let notes = match mode {
+        "traces" => format!("{} spans exported", collector.spans().len()),
+        "metrics" => "Prometheus exporter, per-rule counters".to_owned(),
+        _ => "--metrics false, no tracing".to_owned(),
+    };
+    format!(
+        "{:<8} {:>10.0} {:>9} {:>9} {:>9}  {notes}",
+        mode,
+        rate,
+        pct(0.50),
+        pct(0.99),
+        pct(0.999)
+    )
+}
+
+/// `concurrency` tasks, each calling in a loop for `length`; every call's latency in µs.
+async fn drive(
+    clients: &[RateLimitServiceClient<tonic::transport::Channel>],
+    concurrency: usize,
+    length: Duration,
+) -> Vec<u32> {
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|task| {
+            let mut client = clients[task % clients.len()].clone();
+            tokio::spawn(async move {
+                let started = Stopwatch::start();
+                let mut latencies = Vec::new();
+                let mut n = 0u64;
+                while started.elapsed() < length {
+                    let request = RateLimitRequest {
+                        domain: "bench".into(),
+                        descriptors: vec![
+                            descriptor(&[("client", &format!("c{}", (n * 7 + task as u64) % 1000))]),
+                            descriptor(&[("client", "shared"), ("route", "r")]),
+                        ],
+                        hits_addend: 0,
+                    };
+                    let call = Stopwatch::start();
+                    client.should_rate_limit(request).await.expect("call");
+                    latencies.push(call.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                    n += 1;
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap());
+    }
+    all
+}
+
+fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: pairs
+            .iter()
+            .map(|(k, v)| Entry {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
