@@ -146,6 +146,22 @@ def test_shipped_files_pass(repo: Path, capsys: pytest.CaptureFixture[str]) -> N
             "vh_rate_limit: INCLUDE",
             "Unknown field 'vh_rate_limit'",
         ),
+        # Alert rules and the dashboard.
+        ("deploy/observability/alerts.yaml", "severity: warning", "severity: page", "'page' is not one of"),
+        ("deploy/observability/alerts.yaml", "for: 10m", "for: 10 minutes", "does not match"),
+        (
+            "deploy/observability/alerts.yaml",
+            "(sluice_config_last_load_failed)",
+            "(sluice_config_last_load_failed",
+            "alert SluiceConfigRejected: expr: unclosed '('",
+        ),
+        (
+            "deploy/observability/grafana-dashboard.json",
+            '"expr": "sum(rate(ratelimit_service_total_requests{job=~\\"$job\\"}[$__rate_interval]))"',
+            '"expr": "sum(rate(ratelimit_service_total_requests{job=~\\"$job\\"}[$__rate_interval])"',
+            "unclosed '('",
+        ),
+        ("deploy/observability/grafana-dashboard.json", '"w": 12,', '"w": 20,', "exceeds the 24 columns"),
     ],
 )
 def test_misspelled_field_fails(

@@ -20,6 +20,11 @@ Checks, without a cluster, an Envoy binary or the network:
    rule, and every rule is reachable.
 4. The ConfigMap's copy deploy/kubernetes/edge.yaml equals the descriptor config byte for byte.
 5. The Dockerfile agrees with the Deployment (ports, config path, non-root user).
+6. Observability: deploy/observability/alerts.yaml is a Prometheus rule file (groups, unique
+   alert names, `for` durations, a severity, summary and description, expressions with balanced
+   brackets and quotes) and grafana-dashboard.json a dashboard whose panels query through the
+   `datasource` variable, fit the 24-column grid and have unique ids. (That every metric they use
+   exists is checked against a real scrape by integration/observability.rs.)
 
 Usage: validate.py [--root REPO] [--config PATH]     (exit 1 with one line per failure)
 """
@@ -999,6 +1004,148 @@ def check_dockerfile(deploy_dir: Path, root: Path, sluice: dict | None, failures
 
 
 # ---------------------------------------------------------------------------------------------
+# Observability: alert rules and the Grafana dashboard
+
+PROMETHEUS_DURATION = r"^([0-9]+(ms|s|m|h|d|w|y))+$"
+ALERT_RULES_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["groups"],
+    "additionalProperties": False,
+    "properties": {
+        "groups": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["name", "rules"],
+                "additionalProperties": False,
+                "properties": {
+                    "name": {"type": "string", "minLength": 1},
+                    "interval": {"type": "string", "pattern": PROMETHEUS_DURATION},
+                    "rules": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {
+                            "type": "object",
+                            "required": ["alert", "expr", "for", "labels", "annotations"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "alert": {"type": "string", "pattern": "^[A-Z][A-Za-z0-9]*$"},
+                                "expr": {"type": "string", "minLength": 1},
+                                "for": {"type": "string", "pattern": PROMETHEUS_DURATION},
+                                "keep_firing_for": {"type": "string", "pattern": PROMETHEUS_DURATION},
+                                "labels": {
+                                    "type": "object",
+                                    "required": ["severity"],
+                                    "properties": {"severity": {"enum": ["critical", "warning", "info"]}},
+                                    "additionalProperties": {"type": "string"},
+                                },
+                                "annotations": {
+                                    "type": "object",
+                                    "required": ["summary", "description"],
+                                    "additionalProperties": {"type": "string"},
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        }
+    },
+}
+
+
+def expression_errors(expr: str) -> list[str]:
+    """Unbalanced (), [], {} or an unterminated string: what a typo in PromQL usually leaves."""
+    closing = {")": "(", "]": "[", "}": "{"}
+    stack: list[str] = []
+    quote: str | None = None
+    escaped = False
+    for char in expr:
+        if quote:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == quote:
+                quote = None
+        elif char in "\"'`":
+            quote = char
+        elif char in "([{":
+            stack.append(char)
+        elif char in closing:
+            if not stack or stack.pop() != closing[char]:
+                return [f"unbalanced {char!r}"]
+    if quote:
+        return [f"unterminated string {quote}"]
+    return [f"unclosed {stack[-1]!r}"] if stack else []
+
+
+def check_alert_rules(path: Path, failures: Failures) -> int:
+    document = load_yaml_document(path, failures)
+    if document is None:
+        return 0
+    errors = schema_errors(ALERT_RULES_SCHEMA, document)
+    for error in errors:
+        failures.add(path, error)
+    if errors:
+        return 0
+    seen: set[str] = set()
+    count = 0
+    for group in document["groups"]:
+        for rule in group["rules"]:
+            count += 1
+            if rule["alert"] in seen:
+                failures.add(path, f"alert {rule['alert']} is defined twice")
+            seen.add(rule["alert"])
+            for error in expression_errors(rule["expr"]):
+                failures.add(path, f"alert {rule['alert']}: expr: {error}")
+    return count
+
+
+def check_dashboard(path: Path, failures: Failures) -> int:
+    try:
+        dashboard = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        failures.add(path, f"not a JSON document: {error}")
+        return 0
+    for field_name in ("uid", "title", "panels", "templating"):
+        if field_name not in dashboard:
+            failures.add(path, f"missing `{field_name}`")
+            return 0
+    variables = {v.get("name"): v for v in dashboard["templating"].get("list", [])}
+    if variables.get("datasource", {}).get("type") != "datasource":
+        failures.add(path, "needs a `datasource` template variable of type datasource")
+    ids: set[int] = set()
+    queries = 0
+    for index, panel in enumerate(dashboard["panels"]):
+        where = f"panels[{index}] ({panel.get('title', '?')})"
+        if panel.get("id") in ids:
+            failures.add(path, f"{where}: id {panel.get('id')} is used twice")
+        ids.add(panel.get("id"))
+        grid = panel.get("gridPos", {})
+        if not all(isinstance(grid.get(k), int) for k in ("h", "w", "x", "y")):
+            failures.add(path, f"{where}: gridPos needs integer h, w, x, y")
+        elif grid["x"] + grid["w"] > 24:
+            failures.add(path, f"{where}: gridPos x + w = {grid['x'] + grid['w']} exceeds the 24 columns")
+        if panel.get("type") == "row":
+            continue
+        if panel.get("datasource", {}).get("uid") != "${datasource}":
+            failures.add(path, f"{where}: must query the `${{datasource}}` variable")
+        targets = panel.get("targets") or []
+        if not targets:
+            failures.add(path, f"{where}: has no query")
+        for target in targets:
+            expr = target.get("expr", "")
+            if not expr:
+                failures.add(path, f"{where}: target {target.get('refId')} has no expr")
+            for error in expression_errors(expr):
+                failures.add(path, f"{where}: target {target.get('refId')}: {error}")
+            queries += 1
+    return queries
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 def shown(path: Path, root: Path) -> str:
@@ -1052,6 +1199,11 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     check_dockerfile(deploy_dir, root, facts.get("sluice"), failures)
+
+    observability = deploy_dir / "observability"
+    alerts = check_alert_rules(observability / "alerts.yaml", failures)
+    queries = check_dashboard(observability / "grafana-dashboard.json", failures)
+    summary.append(f"observability: {alerts} alert rules, dashboard with {queries} queries")
 
     if failures.lines:
         for line in failures.lines:
