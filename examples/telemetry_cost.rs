@@ -3,11 +3,14 @@
 //! 100 % sampling exported to an in-process OTLP collector.
 //!
 //! ```text
-//! cargo run --release --example telemetry_cost -- [--seconds 5] [--concurrency 32]
+//! cargo run --release --example telemetry_cost -- [--seconds 5] [--concurrency 32] [--rounds 3]
 //! ```
 //!
-//! Each mode runs in its own child process (the tracing subscriber is process-wide) and prints
-//! one line; the parent prints the table. Prints figures only; nothing is asserted.
+//! Each mode runs in its own child process (the tracing subscriber is process-wide); the modes
+//! take turns for `--rounds` rounds, and the medians are printed last. Besides throughput and
+//! latency, each run reports the process CPU time per call (client and server, from
+//! `getrusage`): on a shared machine that figure moves much less than the throughput, and the
+//! client's share is the same in every mode. Prints figures only; nothing is asserted.
 
 #[path = "../integration/harness/otlp.rs"]
 #[allow(dead_code)]
@@ -40,6 +43,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let seconds = arg(&args, "--seconds", 5);
     let concurrency = arg(&args, "--concurrency", 32);
+    let rounds = arg(&args, "--rounds", 3);
     if let Some(i) = args.iter().position(|a| a == "--mode") {
         let mode = args[i + 1].clone();
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -51,26 +55,87 @@ fn main() {
         return;
     }
     println!(
-        "telemetry_cost: {seconds} s per mode, {concurrency} concurrent ShouldRateLimit calls over {CONNECTIONS} connections, memory backend, 2 descriptors per call"
+        "telemetry_cost: {seconds} s per mode and round, {rounds} rounds, {concurrency} concurrent ShouldRateLimit calls over {CONNECTIONS} connections, memory backend, 2 descriptors per call"
     );
-    println!(
-        "{:<8} {:>10} {:>9} {:>9} {:>9}  notes",
-        "mode", "req/s", "p50 µs", "p99 µs", "p99.9 µs"
-    );
+    println!("{HEADER}");
     let exe = std::env::current_exe().unwrap();
-    for mode in MODES {
-        let out = Command::new(&exe)
-            .args(["--mode", mode, "--seconds", &seconds.to_string()])
-            .args(["--concurrency", &concurrency.to_string()])
-            .output()
-            .expect("child runs");
-        assert!(
-            out.status.success(),
-            "{mode}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        print!("{}", String::from_utf8_lossy(&out.stdout));
+    let mut results: Vec<(&str, Vec<Run>)> = MODES.iter().map(|m| (*m, Vec::new())).collect();
+    for _ in 0..rounds {
+        for (mode, runs) in &mut results {
+            let out = Command::new(&exe)
+                .args(["--mode", mode, "--seconds", &seconds.to_string()])
+                .args(["--concurrency", &concurrency.to_string()])
+                .output()
+                .expect("child runs");
+            assert!(
+                out.status.success(),
+                "{mode}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let line = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            let run = Run::parse(&line);
+            println!("{}", run.row(mode));
+            runs.push(run);
+        }
     }
+    println!("median of {rounds} rounds:");
+    println!("{HEADER}");
+    for (mode, runs) in &results {
+        println!("{}", Run::median(runs).row(mode));
+    }
+}
+
+const HEADER: &str = "mode          req/s   p50 µs   p99 µs p99.9 µs  CPU µs/call  notes";
+
+/// One child's figures (its stdout line: `rate p50 p99 p999 cpu_per_call|notes`).
+#[derive(Clone)]
+struct Run {
+    figures: [f64; 5],
+    notes: String,
+}
+
+impl Run {
+    fn parse(line: &str) -> Run {
+        let (numbers, notes) = line.split_once('|').expect("figures|notes");
+        let values: Vec<f64> = numbers
+            .split_whitespace()
+            .map(|v| v.parse().expect("a figure"))
+            .collect();
+        Run {
+            figures: values.try_into().expect("five figures"),
+            notes: notes.to_owned(),
+        }
+    }
+
+    fn median(runs: &[Run]) -> Run {
+        let mut figures = [0.0; 5];
+        for (i, figure) in figures.iter_mut().enumerate() {
+            let mut column: Vec<f64> = runs.iter().map(|r| r.figures[i]).collect();
+            column.sort_by(f64::total_cmp);
+            *figure = column[column.len() / 2];
+        }
+        Run {
+            figures,
+            notes: runs[0].notes.clone(),
+        }
+    }
+
+    fn row(&self, mode: &str) -> String {
+        let [rate, p50, p99, p999, cpu] = self.figures;
+        format!(
+            "{mode:<8} {rate:>10.0} {p50:>8.0} {p99:>8.0} {p999:>8.0} {cpu:>12.1}  {}",
+            self.notes
+        )
+    }
+}
+
+/// User + system CPU time of this process so far, in µs.
+fn cpu_micros() -> f64 {
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage fills the struct it is given.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let micros = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    micros(usage.ru_utime) + micros(usage.ru_stime)
 }
 
 async fn run(mode: &str, seconds: u64, concurrency: usize) -> String {
@@ -89,7 +154,9 @@ async fn run(mode: &str, seconds: u64, concurrency: usize) -> String {
     settings.grpc_addr = "127.0.0.1:0".parse().unwrap();
     settings.admin_addr = "127.0.0.1:0".parse().unwrap();
     settings.telemetry.metrics = mode != "off";
-    let running = sluice::server::start(settings).await.expect("server starts");
+    let running = sluice::server::start(settings)
+        .await
+        .expect("server starts");
     let url = format!("http://{}", running.grpc_addr);
     let mut clients = Vec::new();
     for _ in 0..CONNECTIONS {
@@ -99,7 +166,9 @@ async fn run(mode: &str, seconds: u64, concurrency: usize) -> String {
     // Warm up (connections, buckets, allocator), then measure.
     let _ = drive(&clients, concurrency, Duration::from_millis(500)).await;
     let measured = Duration::from_secs(seconds);
+    let cpu_before = cpu_micros();
     let mut latencies = drive(&clients, concurrency, measured).await;
+    let cpu_per_call = (cpu_micros() - cpu_before) / latencies.len() as f64;
     latencies.sort_unstable();
     let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
     let rate = latencies.len() as f64 / measured.as_secs_f64();
@@ -113,9 +182,7 @@ async fn run(mode: &str, seconds: u64, concurrency: usize) -> String {
         _ => "--metrics false, no tracing".to_owned(),
     };
     format!(
-        "{:<8} {:>10.0} {:>9} {:>9} {:>9}  {notes}",
-        mode,
-        rate,
+        "{rate} {} {} {} {cpu_per_call}|{notes}",
         pct(0.50),
         pct(0.99),
         pct(0.999)
@@ -139,7 +206,10 @@ async fn drive(
                     let request = RateLimitRequest {
                         domain: "bench".into(),
                         descriptors: vec![
-                            descriptor(&[("client", &format!("c{}", (n * 7 + task as u64) % 1000))]),
+                            descriptor(&[(
+                                "client",
+                                &format!("c{}", (n * 7 + task as u64) % 1000),
+                            )]),
                             descriptor(&[("client", "shared"), ("route", "r")]),
                         ],
                         hits_addend: 0,

@@ -18,8 +18,9 @@
 //! - [`backend`]: the `Backend` trait; `memory` and `redis` implementations.
 //! - [`limiter`]: request → rules → one backend call → [`limiter::Decision`].
 //! - [`service`]: the tonic `RateLimitService` adapter: protobuf in, protobuf + headers out.
-//! - [`admin`]: HTTP admin — health, readiness, active config.
-//! - [`telemetry`]: logging setup (stderr, text or JSON).
+//! - [`admin`]: HTTP admin — health, readiness, active config, metrics.
+//! - [`telemetry`]: metrics (OpenTelemetry SDK: Prometheus `/metrics`, OTLP push), traces
+//!   (OTLP, W3C `traceparent`), logs (stderr, text or JSON).
 //! - [`cli`]: the `check-config` subcommand's output and exit code.
 //! - [`security`]: TLS/mTLS, caller policy, HTTP/2 limits, strict request decoding.
 //! - [`settings`]: CLI flags and environment → [`settings::Settings`].
