@@ -12,6 +12,8 @@
 //! `getrusage`): on a shared machine that figure moves much less than the throughput, and the
 //! client's share is the same in every mode. Prints figures only; nothing is asserted.
 
+#[path = "../tests/common/mod.rs"]
+mod common;
 #[path = "../integration/harness/otlp.rs"]
 #[allow(dead_code)]
 mod otlp;
@@ -19,8 +21,6 @@ mod otlp;
 use std::process::Command;
 use std::time::Duration;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice::clock::Stopwatch;
@@ -206,11 +206,11 @@ async fn drive(
                     let request = RateLimitRequest {
                         domain: "bench".into(),
                         descriptors: vec![
-                            descriptor(&[(
+                            common::desc(&[(
                                 "client",
                                 &format!("c{}", (n * 7 + task as u64) % 1000),
                             )]),
-                            descriptor(&[("client", "shared"), ("route", "r")]),
+                            common::desc(&[("client", "shared"), ("route", "r")]),
                         ],
                         hits_addend: 0,
                     };
@@ -228,17 +228,4 @@ async fn drive(
         all.extend(task.await.unwrap());
     }
     all
-}
-
-fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: pairs
-            .iter()
-            .map(|(k, v)| Entry {
-                key: k.to_string(),
-                value: v.to_string(),
-            })
-            .collect(),
-        ..Default::default()
-    }
 }
