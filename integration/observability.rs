@@ -562,7 +562,7 @@ async fn every_metric_the_dashboard_and_alerts_use_is_in_a_real_scrape() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn logs_are_json_lines_one_per_rejected_config_and_none_per_request() {
+async fn the_binary_logs_json_lines_and_takes_the_near_limit_ratio_from_envoyproxys_variable() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("obs.yaml");
     std::fs::write(&file, OBS).unwrap();
@@ -582,6 +582,7 @@ async fn logs_are_json_lines_one_per_rejected_config_and_none_per_request() {
             "200ms",
         ])
         .env_remove("RUST_LOG")
+        .env("NEAR_LIMIT_RATIO", "0.5")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -610,6 +611,15 @@ async fn logs_are_json_lines_one_per_rejected_config_and_none_per_request() {
             .await
             .unwrap();
     }
+    // Capacity 10 at ratio 0.5: the 6th to 10th hits are near limit (0.8 would make it 2).
+    let m = scrape(admin);
+    let near = |m: &Scrape| {
+        m.get(
+            "ratelimit_service_rate_limit_near_limit",
+            &[("domain", "obs"), ("key", "tenant")],
+        )
+    };
+    assert_eq!(near(&m), 5.0);
     // Two errors in one rejected set: one line.
     std::fs::write(
         &file,

@@ -141,12 +141,6 @@ pub fn init(level: &str, format: LogFormat, args: &TelemetryArgs) -> TelemetryGu
     TelemetryGuard { tracer }
 }
 
-/// Logs only (no tracing): for embedders and tools.
-pub fn init_logging(level: &str, format: LogFormat) {
-    let args = TelemetryArgs::default();
-    init(level, format, &args);
-}
-
 fn log_layer(level: &str, format: LogFormat) -> Box<dyn Layer<Registry> + Send + Sync> {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(level))
