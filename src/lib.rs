@@ -38,6 +38,7 @@ pub mod explain;
 pub mod key;
 pub mod limiter;
 pub mod request;
+pub mod resilience;
 pub mod rule;
 pub mod security;
 pub mod server;

@@ -17,6 +17,10 @@ use crate::backend::redis::{RedisBackend, RedisMode, RedisOptions};
 use crate::clock::MonotonicClock;
 use crate::config::{self, Config, ConfigErrors, ConfigStore};
 use crate::limiter::{Limiter, LimiterOptions};
+use crate::resilience::breaker::{BreakerSet, BreakerSettings};
+use crate::resilience::local::Replicas;
+use crate::resilience::{self, Resilience, ResilienceOptions};
+use crate::rule::FailureMode;
 use crate::security::tls::{AuthorizeLayer, GrpcIncoming, TlsState};
 use crate::security::wire::RateLimitServer;
 use crate::service::{HeaderOptions, RateLimitGrpc, RequestBounds};
@@ -25,6 +29,14 @@ use crate::xds::{self, ConfigSource};
 
 /// Hard ceiling tonic enforces before our own `max_message_bytes` check can name the field.
 const TRANSPORT_MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
+
+/// How often the backend is probed and readiness (admin and gRPC health) re-evaluated. The probe
+/// is also what closes an open breaker when no traffic arrives.
+const HEALTH_INTERVAL: Duration = Duration::from_millis(500);
+/// How often each replica refreshes its heartbeat in Redis, and how long a silent one still
+/// counts: a stopped replica is forgotten within the TTL, a new one counted within an interval.
+const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
+const HEARTBEAT_TTL: Duration = Duration::from_secs(5);
 
 /// Why the service could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +64,11 @@ pub struct Running {
     pub config: Arc<ConfigStore>,
     /// The embedded backend, when it is the one serving (tests watch its bounds).
     pub memory_backend: Option<Arc<MemoryBackend>>,
+    /// The circuit breakers of the Redis endpoints (`None` on the memory backend); read-only:
+    /// `states()` for readiness, metrics and tests.
+    pub breakers: Option<Arc<BreakerSet>>,
+    /// How many replicas the `local` failure policy divides limits by (configured or counted).
+    pub replicas: Arc<Replicas>,
     stop: watch::Sender<bool>,
     task: JoinHandle<Result<(), ServeError>>,
 }
@@ -124,7 +141,13 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
                 },
             ));
             let sweeper = backend.spawn_sweeper(Duration::from_secs(1));
-            let running = serve(settings, config, backend.clone(), config_loaded).await;
+            // One process holds every bucket: there is no outage to divide limits for.
+            let parts = Parts {
+                replicas: Arc::new(Replicas::fixed(1)),
+                over_limit_cache: false,
+                local_sweeper: false,
+            };
+            let running = serve(settings, config, backend.clone(), config_loaded, parts).await;
             if running.is_err() {
                 sweeper.abort();
             }
@@ -137,7 +160,28 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
             let backend = RedisBackend::connect(redis_options(&settings))
                 .await
                 .map_err(|e| ServeError::Backend(e.to_string()))?;
-            serve(settings, config, backend, config_loaded).await
+            let replicas = Arc::new(if settings.replicas > 0 {
+                Replicas::fixed(settings.replicas)
+            } else {
+                Replicas::discovered()
+            });
+            let heartbeat = replicas
+                .is_discovered()
+                .then(|| Heartbeat::new(&backend, &settings.key_prefix, replicas.clone()));
+            if let Some(heartbeat) = &heartbeat {
+                // Counted before serving, so a Redis loss right after start divides correctly.
+                heartbeat.beat().await;
+            }
+            let parts = Parts {
+                replicas,
+                over_limit_cache: settings.over_limit_cache,
+                local_sweeper: true,
+            };
+            let running = serve(settings, config, backend, config_loaded, parts).await?;
+            if let Some(heartbeat) = heartbeat {
+                heartbeat.spawn(running.stop.subscribe());
+            }
+            Ok(running)
         }
     }?;
     if let ConfigSource::File(path) = &source {
@@ -162,11 +206,20 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
     Ok(running)
 }
 
+/// What differs between the backends beyond the backend itself.
+struct Parts {
+    replicas: Arc<Replicas>,
+    over_limit_cache: bool,
+    /// Sweep the `local` policy's buckets (only a shared backend can fail over to them).
+    local_sweeper: bool,
+}
+
 async fn serve<B: Backend>(
     settings: Settings,
     config: Arc<ConfigStore>,
     backend: B,
     config_loaded: bool,
+    parts: Parts,
 ) -> Result<Running, ServeError> {
     let tls = match settings.security.tls.settings() {
         None => None,
@@ -174,16 +227,41 @@ async fn serve<B: Backend>(
     };
     let readiness = Arc::new(Readiness::default());
     readiness.set_config_loaded(config_loaded);
-    readiness.set_backend_ready(backend.probe().await.is_ok());
+    let answered = backend.probe().await.is_ok();
+    readiness.set_backend_ready(answered);
 
-    let limiter = Arc::new(Limiter::new(
+    let resilience = Resilience::new(
+        &ResilienceOptions {
+            over_limit_cache_keys: parts.over_limit_cache.then(|| {
+                usize::try_from(settings.over_limit_cache_max_keys).unwrap_or(usize::MAX)
+            }),
+            max_in_flight: usize::try_from(settings.max_in_flight).unwrap_or(usize::MAX),
+            local_store: MemoryOptions {
+                max_buckets: settings.memory_max_buckets,
+                max_buckets_per_rule: settings
+                    .security
+                    .memory_max_buckets_per_rule
+                    .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+                ..MemoryOptions::default()
+            },
+        },
+        Arc::new(MonotonicClock::new()),
+        parts.replicas.clone(),
+    );
+    let local_sweeper = parts
+        .local_sweeper
+        .then(|| resilience.local().store().spawn_sweeper(Duration::from_secs(1)));
+    let breakers = backend.breakers();
+    let limiter = Arc::new(Limiter::with_resilience(
         config.active().clone(),
         backend,
         LimiterOptions {
             key_prefix: settings.key_prefix.clone(),
             default_failure_mode: settings.failure_mode.into(),
         },
+        resilience,
     ));
+    let health_limiter = limiter.clone();
     let service = RateLimitGrpc::new(
         limiter,
         RequestBounds {
@@ -200,6 +278,7 @@ async fn serve<B: Backend>(
             remaining: settings.header_remaining.clone(),
             reset: settings.header_reset.clone(),
             retry_after: settings.header_retry_after.clone(),
+            degraded: settings.header_degraded.clone(),
         },
     );
 
@@ -210,14 +289,21 @@ async fn serve<B: Backend>(
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     let rls_name = <RateLimitServiceServer<RateLimitGrpc<B>> as tonic::server::NamedService>::NAME;
-    health_reporter
-        .set_service_status("", tonic_health::ServingStatus::Serving)
-        .await;
-    health_reporter
-        .set_service_status(rls_name, tonic_health::ServingStatus::Serving)
-        .await;
+    let grpc_health = GrpcHealth {
+        reporter: health_reporter.clone(),
+        names: ["", rls_name],
+    };
+    grpc_health.set(readiness.is_ready()).await;
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    spawn_health(
+        health_limiter,
+        readiness.clone(),
+        grpc_health,
+        answered,
+        settings.failure_mode.into(),
+        stop_rx.clone(),
+    );
 
     let admin_router = admin::router(AdminState {
         config: config.clone(),
@@ -279,6 +365,9 @@ async fn serve<B: Backend>(
             }
         };
         let _ = admin_task.await;
+        if let Some(sweeper) = local_sweeper {
+            sweeper.abort();
+        }
         result
     });
 
@@ -288,9 +377,132 @@ async fn serve<B: Backend>(
         readiness,
         config,
         memory_backend: None,
+        breakers,
+        replicas: parts.replicas,
         stop: stop_tx,
         task,
     })
+}
+
+/// The statuses gRPC health reports for the service names sluice serves.
+struct GrpcHealth {
+    reporter: tonic_health::server::HealthReporter,
+    names: [&'static str; 2],
+}
+
+impl GrpcHealth {
+    async fn set(&self, ready: bool) {
+        let status = if ready {
+            tonic_health::ServingStatus::Serving
+        } else {
+            tonic_health::ServingStatus::NotServing
+        };
+        for name in self.names {
+            self.reporter.set_service_status(name, status).await;
+        }
+    }
+}
+
+/// Probes the backend every [`HEALTH_INTERVAL`] (through the breakers, so the probe is also the
+/// half-open call that closes one) and keeps `/readyz` and gRPC health in line with
+/// [`resilience::backend_ready`]. A backend that never answered a probe stays not ready.
+fn spawn_health<B: Backend>(
+    limiter: Arc<Limiter<B>>,
+    readiness: Arc<Readiness>,
+    grpc: GrpcHealth,
+    mut answered: bool,
+    default_mode: FailureMode,
+    mut stop: watch::Receiver<bool>,
+) {
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(HEALTH_INTERVAL);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut reported = readiness.is_ready();
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            answered |= limiter.backend().probe().await.is_ok();
+            let only_error = resilience::only_error_policy(&limiter.config().load(), default_mode);
+            let backend_ready =
+                answered && resilience::backend_ready(&limiter.breaker_states(), only_error);
+            readiness.set_backend_ready(backend_ready);
+            let ready = readiness.is_ready();
+            if *stop.borrow() {
+                return;
+            }
+            if ready != reported {
+                if ready {
+                    tracing::info!("ready: serving");
+                } else {
+                    tracing::warn!(
+                        "not ready: Redis unreachable and the failure policy is `error`"
+                    );
+                }
+                grpc.set(ready).await;
+                reported = ready;
+            }
+        }
+    });
+}
+
+/// This replica's heartbeat in Redis, for the `local` policy's replica count.
+struct Heartbeat {
+    backend: RedisBackend,
+    key: String,
+    member: String,
+    replicas: Arc<Replicas>,
+}
+
+impl Heartbeat {
+    fn new(backend: &RedisBackend, key_prefix: &str, replicas: Arc<Replicas>) -> Self {
+        // The pod name when there is one (Kubernetes sets HOSTNAME), so an operator can read the
+        // set; the random part keeps two processes on one host apart.
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "sluice".into());
+        Heartbeat {
+            backend: backend.clone(),
+            // No `{` follows the prefix, so this can never be a bucket key.
+            key: format!("{key_prefix}replicas"),
+            member: format!("{host}-{:016x}", rand::random::<u64>()),
+            replicas,
+        }
+    }
+
+    /// One heartbeat; a failure keeps the last count (that is the point while Redis is away).
+    async fn beat(&self) {
+        match self
+            .backend
+            .heartbeat(&self.key, &self.member, HEARTBEAT_TTL)
+            .await
+        {
+            Ok(live) => {
+                let before = self.replicas.current();
+                self.replicas.observe(live);
+                if live.max(1) != before {
+                    tracing::info!(replicas = live, "live replica count changed");
+                }
+            }
+            Err(error) => {
+                tracing::debug!(%error, replicas = self.replicas.current(), "heartbeat failed; keeping the last replica count")
+            }
+        }
+    }
+
+    fn spawn(self, mut stop: watch::Receiver<bool>) {
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(HEARTBEAT_INTERVAL);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticks.tick().await;
+            loop {
+                tokio::select! {
+                    _ = ticks.tick() => {}
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+                self.beat().await;
+            }
+        });
+    }
 }
 
 fn explain_options(settings: &Settings) -> crate::explain::ExplainOptions {
@@ -311,6 +523,10 @@ fn redis_options(settings: &Settings) -> RedisOptions {
         sentinel_master: Some(settings.redis_sentinel_master.clone()),
         connect_timeout: settings.redis_connect_timeout,
         command_timeout: settings.redis_timeout,
+        breaker: BreakerSettings {
+            failure_threshold: settings.breaker_failures,
+            cooldown: settings.breaker_cooldown,
+        },
     }
 }
 

@@ -27,14 +27,6 @@ const WIRE_SATURATED: i64 = -2;
 const FLAG_REFUND: u8 = 1;
 const FLAG_SHADOW: u8 = 2;
 
-/// Placeholder for verdict slots that a reply overwrites; never returned.
-pub(super) const UNSET: Verdict = Verdict {
-    allowed: false,
-    remaining: 0,
-    retry_after_ms: None,
-    until_full_ms: 0,
-};
-
 /// Builds `EVALSHA <sha> ...` (or `EVAL <source> ...`) for `hits`; `count` is their number.
 /// `now_ms` is the test-only clock override; production passes `None` so the script reads `TIME`.
 fn command<'a, I>(verb: &str, script: &str, hits: I, count: usize, now_ms: Option<u64>) -> Cmd
