@@ -608,3 +608,324 @@ fn degraded(target: Target) -> Status {
         rule: target.rule,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::backend::memory::{MemoryBackend, MemoryOptions};
+    use crate::clock::ManualClock;
+    use crate::config::load_sources;
+    use crate::request::Entry;
+    use crate::resilience::ResilienceOptions;
+    use crate::resilience::local::Replicas;
+
+    /// A memory backend that counts calls and fails the hits whose key contains a chosen part
+    /// (a dead Redis, or one dead Cluster node).
+    struct Flaky {
+        inner: MemoryBackend,
+        calls: AtomicUsize,
+        failing: Mutex<HashSet<String>>,
+    }
+
+    impl Flaky {
+        fn fail(&self, part: &str) {
+            self.failing.lock().unwrap().insert(part.to_string());
+        }
+        fn heal(&self) {
+            self.failing.lock().unwrap().clear();
+        }
+        fn calls(&self) -> usize {
+            self.calls.load(Ordering::SeqCst)
+        }
+        fn is_failing(&self, key: &str) -> bool {
+            self.failing.lock().unwrap().iter().any(|p| key.contains(p))
+        }
+    }
+
+    impl Backend for Flaky {
+        async fn check(&self, hits: &[Hit]) -> Result<Vec<Verdict>, BackendError> {
+            self.check_each(hits).await.into_iter().collect()
+        }
+        fn name(&self) -> &'static str {
+            "flaky"
+        }
+        async fn probe(&self) -> Result<(), BackendError> {
+            Ok(())
+        }
+        async fn check_each(&self, hits: &[Hit]) -> Vec<Result<Verdict, BackendError>> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let healthy: Vec<Hit> = hits
+                .iter()
+                .filter(|h| !self.is_failing(&h.key))
+                .cloned()
+                .collect();
+            let mut verdicts = self.inner.check(&healthy).await.unwrap().into_iter();
+            hits.iter()
+                .map(|h| {
+                    if self.is_failing(&h.key) {
+                        Err(BackendError::Unavailable("refused".into()))
+                    } else {
+                        Ok(verdicts.next().unwrap())
+                    }
+                })
+                .collect()
+        }
+    }
+
+    /// `a` and `b`: 4 per second each; `s`: shadow, 1 per hour; one domain per failure mode.
+    const CONFIG: &str = "
+descriptors:
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 4}
+  - key: b
+    rate_limit: {unit: second, requests_per_unit: 4}
+  - key: s
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: c
+    failure_mode: closed
+    rate_limit: {unit: second, requests_per_unit: 4}
+";
+
+    struct Rig {
+        limiter: Limiter<Arc<Flaky>>,
+        backend: Arc<Flaky>,
+        clock: ManualClock,
+    }
+
+    fn rig(replicas: u64, cache: bool, max_in_flight: usize) -> Rig {
+        let sources: Vec<(String, String)> = ["open", "closed", "local", "error"]
+            .iter()
+            .map(|mode| {
+                (
+                    format!("{mode}.yaml"),
+                    format!("domain: {mode}\nfailure_mode: {mode}\n{CONFIG}"),
+                )
+            })
+            .collect();
+        let config = Arc::new(ArcSwap::from_pointee(load_sources(&sources).unwrap()));
+        let clock = ManualClock::new(1_000_000);
+        let backend = Arc::new(Flaky {
+            inner: MemoryBackend::new(Arc::new(clock.clone()), MemoryOptions::default()),
+            calls: AtomicUsize::new(0),
+            failing: Mutex::new(HashSet::new()),
+        });
+        let resilience = Resilience::new(
+            &ResilienceOptions {
+                over_limit_cache_keys: cache.then_some(1_000),
+                max_in_flight,
+                ..ResilienceOptions::default()
+            },
+            Arc::new(clock.clone()),
+            Arc::new(Replicas::fixed(replicas)),
+        );
+        let limiter = Limiter::with_resilience(
+            config,
+            backend.clone(),
+            LimiterOptions::default(),
+            resilience,
+        );
+        Rig {
+            limiter,
+            backend,
+            clock,
+        }
+    }
+
+    fn request(domain: &str, descriptors: &[(&str, &str)]) -> LimitRequest {
+        LimitRequest {
+            domain: domain.into(),
+            descriptors: descriptors
+                .iter()
+                .map(|(k, v)| RequestDescriptor::new(vec![Entry::new(*k, *v)]))
+                .collect(),
+            hits_addend: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn each_policy_answers_when_the_backend_fails() {
+        let rig = rig(1, false, usize::MAX);
+        rig.backend.fail("");
+        let open = rig.limiter.decide(&request("open", &[("a", "1")])).await.unwrap();
+        assert_eq!(open.overall, Code::Ok);
+        assert_eq!(open.statuses[0].basis, Basis::Degraded(FailureMode::Open));
+        assert_eq!(open.degraded_modes(), [FailureMode::Open]);
+        let closed = rig.limiter.decide(&request("closed", &[("a", "1")])).await.unwrap();
+        assert_eq!(closed.overall, Code::OverLimit);
+        assert_eq!(closed.statuses[0].basis, Basis::Degraded(FailureMode::Closed));
+        let error = rig.limiter.decide(&request("error", &[("a", "1")])).await;
+        assert!(matches!(error, Err(LimitError::Unavailable(_))), "{error:?}");
+        let mut allowed = 0;
+        for _ in 0..10 {
+            let local = rig.limiter.decide(&request("local", &[("a", "1")])).await.unwrap();
+            assert_eq!(local.statuses[0].basis, Basis::Degraded(FailureMode::Local));
+            allowed += usize::from(local.overall == Code::Ok);
+        }
+        assert_eq!(allowed, 4, "one replica: the whole limit, locally");
+        // A descriptor's own failure mode wins over its domain's.
+        let mixed = rig
+            .limiter
+            .decide(&request("open", &[("a", "1"), ("c", "1")]))
+            .await
+            .unwrap();
+        assert_eq!(mixed.overall, Code::OverLimit);
+        assert_eq!(
+            mixed.degraded_modes(),
+            [FailureMode::Open, FailureMode::Closed]
+        );
+    }
+
+    #[tokio::test]
+    async fn local_divides_by_the_replica_count_and_a_rejected_request_takes_nothing() {
+        let rig = rig(2, false, usize::MAX);
+        rig.backend.fail("");
+        let mut allowed = 0;
+        for _ in 0..10 {
+            let d = rig.limiter.decide(&request("local", &[("a", "x")])).await.unwrap();
+            allowed += usize::from(d.overall == Code::Ok);
+        }
+        assert_eq!(allowed, 2, "capacity 4 over 2 replicas");
+
+        // `c` is closed: the request is rejected, so the local bucket of `b` must not pay.
+        for _ in 0..3 {
+            let d = rig
+                .limiter
+                .decide(&request("local", &[("b", "y"), ("c", "y")]))
+                .await
+                .unwrap();
+            assert_eq!(d.overall, Code::OverLimit);
+            assert_eq!(d.statuses[0].code, Code::Ok);
+        }
+        let alone = rig.limiter.decide(&request("local", &[("b", "y")])).await.unwrap();
+        assert_eq!(alone.overall, Code::Ok);
+        assert_eq!(alone.statuses[0].remaining, 1, "2 - 1: nothing was taken before");
+    }
+
+    #[tokio::test]
+    async fn only_the_failed_endpoint_is_degraded() {
+        let rig = rig(1, false, usize::MAX);
+        rig.backend.fail("b=");
+        let d = rig
+            .limiter
+            .decide(&request("open", &[("a", "1"), ("b", "1")]))
+            .await
+            .unwrap();
+        assert_eq!(d.statuses[0].basis, Basis::Backend);
+        assert_eq!(d.statuses[0].remaining, 3);
+        assert_eq!(d.statuses[1].basis, Basis::Degraded(FailureMode::Open));
+        // With `error` on the failed one, the whole call fails.
+        assert!(
+            rig.limiter
+                .decide(&request("error", &[("a", "1"), ("b", "1")]))
+                .await
+                .is_err()
+        );
+        rig.backend.heal();
+        let d = rig.limiter.decide(&request("open", &[("b", "1")])).await.unwrap();
+        assert!(!d.degraded());
+    }
+
+    #[tokio::test]
+    async fn over_limit_cache_answers_until_the_retry_after_without_asking() {
+        let rig = rig(1, true, usize::MAX);
+        let hammer = request("error", &[("a", "h")]);
+        for _ in 0..4 {
+            assert_eq!(rig.limiter.decide(&hammer).await.unwrap().overall, Code::Ok);
+        }
+        let first = rig.limiter.decide(&hammer).await.unwrap();
+        assert_eq!(first.overall, Code::OverLimit);
+        assert_eq!(first.statuses[0].basis, Basis::Backend);
+        assert_eq!(first.statuses[0].retry_after_ms, Some(Some(250)));
+        let asked = rig.backend.calls();
+        for step in 0..5 {
+            rig.clock.advance(49);
+            let d = rig.limiter.decide(&hammer).await.unwrap();
+            assert_eq!(d.overall, Code::OverLimit);
+            assert_eq!(d.statuses[0].basis, Basis::Cached);
+            assert_eq!(d.statuses[0].retry_after_ms, Some(Some(250 - 49 * (step + 1))));
+        }
+        assert_eq!(rig.backend.calls(), asked, "Redis was not asked");
+        rig.clock.advance(5);
+        let d = rig.limiter.decide(&hammer).await.unwrap();
+        assert_eq!(d.statuses[0].basis, Basis::Backend);
+        assert_eq!(d.overall, Code::Ok, "a token is back after 250 ms");
+        assert_eq!(rig.backend.calls(), asked + 1);
+        assert_eq!(
+            rig.limiter.resilience().over_limit_cache().unwrap().answered(),
+            5
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cached_key_rejects_the_whole_request_and_charges_no_other() {
+        let rig = rig(1, true, usize::MAX);
+        for _ in 0..5 {
+            rig.limiter.decide(&request("error", &[("a", "full")])).await.unwrap();
+        }
+        let asked = rig.backend.calls();
+        // `b` has tokens, but `a` is known over limit: nothing is asked, nothing taken.
+        for _ in 0..3 {
+            let d = rig
+                .limiter
+                .decide(&request("error", &[("b", "spare"), ("a", "full")]))
+                .await
+                .unwrap();
+            assert_eq!(d.overall, Code::OverLimit);
+            assert_eq!(d.statuses[0].basis, Basis::NotEvaluated);
+            assert_eq!(d.statuses[0].code, Code::Ok);
+            assert_eq!(d.statuses[0].limit, None);
+            assert_eq!(d.statuses[1].basis, Basis::Cached);
+            assert_eq!(d.statuses[1].code, Code::OverLimit);
+        }
+        assert_eq!(rig.backend.calls(), asked);
+        let b = rig.limiter.decide(&request("error", &[("b", "spare")])).await.unwrap();
+        assert_eq!(b.statuses[0].remaining, 3, "b was never charged");
+    }
+
+    #[tokio::test]
+    async fn shadow_keys_and_refunds_always_reach_the_backend() {
+        let rig = rig(1, true, usize::MAX);
+        // The shadow rule is over limit after one hit but never rejects: the cache must not
+        // turn it into a rejection of the request.
+        for _ in 0..3 {
+            let d = rig
+                .limiter
+                .decide(&request("error", &[("s", "1"), ("a", "shadowed")]))
+                .await
+                .unwrap();
+            assert_eq!(d.overall, Code::Ok);
+            assert_eq!(d.statuses[0].basis, Basis::Backend);
+        }
+        for _ in 0..5 {
+            rig.limiter.decide(&request("error", &[("a", "r")])).await.unwrap();
+        }
+        let asked = rig.backend.calls();
+        let mut refund = request("error", &[("a", "r")]);
+        refund.descriptors[0].is_negative_hits = true;
+        let d = rig.limiter.decide(&refund).await.unwrap();
+        assert_eq!(d.statuses[0].basis, Basis::Backend);
+        assert_eq!(rig.backend.calls(), asked + 1);
+        // The refund gave a token back, and the cache forgot the key: the next take is asked.
+        let d = rig.limiter.decide(&request("error", &[("a", "r")])).await.unwrap();
+        assert_eq!(d.overall, Code::Ok);
+        assert_eq!(d.statuses[0].basis, Basis::Backend);
+    }
+
+    #[tokio::test]
+    async fn in_flight_bound_refuses_at_once_and_frees_on_completion() {
+        let rig = rig(1, false, 1);
+        // Hold the one place, as a decision waiting on a stalled Redis would.
+        let gate = rig.limiter.resilience().in_flight();
+        let place = gate.enter().unwrap();
+        let refused = rig.limiter.decide(&request("error", &[("a", "1")])).await;
+        assert_eq!(refused, Err(LimitError::Overloaded(1)));
+        drop(place);
+        assert!(rig.limiter.decide(&request("error", &[("a", "1")])).await.is_ok());
+        assert_eq!(gate.current(), 0);
+    }
+}

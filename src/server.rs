@@ -18,6 +18,7 @@ use crate::clock::MonotonicClock;
 use crate::config::{self, Config, ConfigErrors, ConfigStore};
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::resilience::breaker::{BreakerSet, BreakerSettings};
+use crate::resilience::in_flight::InFlight;
 use crate::resilience::local::Replicas;
 use crate::resilience::{self, Resilience, ResilienceOptions};
 use crate::rule::FailureMode;
@@ -69,6 +70,8 @@ pub struct Running {
     pub breakers: Option<Arc<BreakerSet>>,
     /// How many replicas the `local` failure policy divides limits by (configured or counted).
     pub replicas: Arc<Replicas>,
+    /// Decisions in progress and their bound (`--max-in-flight`).
+    pub in_flight: Arc<InFlight>,
     stop: watch::Sender<bool>,
     task: JoinHandle<Result<(), ServeError>>,
 }
@@ -252,6 +255,7 @@ async fn serve<B: Backend>(
         .local_sweeper
         .then(|| resilience.local().store().spawn_sweeper(Duration::from_secs(1)));
     let breakers = backend.breakers();
+    let in_flight = resilience.in_flight().clone();
     let limiter = Arc::new(Limiter::with_resilience(
         config.active().clone(),
         backend,
@@ -379,6 +383,7 @@ async fn serve<B: Backend>(
         memory_backend: None,
         breakers,
         replicas: parts.replicas,
+        in_flight,
         stop: stop_tx,
         task,
     })

@@ -12,6 +12,7 @@
 
 mod cluster;
 mod sentinel;
+pub mod sluice;
 pub mod tls;
 
 use std::io::Read;
@@ -114,8 +115,8 @@ impl RedisServer {
         ])
     }
 
-    /// A cluster-enabled node (its bus port, port + 10000, is free too).
-    fn start_cluster_node(node_timeout_ms: u64) -> RedisServer {
+    /// A cluster-enabled node (its bus port, port + 10000, is free too), with `extra` arguments.
+    fn start_cluster_node(node_timeout_ms: u64, extra: &[&str]) -> RedisServer {
         let args = [
             "--cluster-enabled",
             "yes",
@@ -126,7 +127,7 @@ impl RedisServer {
         ];
         Self::launch(
             Role::Server {
-                args: args.iter().map(|a| a.to_string()).collect(),
+                args: args.iter().chain(extra).map(|a| a.to_string()).collect(),
             },
             true,
         )

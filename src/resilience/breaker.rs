@@ -231,6 +231,10 @@ impl Endpoint {
         self.lock().state()
     }
 
+    pub fn is_closed(&self) -> bool {
+        self.state() == BreakerState::Closed
+    }
+
     /// Leave to call the endpoint now, or `None` while its breaker is open.
     pub fn admit(&self) -> Option<Permit> {
         if self.0.clean.load(Ordering::Acquire) {

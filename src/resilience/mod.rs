@@ -61,7 +61,7 @@ pub struct Resilience {
     pub(crate) clock: SharedClock,
     pub(crate) local: LocalFallback,
     pub(crate) over_limit: Option<OverLimitCache>,
-    pub(crate) in_flight: InFlight,
+    pub(crate) in_flight: Arc<InFlight>,
     pub(crate) notices: DegradedNotices,
 }
 
@@ -71,7 +71,7 @@ impl Resilience {
         Resilience {
             local: LocalFallback::new(store, replicas),
             over_limit: options.over_limit_cache_keys.map(OverLimitCache::new),
-            in_flight: InFlight::new(options.max_in_flight),
+            in_flight: Arc::new(InFlight::new(options.max_in_flight)),
             notices: DegradedNotices::new(clock.clone()),
             clock,
         }
@@ -85,7 +85,7 @@ impl Resilience {
         self.over_limit.as_ref()
     }
 
-    pub fn in_flight(&self) -> &InFlight {
+    pub fn in_flight(&self) -> &Arc<InFlight> {
         &self.in_flight
     }
 

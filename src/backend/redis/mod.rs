@@ -241,7 +241,7 @@ impl RedisBackend {
                 bounded(timeout, heartbeat::run(&mut conn, &cmd)).await
             }
             Link::Sentinel(link) => link.heartbeat(&cmd, timeout).await,
-            Link::Cluster(link) => link.heartbeat(&cmd, timeout).await,
+            Link::Cluster(link) => link.heartbeat(key, &cmd, timeout).await,
         }
     }
 

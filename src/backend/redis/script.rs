@@ -82,6 +82,28 @@ where
     }
 }
 
+/// `ASKING` then `EVAL` on one connection: the answer to an ASK redirect (a slot migrating to
+/// this node). `EVAL`, since the importing node may not have the script cached.
+pub(super) async fn run_asking<'a, C, I>(
+    conn: &mut C,
+    hits: I,
+    count: usize,
+    now_ms: Option<u64>,
+) -> Result<Value, RedisError>
+where
+    C: ConnectionLike,
+    I: Iterator<Item = &'a Hit> + Clone,
+{
+    let mut pipe = redis::pipe();
+    pipe.cmd("ASKING")
+        .ignore()
+        .add_command(command("EVAL", SOURCE, hits, count, now_ms));
+    let mut replies: Vec<Value> = pipe.query_async(conn).await?;
+    replies
+        .pop()
+        .ok_or_else(|| RedisError::from((ErrorKind::Parse, "empty reply to ASKING + EVAL")))
+}
+
 /// `SCRIPT LOAD <source>`; the reply is the SHA, checked by [`check_loaded`].
 pub(super) fn load_command() -> Cmd {
     let mut cmd = redis::cmd("SCRIPT");
