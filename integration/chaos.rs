@@ -91,7 +91,10 @@ struct Load {
 
 impl Load {
     /// `groups[i]`: a client and the request its workers send; `workers` per group.
-    fn start(groups: Vec<(RateLimitServiceClient<Channel>, RateLimitRequest)>, workers: usize) -> Load {
+    fn start(
+        groups: Vec<(RateLimitServiceClient<Channel>, RateLimitRequest)>,
+        workers: usize,
+    ) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let mut handles = Vec::new();
         for (group, (client, req)) in groups.into_iter().enumerate() {
@@ -101,7 +104,8 @@ impl Load {
                     let mut samples = Vec::new();
                     while !stop.load(Ordering::Relaxed) {
                         let sent = now();
-                        let call = tokio::time::timeout(HUNG, client.should_rate_limit(req.clone()));
+                        let call =
+                            tokio::time::timeout(HUNG, client.should_rate_limit(req.clone()));
                         let result = call.await;
                         let latency = sent.elapsed();
                         let (outcome, degraded, noscript) = match result {
@@ -174,7 +178,11 @@ impl BreakerWatch {
             closed: Default::default(),
             stop: Default::default(),
         };
-        let (opened, closed, stop) = (watch.opened.clone(), watch.closed.clone(), watch.stop.clone());
+        let (opened, closed, stop) = (
+            watch.opened.clone(),
+            watch.closed.clone(),
+            watch.stop.clone(),
+        );
         tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 let states = set.states();
@@ -282,11 +290,28 @@ impl Figures<'_> {
             "{}: a decision during the fault took {max:?} (deadline {DEADLINE:?} + {MARGIN:?})",
             self.name
         );
-        let hung = self.samples.iter().filter(|s| s.outcome == Outcome::Hung).count();
-        let other = self.samples.iter().filter(|s| s.outcome == Outcome::Other).count();
+        let hung = self
+            .samples
+            .iter()
+            .filter(|s| s.outcome == Outcome::Hung)
+            .count();
+        let other = self
+            .samples
+            .iter()
+            .filter(|s| s.outcome == Outcome::Other)
+            .count();
         let noscript = self.samples.iter().filter(|s| s.noscript).count();
-        assert_eq!((hung, other, noscript), (0, 0, 0), "{}: hung, unexpected, NOSCRIPT", self.name);
-        assert!(self.during().count() > 20, "{}: load must run during the fault", self.name);
+        assert_eq!(
+            (hung, other, noscript),
+            (0, 0, 0),
+            "{}: hung, unexpected, NOSCRIPT",
+            self.name
+        );
+        assert!(
+            self.during().count() > 20,
+            "{}: load must run during the fault",
+            self.name
+        );
     }
 }
 
@@ -310,7 +335,10 @@ async fn eventually(what: &str, limit: Duration, mut ready: impl AsyncFnMut() ->
         if ready().await {
             return now();
         }
-        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -323,10 +351,21 @@ async fn kill_under_load(mode: FailureModeArg) {
     let replicas = if mode == FailureModeArg::Local { 2 } else { 1 };
     let mut sluices = Vec::new();
     for _ in 0..replicas {
-        sluices.push(Sluice::start(CONFIG, &[redis.url()], RedisModeArg::Standalone, with_mode(mode)).await);
+        sluices.push(
+            Sluice::start(
+                CONFIG,
+                &[redis.url()],
+                RedisModeArg::Standalone,
+                with_mode(mode),
+            )
+            .await,
+        );
     }
     for s in &sluices {
-        eventually("replicas counted", Duration::from_secs(5), async || s.replicas() == replicas as u64).await;
+        eventually("replicas counted", Duration::from_secs(5), async || {
+            s.replicas() == replicas as u64
+        })
+        .await;
     }
     let mut groups = Vec::new();
     for s in &sluices {
@@ -338,7 +377,10 @@ async fn kill_under_load(mode: FailureModeArg) {
 
     redis.kill();
     let fault_start = now();
-    eventually("breaker open", Duration::from_secs(3), async || watch.opened().is_some()).await;
+    eventually("breaker open", Duration::from_secs(3), async || {
+        watch.opened().is_some()
+    })
+    .await;
     let readiness = if mode == FailureModeArg::Error {
         // Nothing to answer with: readiness and gRPC health go NOT_SERVING.
         eventually("not ready", Duration::from_secs(3), async || {
@@ -359,7 +401,10 @@ async fn kill_under_load(mode: FailureModeArg) {
     let fault_end = now();
     redis.start_again();
     let back = now();
-    eventually("recovery", Duration::from_secs(10), async || watch.closed().is_some()).await;
+    eventually("recovery", Duration::from_secs(10), async || {
+        watch.closed().is_some()
+    })
+    .await;
     if mode == FailureModeArg::Error {
         eventually("ready again", Duration::from_secs(5), async || {
             sluices[0].admin_get("/readyz").await.0 == 200 && sluices[0].grpc_health().await == 1
@@ -380,11 +425,17 @@ async fn kill_under_load(mode: FailureModeArg) {
     let mut extra = format!("; {readiness}; {cached} exact OVER_LIMIT from the over-limit cache");
     // The hot key was over limit when Redis died, so the over-limit cache may still answer it
     // (exactly: the bucket cannot pay yet) until its retry-after, at most 100 ms here.
-    let policy = figures.during().filter(|s| !(s.exact() && cached_rejection(s, fault_start)));
+    let policy = figures
+        .during()
+        .filter(|s| !(s.exact() && cached_rejection(s, fault_start)));
     match mode {
         FailureModeArg::Open => {
             for s in policy {
-                assert_eq!((s.outcome, s.degraded.as_deref()), (Outcome::Ok, Some("open")), "{s:?}");
+                assert_eq!(
+                    (s.outcome, s.degraded.as_deref()),
+                    (Outcome::Ok, Some("open")),
+                    "{s:?}"
+                );
             }
         }
         FailureModeArg::Closed => {
@@ -417,11 +468,17 @@ async fn kill_under_load(mode: FailureModeArg) {
                     (allowed as f64) <= share_bound,
                     "replica {group} admitted {allowed} > its share {share_bound:.1}"
                 );
-                assert!(allowed >= 10, "replica {group} admitted only {allowed} of its share");
+                assert!(
+                    allowed >= 10,
+                    "replica {group} admitted only {allowed} of its share"
+                );
                 total += allowed;
             }
             let limit = 20.0 + 10.0 * fault_s;
-            let rejected = figures.during().filter(|s| s.outcome == Outcome::OverLimit).count();
+            let rejected = figures
+                .during()
+                .filter(|s| s.outcome == Outcome::OverLimit)
+                .count();
             assert!(rejected > 0, "the load must exceed the limit");
             extra += &format!(
                 "; local: {total} admitted by 2 replicas over {fault_s:.2} s, limit {limit:.1} (+2 rounding), {rejected} rejected"
@@ -437,7 +494,10 @@ async fn kill_under_load(mode: FailureModeArg) {
         recovered.saturating_duration_since(back)
     );
     // Shared limiting resumed: the last decisions are Redis's.
-    assert!(samples.iter().rev().take(20).all(Sample::exact), "{name}: still degraded at the end");
+    assert!(
+        samples.iter().rev().take(20).all(Sample::exact),
+        "{name}: still degraded at the end"
+    );
     for s in sluices {
         s.stop().await;
     }
@@ -473,7 +533,13 @@ async fn chaos_sigstop_then_sigcont() {
     })
     .await;
     let watch = BreakerWatch::start(&sluice);
-    let load = Load::start(vec![(sluice.client().await, request("chaos", &[("client", "hot")]))], 6);
+    let load = Load::start(
+        vec![(
+            sluice.client().await,
+            request("chaos", &[("client", "hot")]),
+        )],
+        6,
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     redis.pause();
@@ -481,7 +547,10 @@ async fn chaos_sigstop_then_sigcont() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let fault_end = now();
     redis.resume();
-    eventually("breaker closed", Duration::from_secs(10), async || watch.closed().is_some()).await;
+    eventually("breaker closed", Duration::from_secs(10), async || {
+        watch.closed().is_some()
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let samples = load.finish().await;
 
@@ -550,7 +619,10 @@ async fn chaos_restart_with_empty_script_cache() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let fault_end = now();
     redis.start_again();
-    assert_eq!(command_calls(&redis, "evalsha") + command_calls(&redis, "eval"), 0);
+    assert_eq!(
+        command_calls(&redis, "evalsha") + command_calls(&redis, "eval"),
+        0
+    );
     let mut client = sluice.client().await;
     // Recovery: exact answers again (the first script call on the empty server is a NOSCRIPT
     // answered by one EVAL inside the same decision).
@@ -584,7 +656,10 @@ async fn chaos_restart_with_empty_script_cache() {
         recovered.saturating_duration_since(fault_end)
     );
     let after = samples.iter().filter(|s| s.sent >= recovered);
-    assert!(after.clone().all(Sample::exact), "no failure after recovery");
+    assert!(
+        after.clone().all(Sample::exact),
+        "no failure after recovery"
+    );
     sluice.stop().await;
 }
 
@@ -623,7 +698,11 @@ async fn chaos_cluster_master_kill_promotes_a_replica() {
     let victim_addr = format!("127.0.0.1:{victim_port}");
     assert!(sluice.breakers().iter().any(|(n, _)| *n == victim_addr));
 
-    let index = cluster.nodes().iter().position(|n| n.port() == victim_port).unwrap();
+    let index = cluster
+        .nodes()
+        .iter()
+        .position(|n| n.port() == victim_port)
+        .unwrap();
     cluster.node_mut(index).kill();
     let fault_start = now();
     // The replica is promoted once the others mark the master failed (node timeout 500 ms).
@@ -632,12 +711,16 @@ async fn chaos_cluster_master_kill_promotes_a_replica() {
     })
     .await;
     let mut client = client.clone();
-    let recovered_at = eventually("the victim's slot answered by the new master", Duration::from_secs(20), async || {
-        matches!(
-            client.should_rate_limit(request("chaos", &[("roomy", "v")])).await,
-            Ok(r) if header(r.get_ref(), "x-ratelimit-degraded").is_none()
-        )
-    })
+    let recovered_at = eventually(
+        "the victim's slot answered by the new master",
+        Duration::from_secs(20),
+        async || {
+            matches!(
+                client.should_rate_limit(request("chaos", &[("roomy", "v")])).await,
+                Ok(r) if header(r.get_ref(), "x-ratelimit-degraded").is_none()
+            )
+        },
+    )
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let samples = load.finish().await;
@@ -665,7 +748,9 @@ async fn chaos_cluster_master_kill_promotes_a_replica() {
         assert_eq!(s.outcome, Outcome::Ok, "open answers OK: {s:?}");
     }
     assert!(
-        figures.during().any(|s| s.group == 0 && s.degraded.as_deref() == Some("open")),
+        figures
+            .during()
+            .any(|s| s.group == 0 && s.degraded.as_deref() == Some("open")),
         "the dead master's slot was answered by the policy"
     );
     assert_eq!(
@@ -687,10 +772,15 @@ async fn chaos_cluster_master_kill_promotes_a_replica() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_sentinel_failover_is_followed() {
     let mut sentinel = RedisSentinel::start();
-    let sluice = Sluice::start(CONFIG, &sentinel.sentinel_urls(), RedisModeArg::Sentinel, |s| {
-        with_mode(FailureModeArg::Local)(s);
-        s.replicas = 1;
-    })
+    let sluice = Sluice::start(
+        CONFIG,
+        &sentinel.sentinel_urls(),
+        RedisModeArg::Sentinel,
+        |s| {
+            with_mode(FailureModeArg::Local)(s);
+            s.replicas = 1;
+        },
+    )
     .await;
     let old = sentinel.master().port();
     let watch = BreakerWatch::start(&sluice);
@@ -699,20 +789,30 @@ async fn chaos_sentinel_failover_is_followed() {
         4,
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let index = sentinel.nodes().iter().position(|n| n.port() == old).unwrap();
+    let index = sentinel
+        .nodes()
+        .iter()
+        .position(|n| n.port() == old)
+        .unwrap();
     sentinel.node_mut(index).kill();
     let fault_start = now();
-    let failed_over = eventually("the sentinels promote the replica", Duration::from_secs(20), async || {
-        sentinel.master_port() != old
-    })
+    let failed_over = eventually(
+        "the sentinels promote the replica",
+        Duration::from_secs(20),
+        async || sentinel.master_port() != old,
+    )
     .await;
     let mut client = sluice.client().await;
-    let recovered_at = eventually("exact decisions on the new master", Duration::from_secs(20), async || {
-        matches!(
-            client.should_rate_limit(request("chaos", &[("roomy", "s")])).await,
-            Ok(r) if header(r.get_ref(), "x-ratelimit-degraded").is_none()
-        )
-    })
+    let recovered_at = eventually(
+        "exact decisions on the new master",
+        Duration::from_secs(20),
+        async || {
+            matches!(
+                client.should_rate_limit(request("chaos", &[("roomy", "s")])).await,
+                Ok(r) if header(r.get_ref(), "x-ratelimit-degraded").is_none()
+            )
+        },
+    )
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let samples = load.finish().await;
@@ -738,6 +838,9 @@ async fn chaos_sentinel_failover_is_followed() {
     let names: Vec<String> = sluice.breakers().into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, [new_master], "only the current master has a breaker");
     let after = samples.iter().filter(|s| s.sent >= recovered_at);
-    assert!(after.clone().all(Sample::exact), "no degraded decision after recovery");
+    assert!(
+        after.clone().all(Sample::exact),
+        "no degraded decision after recovery"
+    );
     sluice.stop().await;
 }

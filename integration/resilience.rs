@@ -48,7 +48,11 @@ async fn over_limit_cache_answers_without_asking_redis() {
         .unwrap()
         .into_inner();
     assert_eq!(first.overall_code, OVER_LIMIT);
-    assert_eq!(script_calls(&redis), before + 1, "the first rejection asks Redis");
+    assert_eq!(
+        script_calls(&redis),
+        before + 1,
+        "the first rejection asks Redis"
+    );
     for _ in 0..50 {
         let r = client
             .should_rate_limit(request("res", &[("client", "hammer")]))
@@ -57,7 +61,11 @@ async fn over_limit_cache_answers_without_asking_redis() {
             .into_inner();
         assert_eq!(r.overall_code, OVER_LIMIT);
         assert_eq!(header(&r, "retry-after"), Some("1200"));
-        assert_eq!(header(&r, "x-ratelimit-degraded"), None, "exact, not degraded");
+        assert_eq!(
+            header(&r, "x-ratelimit-degraded"),
+            None,
+            "exact, not degraded"
+        );
     }
     // With another descriptor that has tokens: still rejected locally, and `other` not charged.
     let both = client
@@ -74,7 +82,10 @@ async fn over_limit_cache_answers_without_asking_redis() {
     );
     assert_eq!(after, before + 1, "cached rejections never reach Redis");
     let keys: Vec<String> = redis.cmd(&["KEYS", "sluice:{res|other=o}"]);
-    assert!(keys.is_empty(), "the other bucket was never touched: {keys:?}");
+    assert!(
+        keys.is_empty(),
+        "the other bucket was never touched: {keys:?}"
+    );
     sluice.stop().await;
 
     // Switched off, every request asks.
@@ -127,7 +138,11 @@ async fn in_flight_bound_refuses_with_resource_exhausted() {
         .should_rate_limit(request("res", &[("other", "fifth")]))
         .await
         .expect_err("past the bound");
-    assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused:?}");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
     assert!(refused.message().contains("4"), "{}", refused.message());
     redis.resume();
     for task in stalled {

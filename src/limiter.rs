@@ -372,6 +372,9 @@ impl<B: Backend> Limiter<B> {
         }
 
         let results = self.backend.check_each(hits).await;
+        if results.iter().any(Result::is_ok) {
+            self.resilience.note_answer(now_ms);
+        }
         let mut outcomes = Vec::with_capacity(hits.len());
         for (hit, result) in hits.iter().zip(results) {
             outcomes.push(match result {
@@ -751,18 +754,36 @@ descriptors:
     async fn each_policy_answers_when_the_backend_fails() {
         let rig = rig(1, false, usize::MAX);
         rig.backend.fail("");
-        let open = rig.limiter.decide(&request("open", &[("a", "1")])).await.unwrap();
+        let open = rig
+            .limiter
+            .decide(&request("open", &[("a", "1")]))
+            .await
+            .unwrap();
         assert_eq!(open.overall, Code::Ok);
         assert_eq!(open.statuses[0].basis, Basis::Degraded(FailureMode::Open));
         assert_eq!(open.degraded_modes(), [FailureMode::Open]);
-        let closed = rig.limiter.decide(&request("closed", &[("a", "1")])).await.unwrap();
+        let closed = rig
+            .limiter
+            .decide(&request("closed", &[("a", "1")]))
+            .await
+            .unwrap();
         assert_eq!(closed.overall, Code::OverLimit);
-        assert_eq!(closed.statuses[0].basis, Basis::Degraded(FailureMode::Closed));
+        assert_eq!(
+            closed.statuses[0].basis,
+            Basis::Degraded(FailureMode::Closed)
+        );
         let error = rig.limiter.decide(&request("error", &[("a", "1")])).await;
-        assert!(matches!(error, Err(LimitError::Unavailable(_))), "{error:?}");
+        assert!(
+            matches!(error, Err(LimitError::Unavailable(_))),
+            "{error:?}"
+        );
         let mut allowed = 0;
         for _ in 0..10 {
-            let local = rig.limiter.decide(&request("local", &[("a", "1")])).await.unwrap();
+            let local = rig
+                .limiter
+                .decide(&request("local", &[("a", "1")]))
+                .await
+                .unwrap();
             assert_eq!(local.statuses[0].basis, Basis::Degraded(FailureMode::Local));
             allowed += usize::from(local.overall == Code::Ok);
         }
@@ -786,7 +807,11 @@ descriptors:
         rig.backend.fail("");
         let mut allowed = 0;
         for _ in 0..10 {
-            let d = rig.limiter.decide(&request("local", &[("a", "x")])).await.unwrap();
+            let d = rig
+                .limiter
+                .decide(&request("local", &[("a", "x")]))
+                .await
+                .unwrap();
             allowed += usize::from(d.overall == Code::Ok);
         }
         assert_eq!(allowed, 2, "capacity 4 over 2 replicas");
@@ -801,9 +826,16 @@ descriptors:
             assert_eq!(d.overall, Code::OverLimit);
             assert_eq!(d.statuses[0].code, Code::Ok);
         }
-        let alone = rig.limiter.decide(&request("local", &[("b", "y")])).await.unwrap();
+        let alone = rig
+            .limiter
+            .decide(&request("local", &[("b", "y")]))
+            .await
+            .unwrap();
         assert_eq!(alone.overall, Code::Ok);
-        assert_eq!(alone.statuses[0].remaining, 1, "2 - 1: nothing was taken before");
+        assert_eq!(
+            alone.statuses[0].remaining, 1,
+            "2 - 1: nothing was taken before"
+        );
     }
 
     #[tokio::test]
@@ -826,7 +858,11 @@ descriptors:
                 .is_err()
         );
         rig.backend.heal();
-        let d = rig.limiter.decide(&request("open", &[("b", "1")])).await.unwrap();
+        let d = rig
+            .limiter
+            .decide(&request("open", &[("b", "1")]))
+            .await
+            .unwrap();
         assert!(!d.degraded());
     }
 
@@ -847,7 +883,10 @@ descriptors:
             let d = rig.limiter.decide(&hammer).await.unwrap();
             assert_eq!(d.overall, Code::OverLimit);
             assert_eq!(d.statuses[0].basis, Basis::Cached);
-            assert_eq!(d.statuses[0].retry_after_ms, Some(Some(250 - 49 * (step + 1))));
+            assert_eq!(
+                d.statuses[0].retry_after_ms,
+                Some(Some(250 - 49 * (step + 1)))
+            );
         }
         assert_eq!(rig.backend.calls(), asked, "Redis was not asked");
         rig.clock.advance(5);
@@ -856,7 +895,11 @@ descriptors:
         assert_eq!(d.overall, Code::Ok, "a token is back after 250 ms");
         assert_eq!(rig.backend.calls(), asked + 1);
         assert_eq!(
-            rig.limiter.resilience().over_limit_cache().unwrap().answered(),
+            rig.limiter
+                .resilience()
+                .over_limit_cache()
+                .unwrap()
+                .answered(),
             5
         );
     }
@@ -865,7 +908,10 @@ descriptors:
     async fn a_cached_key_rejects_the_whole_request_and_charges_no_other() {
         let rig = rig(1, true, usize::MAX);
         for _ in 0..5 {
-            rig.limiter.decide(&request("error", &[("a", "full")])).await.unwrap();
+            rig.limiter
+                .decide(&request("error", &[("a", "full")]))
+                .await
+                .unwrap();
         }
         let asked = rig.backend.calls();
         // `b` has tokens, but `a` is known over limit: nothing is asked, nothing taken.
@@ -883,7 +929,11 @@ descriptors:
             assert_eq!(d.statuses[1].code, Code::OverLimit);
         }
         assert_eq!(rig.backend.calls(), asked);
-        let b = rig.limiter.decide(&request("error", &[("b", "spare")])).await.unwrap();
+        let b = rig
+            .limiter
+            .decide(&request("error", &[("b", "spare")]))
+            .await
+            .unwrap();
         assert_eq!(b.statuses[0].remaining, 3, "b was never charged");
     }
 
@@ -902,7 +952,10 @@ descriptors:
             assert_eq!(d.statuses[0].basis, Basis::Backend);
         }
         for _ in 0..5 {
-            rig.limiter.decide(&request("error", &[("a", "r")])).await.unwrap();
+            rig.limiter
+                .decide(&request("error", &[("a", "r")]))
+                .await
+                .unwrap();
         }
         let asked = rig.backend.calls();
         let mut refund = request("error", &[("a", "r")]);
@@ -911,7 +964,11 @@ descriptors:
         assert_eq!(d.statuses[0].basis, Basis::Backend);
         assert_eq!(rig.backend.calls(), asked + 1);
         // The refund gave a token back, and the cache forgot the key: the next take is asked.
-        let d = rig.limiter.decide(&request("error", &[("a", "r")])).await.unwrap();
+        let d = rig
+            .limiter
+            .decide(&request("error", &[("a", "r")]))
+            .await
+            .unwrap();
         assert_eq!(d.overall, Code::Ok);
         assert_eq!(d.statuses[0].basis, Basis::Backend);
     }
@@ -925,7 +982,12 @@ descriptors:
         let refused = rig.limiter.decide(&request("error", &[("a", "1")])).await;
         assert_eq!(refused, Err(LimitError::Overloaded(1)));
         drop(place);
-        assert!(rig.limiter.decide(&request("error", &[("a", "1")])).await.is_ok());
+        assert!(
+            rig.limiter
+                .decide(&request("error", &[("a", "1")]))
+                .await
+                .is_ok()
+        );
         assert_eq!(gate.current(), 0);
     }
 }

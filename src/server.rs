@@ -31,8 +31,9 @@ use crate::xds::{self, ConfigSource};
 /// Hard ceiling tonic enforces before our own `max_message_bytes` check can name the field.
 const TRANSPORT_MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
 
-/// How often the backend is probed and readiness (admin and gRPC health) re-evaluated. The probe
-/// is also what closes an open breaker when no traffic arrives.
+/// How often readiness (admin and gRPC health) is re-evaluated, and the backend probed unless live
+/// traffic was answered within the interval. The probe is also what closes an open breaker when
+/// no traffic arrives.
 const HEALTH_INTERVAL: Duration = Duration::from_millis(500);
 /// How often each replica refreshes its heartbeat in Redis, and how long a silent one still
 /// counts: a stopped replica is forgotten within the TTL, a new one counted within an interval.
@@ -235,9 +236,9 @@ async fn serve<B: Backend>(
 
     let resilience = Resilience::new(
         &ResilienceOptions {
-            over_limit_cache_keys: parts.over_limit_cache.then(|| {
-                usize::try_from(settings.over_limit_cache_max_keys).unwrap_or(usize::MAX)
-            }),
+            over_limit_cache_keys: parts
+                .over_limit_cache
+                .then(|| usize::try_from(settings.over_limit_cache_max_keys).unwrap_or(usize::MAX)),
             max_in_flight: usize::try_from(settings.max_in_flight).unwrap_or(usize::MAX),
             local_store: MemoryOptions {
                 max_buckets: settings.memory_max_buckets,
@@ -251,9 +252,12 @@ async fn serve<B: Backend>(
         Arc::new(MonotonicClock::new()),
         parts.replicas.clone(),
     );
-    let local_sweeper = parts
-        .local_sweeper
-        .then(|| resilience.local().store().spawn_sweeper(Duration::from_secs(1)));
+    let local_sweeper = parts.local_sweeper.then(|| {
+        resilience
+            .local()
+            .store()
+            .spawn_sweeper(Duration::from_secs(1))
+    });
     let breakers = backend.breakers();
     let in_flight = resilience.in_flight().clone();
     let limiter = Arc::new(Limiter::with_resilience(
@@ -408,8 +412,8 @@ impl GrpcHealth {
     }
 }
 
-/// Probes the backend every [`HEALTH_INTERVAL`] (through the breakers, so the probe is also the
-/// half-open call that closes one) and keeps `/readyz` and gRPC health in line with
+/// Probes the backend every [`HEALTH_INTERVAL`] unless traffic just did (through the breakers, so
+/// the probe is also the half-open call that closes one) and keeps `/readyz` and gRPC health in line with
 /// [`resilience::backend_ready`]. A backend that never answered a probe stays not ready.
 fn spawn_health<B: Backend>(
     limiter: Arc<Limiter<B>>,
@@ -428,7 +432,10 @@ fn spawn_health<B: Backend>(
                 _ = ticks.tick() => {}
                 _ = stop.wait_for(|s| *s) => return,
             }
-            answered |= limiter.backend().probe().await.is_ok();
+            let traffic = limiter
+                .resilience()
+                .answered_within(HEALTH_INTERVAL.as_millis() as u64);
+            answered |= traffic || limiter.backend().probe().await.is_ok();
             let only_error = resilience::only_error_policy(&limiter.config().load(), default_mode);
             let backend_ready =
                 answered && resilience::backend_ready(&limiter.breaker_states(), only_error);

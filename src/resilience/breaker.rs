@@ -88,10 +88,16 @@ pub struct Transition {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
-    Closed { failures: u32 },
-    Open { until_ms: u64 },
+    Closed {
+        failures: u32,
+    },
+    Open {
+        until_ms: u64,
+    },
     /// A probe was handed out at `since_ms`.
-    HalfOpen { since_ms: u64 },
+    HalfOpen {
+        since_ms: u64,
+    },
 }
 
 /// The state machine of one endpoint. Pure: time is an argument.
@@ -258,8 +264,7 @@ impl Endpoint {
         }
         let now_ms = self.0.shared.clock.now_ms();
         let mut breaker = self.lock();
-        let transition =
-            breaker.record(permit, outcome.is_ok(), now_ms, &self.0.shared.settings);
+        let transition = breaker.record(permit, outcome.is_ok(), now_ms, &self.0.shared.settings);
         self.publish(&breaker);
         drop(breaker);
         if let Some(transition) = transition {
@@ -272,7 +277,10 @@ impl Endpoint {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Breaker> {
-        self.0.breaker.lock().unwrap_or_else(PoisonError::into_inner)
+        self.0
+            .breaker
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn log(&self, transition: Transition, error: Option<&BackendError>) {
@@ -293,7 +301,10 @@ impl Endpoint {
                 "circuit breaker probe failed: Redis endpoint stays skipped"
             ),
             BreakerState::Closed => {
-                tracing::info!(endpoint, "circuit breaker closed: Redis endpoint answers again")
+                tracing::info!(
+                    endpoint,
+                    "circuit breaker closed: Redis endpoint answers again"
+                )
             }
             BreakerState::HalfOpen => {
                 tracing::debug!(endpoint, "circuit breaker half-open: probing")
@@ -372,7 +383,9 @@ impl BreakerSet {
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<Arc<str>, Endpoint>> {
-        self.endpoints.read().unwrap_or_else(PoisonError::into_inner)
+        self.endpoints
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 

@@ -19,6 +19,7 @@ pub mod notice;
 pub mod over_limit;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::backend::memory::{MemoryBackend, MemoryOptions};
 use crate::clock::{MonotonicClock, SharedClock};
@@ -63,6 +64,8 @@ pub struct Resilience {
     pub(crate) over_limit: Option<OverLimitCache>,
     pub(crate) in_flight: Arc<InFlight>,
     pub(crate) notices: DegradedNotices,
+    /// When the backend last answered a decision (ms on `clock`; 0 = never).
+    last_answer_ms: AtomicU64,
 }
 
 impl Resilience {
@@ -74,7 +77,19 @@ impl Resilience {
             in_flight: Arc::new(InFlight::new(options.max_in_flight)),
             notices: DegradedNotices::new(clock.clone()),
             clock,
+            last_answer_ms: AtomicU64::new(0),
         }
+    }
+
+    pub(crate) fn note_answer(&self, now_ms: u64) {
+        self.last_answer_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// True when the backend answered a decision within the last `ms`: live traffic has just
+    /// exercised the script, so a health probe would add nothing.
+    pub fn answered_within(&self, ms: u64) -> bool {
+        let last = self.last_answer_ms.load(Ordering::Relaxed);
+        last != 0 && self.clock.now_ms() < last.saturating_add(ms)
     }
 
     pub fn local(&self) -> &LocalFallback {
@@ -107,9 +122,7 @@ impl Default for Resilience {
 /// True when every failure policy `config` can apply is `error` (with `default` for rules and
 /// domains that set none): then a Redis outage leaves this replica nothing to answer with.
 pub fn only_error_policy(config: &Config, default: FailureMode) -> bool {
-    let domains = config
-        .domains()
-        .map(|d| d.failure_mode.unwrap_or(default));
+    let domains = config.domains().map(|d| d.failure_mode.unwrap_or(default));
     let rules = config.rules().map(|r| {
         r.failure_mode
             .or_else(|| config.domain(&r.domain).and_then(|d| d.failure_mode))
@@ -128,8 +141,7 @@ pub fn only_error_policy(config: &Config, default: FailureMode) -> bool {
 /// other policy this replica still answers, and a shared outage must not take every replica
 /// out of rotation at once. In Cluster mode one failed node does not count: the others answer.
 pub fn backend_ready(states: &[(String, BreakerState)], only_error: bool) -> bool {
-    let unreachable =
-        !states.is_empty() && states.iter().all(|(_, s)| *s != BreakerState::Closed);
+    let unreachable = !states.is_empty() && states.iter().all(|(_, s)| *s != BreakerState::Closed);
     !(unreachable && only_error)
 }
 

@@ -400,7 +400,11 @@ fn redirect(err: &RedisError) -> Option<(&str, u16)> {
 }
 
 /// A lazily connecting, self-repairing connection to `addr` with `template`'s TLS and credentials.
-fn connection(template: &ConnectionInfo, addr: &str, connect_timeout: Duration) -> ConnectionManager {
+fn connection(
+    template: &ConnectionInfo,
+    addr: &str,
+    connect_timeout: Duration,
+) -> ConnectionManager {
     let (host, port) = addr
         .rsplit_once(':')
         .and_then(|(h, p)| p.parse::<u16>().ok().map(|p| (h, p)))
@@ -546,7 +550,8 @@ mod tests {
 
     #[test]
     fn uncovered_slots_stay_unowned_and_bad_replies_are_errors() {
-        let ranges = parse_slots(&Value::Array(vec![range(0, 100, "10.0.0.1", 7000)]), "h").unwrap();
+        let ranges =
+            parse_slots(&Value::Array(vec![range(0, 100, "10.0.0.1", 7000)]), "h").unwrap();
         let (owner, _) = slot_owners(&ranges);
         assert_eq!(owner[101], None);
         assert!(parse_slots(&Value::Nil, "h").is_err());

@@ -53,7 +53,10 @@ mod tests {
             })
             .collect();
         assert_eq!(args[0], b"EVAL");
-        assert_eq!(&args[2..], [&b"1"[..], b"sluice:replicas", b"pod-a", b"5000"]);
+        assert_eq!(
+            &args[2..],
+            [&b"1"[..], b"sluice:replicas", b"pod-a", b"5000"]
+        );
         assert_eq!(decode(&Value::Int(3)), Ok(3));
         assert!(decode(&Value::Int(0)).is_err());
         assert!(decode(&Value::Nil).is_err());

@@ -308,18 +308,16 @@ impl Backend for RedisBackend {
     /// the breakers like any call, so while an endpoint is open the probe is the half-open
     /// call that closes it again once Redis answers, even with no traffic. In Cluster mode
     /// every master is probed.
-    fn probe(&self) -> impl Future<Output = Result<(), BackendError>> + Send {
-        async move {
-            let keys = match &self.link {
-                Link::Cluster(link) => link.probe_keys(),
-                _ => vec![PROBE_KEY.to_string()],
-            };
-            let hits: Vec<Hit> = keys
-                .into_iter()
-                .map(|key| Hit::new(key, PROBE_PARAMS, 0))
-                .collect();
-            self.decide(&hits).await.map(drop)
-        }
+    async fn probe(&self) -> Result<(), BackendError> {
+        let keys = match &self.link {
+            Link::Cluster(link) => link.probe_keys(),
+            _ => vec![PROBE_KEY.to_string()],
+        };
+        let hits: Vec<Hit> = keys
+            .into_iter()
+            .map(|key| Hit::new(key, PROBE_PARAMS, 0))
+            .collect();
+        self.decide(&hits).await.map(drop)
     }
 
     fn breakers(&self) -> Option<Arc<BreakerSet>> {

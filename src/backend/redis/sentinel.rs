@@ -16,8 +16,8 @@ use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServer
 use redis::{AsyncConnectionConfig, Cmd, ConnectionAddr, IntoConnectionInfo, TlsMode, Value};
 
 use super::{
-    RedisOptions, bounded, classify, collect, guarded, heartbeat, invalid_url,
-    is_connection_error, script,
+    RedisOptions, bounded, classify, collect, guarded, heartbeat, invalid_url, is_connection_error,
+    script,
 };
 use crate::algorithm::Verdict;
 use crate::backend::{BackendError, Hit};
@@ -123,9 +123,15 @@ impl SentinelLink {
     }
 
     /// The heartbeat on the current master (not subject to its breaker).
-    pub(super) async fn heartbeat(&self, cmd: &Cmd, timeout: Duration) -> Result<u64, BackendError> {
+    pub(super) async fn heartbeat(
+        &self,
+        cmd: &Cmd,
+        timeout: Duration,
+    ) -> Result<u64, BackendError> {
         let Some(master) = self.master.load_full() else {
-            return Err(BackendError::Unavailable("no Redis master resolved yet".into()));
+            return Err(BackendError::Unavailable(
+                "no Redis master resolved yet".into(),
+            ));
         };
         let mut conn = master.conn.clone();
         bounded(timeout, heartbeat::run(&mut conn, cmd)).await
