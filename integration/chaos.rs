@@ -34,6 +34,8 @@ const COOLDOWN: Duration = Duration::from_secs(1);
 /// A call not answered within this is hung.
 const HUNG: Duration = Duration::from_secs(2);
 const FAULT: Duration = Duration::from_millis(1_500);
+/// After a failover, how long until no decision may be degraded any more.
+const SETTLE: Duration = Duration::from_millis(1_500);
 /// Each load worker pauses this long between calls (a few thousand calls per second in all).
 const PACE: Duration = Duration::from_millis(2);
 
@@ -48,6 +50,12 @@ descriptors:
   - key: acct
     rate_limit: {unit: hour, requests_per_unit: 5}
 "#;
+
+/// A blocking harness call (process signals, polling a server) without stalling the load: the
+/// runtime moves its other tasks off this worker meanwhile.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
 
 /// Test time: the load measures wall time; no decision reads it.
 #[allow(clippy::disallowed_methods)]
@@ -244,13 +252,39 @@ impl Figures<'_> {
         (max, p99)
     }
 
-    /// First exact (non-degraded) answer sent after Redis was back, from the given groups.
+    /// When the first exact (non-degraded) answer to a call sent after Redis was back arrived,
+    /// from the given groups. Calls sent after that are all exact again (checked by the tests).
     fn recovered(&self, groups: &[usize]) -> Option<Instant> {
         self.samples
             .iter()
             .filter(|s| s.sent >= self.fault.1 && groups.contains(&s.group))
-            .find(|s| s.exact())
-            .map(|s| s.sent)
+            .filter(|s| s.exact())
+            .map(|s| s.sent + s.latency)
+            .min()
+    }
+
+    /// Per group: exact answers resumed, and every call sent `settle` after the first one was
+    /// exact too (a failover is not one clean instant: the promoted node may still drop a
+    /// connection, costing one more cooldown). Returns the slowest group's recovery, counted
+    /// from when Redis was back.
+    fn assert_recovered(&self, groups: usize, settle: Duration) -> Duration {
+        let mut slowest = Duration::ZERO;
+        for group in 0..groups {
+            let at = self
+                .recovered(&[group])
+                .unwrap_or_else(|| panic!("{}: group {group} never recovered", self.name));
+            let relapse = self
+                .samples
+                .iter()
+                .find(|s| s.group == group && s.sent >= at + settle && !s.exact());
+            assert!(
+                relapse.is_none(),
+                "{}: degraded after recovery: {relapse:?}",
+                self.name
+            );
+            slowest = slowest.max(at.saturating_duration_since(self.fault.1));
+        }
+        slowest
     }
 
     fn print(&self, breaker_opened: Option<Instant>, recovered: Option<Instant>, extra: &str) {
@@ -375,7 +409,7 @@ async fn kill_under_load(mode: FailureModeArg) {
     let load = Load::start(groups, 4);
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    redis.kill();
+    blocking(|| redis.kill());
     let fault_start = now();
     eventually("breaker open", Duration::from_secs(3), async || {
         watch.opened().is_some()
@@ -398,9 +432,9 @@ async fn kill_under_load(mode: FailureModeArg) {
     if elapsed < FAULT {
         tokio::time::sleep(FAULT - elapsed).await;
     }
+    blocking(|| redis.start_again());
+    // Redis is back: the fault window ends here, recovery is measured from here.
     let fault_end = now();
-    redis.start_again();
-    let back = now();
     eventually("recovery", Duration::from_secs(10), async || {
         watch.closed().is_some()
     })
@@ -487,16 +521,11 @@ async fn kill_under_load(mode: FailureModeArg) {
     }
     figures.print(watch.opened(), recovered, &extra);
     figures.assert_bounded();
-    let recovered = recovered.expect("exact decisions resume");
+    // Shared limiting resumed, on every replica.
+    let recovery = figures.assert_recovered(replicas, Duration::ZERO);
     assert!(
-        recovered.saturating_duration_since(back) <= COOLDOWN + Duration::from_secs(2),
-        "{name}: recovery took {:?}",
-        recovered.saturating_duration_since(back)
-    );
-    // Shared limiting resumed: the last decisions are Redis's.
-    assert!(
-        samples.iter().rev().take(20).all(Sample::exact),
-        "{name}: still degraded at the end"
+        recovery <= COOLDOWN + Duration::from_secs(2),
+        "{name}: recovery took {recovery:?}"
     );
     for s in sluices {
         s.stop().await;
@@ -542,11 +571,11 @@ async fn chaos_sigstop_then_sigcont() {
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    redis.pause();
+    blocking(|| redis.pause());
     let fault_start = now();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let fault_end = now();
-    redis.resume();
+    blocking(|| redis.resume());
     eventually("breaker closed", Duration::from_secs(10), async || {
         watch.closed().is_some()
     })
@@ -576,8 +605,11 @@ async fn chaos_sigstop_then_sigcont() {
         "{slow} of {} calls took the deadline after the breaker opened",
         after_open.len()
     );
-    let recovered = recovered.expect("exact decisions resume");
-    assert!(recovered.saturating_duration_since(fault_end) <= COOLDOWN + Duration::from_secs(2));
+    let recovery = figures.assert_recovered(1, Duration::ZERO);
+    assert!(
+        recovery <= COOLDOWN + Duration::from_secs(2),
+        "recovery took {recovery:?}"
+    );
 
     // Shared limiting resumed: a fresh account gets exactly its 5, counted in Redis.
     let mut client = sluice.client().await;
@@ -614,11 +646,11 @@ async fn chaos_restart_with_empty_script_cache() {
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
     // Down long enough for the breaker to open; back on the same port, empty.
-    redis.kill();
+    blocking(|| redis.kill());
     let fault_start = now();
     tokio::time::sleep(Duration::from_millis(300)).await;
+    blocking(|| redis.start_again());
     let fault_end = now();
-    redis.start_again();
     assert_eq!(
         command_calls(&redis, "evalsha") + command_calls(&redis, "eval"),
         0
@@ -649,16 +681,12 @@ async fn chaos_restart_with_empty_script_cache() {
     );
     figures.assert_bounded();
     assert!(evals >= 1, "the lost script was re-cached with EVAL");
-    let recovered = recovered.expect("exact decisions resume");
+    // Within one cooldown (plus the reconnect): the breaker opened during the outage, and the
+    // first probe after Redis is back finds it.
+    let recovery = figures.assert_recovered(1, Duration::ZERO);
     assert!(
-        recovered.saturating_duration_since(fault_end) <= COOLDOWN + Duration::from_millis(500),
-        "recovery within one breaker cooldown: {:?}",
-        recovered.saturating_duration_since(fault_end)
-    );
-    let after = samples.iter().filter(|s| s.sent >= recovered);
-    assert!(
-        after.clone().all(Sample::exact),
-        "no failure after recovery"
+        recovery <= COOLDOWN + Duration::from_millis(500),
+        "recovery within one breaker cooldown: {recovery:?}"
     );
     sluice.stop().await;
 }
@@ -703,15 +731,15 @@ async fn chaos_cluster_master_kill_promotes_a_replica() {
         .iter()
         .position(|n| n.port() == victim_port)
         .unwrap();
-    cluster.node_mut(index).kill();
+    blocking(|| cluster.node_mut(index).kill());
     let fault_start = now();
     // The replica is promoted once the others mark the master failed (node timeout 500 ms).
     let promoted = eventually("a replica promoted", Duration::from_secs(20), async || {
-        cluster.masters().len() == 3
+        blocking(|| cluster.masters().len() == 3)
     })
     .await;
     let mut client = client.clone();
-    let recovered_at = eventually(
+    eventually(
         "the victim's slot answered by the new master",
         Duration::from_secs(20),
         async || {
@@ -722,7 +750,7 @@ async fn chaos_cluster_master_kill_promotes_a_replica() {
         },
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(SETTLE + Duration::from_millis(500)).await;
     let samples = load.finish().await;
 
     let figures = Figures {
@@ -737,7 +765,7 @@ async fn chaos_cluster_master_kill_promotes_a_replica() {
     let bystander_total = figures.during().filter(|s| s.group == 1).count();
     figures.print(
         watch.opened(),
-        Some(recovered_at),
+        figures.recovered(&[0]),
         &format!(
             "; promotion {:.0} ms after the kill; other master's key: {bystander_degraded} of {bystander_total} degraded",
             (promoted - fault_start).as_secs_f64() * 1000.0
@@ -757,9 +785,15 @@ async fn chaos_cluster_master_kill_promotes_a_replica() {
         bystander_degraded, 0,
         "a key on a healthy master is never degraded by another node's failure"
     );
+    // Service resumes without a restart; the other master's key never noticed.
+    let recovery = figures.assert_recovered(2, SETTLE);
     assert!(
-        recovered_at.saturating_duration_since(promoted) <= Duration::from_secs(10),
-        "service resumes without a restart"
+        recovery <= Duration::from_secs(10),
+        "recovery took {recovery:?}"
+    );
+    assert!(
+        samples.iter().filter(|s| s.group == 1).all(Sample::exact),
+        "the healthy master's key was degraded"
     );
     // The dead node's breaker is gone; the promoted node has one.
     let names: Vec<String> = sluice.breakers().into_iter().map(|(n, _)| n).collect();
@@ -794,16 +828,16 @@ async fn chaos_sentinel_failover_is_followed() {
         .iter()
         .position(|n| n.port() == old)
         .unwrap();
-    sentinel.node_mut(index).kill();
+    blocking(|| sentinel.node_mut(index).kill());
     let fault_start = now();
     let failed_over = eventually(
         "the sentinels promote the replica",
         Duration::from_secs(20),
-        async || sentinel.master_port() != old,
+        async || blocking(|| sentinel.master_port() != old),
     )
     .await;
     let mut client = sluice.client().await;
-    let recovered_at = eventually(
+    eventually(
         "exact decisions on the new master",
         Duration::from_secs(20),
         async || {
@@ -814,7 +848,7 @@ async fn chaos_sentinel_failover_is_followed() {
         },
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(SETTLE + Duration::from_millis(500)).await;
     let samples = load.finish().await;
     let figures = Figures {
         name: "Sentinel failover, failure_mode local",
@@ -823,7 +857,7 @@ async fn chaos_sentinel_failover_is_followed() {
     };
     figures.print(
         watch.opened(),
-        Some(recovered_at),
+        figures.recovered(&[0]),
         &format!(
             "; failover {:.0} ms after the kill",
             (failed_over - fault_start).as_secs_f64() * 1000.0
@@ -833,14 +867,13 @@ async fn chaos_sentinel_failover_is_followed() {
     for s in figures.during() {
         assert!(s.exact() || s.degraded.as_deref() == Some("local"), "{s:?}");
     }
-    assert!(recovered_at.saturating_duration_since(failed_over) <= Duration::from_secs(10));
     let new_master = format!("127.0.0.1:{}", sentinel.master_port());
     let names: Vec<String> = sluice.breakers().into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, [new_master], "only the current master has a breaker");
-    let after = samples.iter().filter(|s| s.sent >= recovered_at);
+    let recovery = figures.assert_recovered(1, SETTLE);
     assert!(
-        after.clone().all(Sample::exact),
-        "no degraded decision after recovery"
+        recovery <= Duration::from_secs(10),
+        "recovery took {recovery:?}"
     );
     sluice.stop().await;
 }
