@@ -362,6 +362,14 @@ fn with_mode(mode: FailureModeArg) -> impl FnOnce(&mut Settings) {
     }
 }
 
+/// One call on `roomy=<value>` answered by Redis (not by a failure policy).
+async fn answers_exactly(client: &mut RateLimitServiceClient<Channel>, value: &str) -> bool {
+    matches!(
+        client.should_rate_limit(request("chaos", &[("roomy", value)])).await,
+        Ok(r) if header(r.get_ref(), "x-ratelimit-degraded").is_none()
+    )
+}
+
 /// Waits up to `limit` for `ready`, polling every 10 ms.
 async fn eventually(what: &str, limit: Duration, mut ready: impl AsyncFnMut() -> bool) -> Instant {
     let start = now();
@@ -659,10 +667,7 @@ async fn chaos_restart_with_empty_script_cache() {
     // Recovery: exact answers again (the first script call on the empty server is a NOSCRIPT
     // answered by one EVAL inside the same decision).
     eventually("exact decisions", Duration::from_secs(10), async || {
-        matches!(
-            client.should_rate_limit(request("chaos", &[("roomy", "probe")])).await,
-            Ok(r) if header(r.get_ref(), "x-ratelimit-degraded").is_none()
-        )
+        answers_exactly(&mut client, "probe").await
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -742,12 +747,7 @@ async fn chaos_cluster_master_kill_promotes_a_replica() {
     eventually(
         "the victim's slot answered by the new master",
         Duration::from_secs(20),
-        async || {
-            matches!(
-                client.should_rate_limit(request("chaos", &[("roomy", "v")])).await,
-                Ok(r) if header(r.get_ref(), "x-ratelimit-degraded").is_none()
-            )
-        },
+        async || answers_exactly(&mut client, "v").await,
     )
     .await;
     tokio::time::sleep(SETTLE + Duration::from_millis(500)).await;
@@ -840,12 +840,7 @@ async fn chaos_sentinel_failover_is_followed() {
     eventually(
         "exact decisions on the new master",
         Duration::from_secs(20),
-        async || {
-            matches!(
-                client.should_rate_limit(request("chaos", &[("roomy", "s")])).await,
-                Ok(r) if header(r.get_ref(), "x-ratelimit-degraded").is_none()
-            )
-        },
+        async || answers_exactly(&mut client, "s").await,
     )
     .await;
     tokio::time::sleep(SETTLE + Duration::from_millis(500)).await;

@@ -6,9 +6,12 @@ mod harness;
 
 use std::time::Duration;
 
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use harness::sluice::{OK, OVER_LIMIT, Sluice, header, request};
 use harness::{RedisServer, command_calls};
 use sluice::settings::RedisModeArg;
+use tonic::transport::Channel;
 
 /// 3 per hour: after three hits the bucket is empty for 20 minutes.
 const SLOW: &str = r#"
@@ -19,6 +22,18 @@ descriptors:
   - key: other
     rate_limit: {unit: hour, requests_per_unit: 100}
 "#;
+
+/// One call that must succeed.
+async fn call(
+    client: &mut RateLimitServiceClient<Channel>,
+    descriptors: &[(&str, &str)],
+) -> RateLimitResponse {
+    client
+        .should_rate_limit(request("res", descriptors))
+        .await
+        .expect("call succeeds")
+        .into_inner()
+}
 
 fn script_calls(redis: &RedisServer) -> u64 {
     command_calls(redis, "evalsha") + command_calls(redis, "eval")
@@ -34,19 +49,11 @@ async fn over_limit_cache_answers_without_asking_redis() {
     .await;
     let mut client = sluice.client().await;
     for _ in 0..3 {
-        let r = client
-            .should_rate_limit(request("res", &[("client", "hammer")]))
-            .await
-            .unwrap()
-            .into_inner();
+        let r = call(&mut client, &[("client", "hammer")]).await;
         assert_eq!(r.overall_code, OK);
     }
     let before = script_calls(&redis);
-    let first = client
-        .should_rate_limit(request("res", &[("client", "hammer")]))
-        .await
-        .unwrap()
-        .into_inner();
+    let first = call(&mut client, &[("client", "hammer")]).await;
     assert_eq!(first.overall_code, OVER_LIMIT);
     assert_eq!(
         script_calls(&redis),
@@ -54,11 +61,7 @@ async fn over_limit_cache_answers_without_asking_redis() {
         "the first rejection asks Redis"
     );
     for _ in 0..50 {
-        let r = client
-            .should_rate_limit(request("res", &[("client", "hammer")]))
-            .await
-            .unwrap()
-            .into_inner();
+        let r = call(&mut client, &[("client", "hammer")]).await;
         assert_eq!(r.overall_code, OVER_LIMIT);
         assert_eq!(header(&r, "retry-after"), Some("1200"));
         assert_eq!(
@@ -68,11 +71,7 @@ async fn over_limit_cache_answers_without_asking_redis() {
         );
     }
     // With another descriptor that has tokens: still rejected locally, and `other` not charged.
-    let both = client
-        .should_rate_limit(request("res", &[("other", "o"), ("client", "hammer")]))
-        .await
-        .unwrap()
-        .into_inner();
+    let both = call(&mut client, &[("other", "o"), ("client", "hammer")]).await;
     assert_eq!(both.overall_code, OVER_LIMIT);
     assert_eq!(both.statuses[0].code, OK);
     let after = script_calls(&redis);
@@ -97,11 +96,7 @@ async fn over_limit_cache_answers_without_asking_redis() {
     let mut client = sluice.client().await;
     let before = script_calls(&redis);
     for _ in 0..10 {
-        let r = client
-            .should_rate_limit(request("res", &[("client", "hammer")]))
-            .await
-            .unwrap()
-            .into_inner();
+        let r = call(&mut client, &[("client", "hammer")]).await;
         assert_eq!(r.overall_code, OVER_LIMIT);
     }
     assert!(script_calls(&redis) >= before + 10);
@@ -150,11 +145,7 @@ async fn in_flight_bound_refuses_with_resource_exhausted() {
         assert_eq!(r.overall_code, OK);
     }
     // The places are free again.
-    let r = c
-        .should_rate_limit(request("res", &[("other", "after")]))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = call(&mut c, &[("other", "after")]).await;
     assert_eq!(r.overall_code, OK);
     sluice.stop().await;
 }

@@ -135,14 +135,7 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
         BackendKind::Memory => {
             let backend = Arc::new(MemoryBackend::new(
                 Arc::new(MonotonicClock::new()),
-                MemoryOptions {
-                    max_buckets: settings.memory_max_buckets,
-                    max_buckets_per_rule: settings
-                        .security
-                        .memory_max_buckets_per_rule
-                        .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
-                    ..MemoryOptions::default()
-                },
+                memory_options(&settings),
             ));
             let sweeper = backend.spawn_sweeper(Duration::from_secs(1));
             // One process holds every bucket: there is no outage to divide limits for.
@@ -240,14 +233,7 @@ async fn serve<B: Backend>(
                 .over_limit_cache
                 .then(|| usize::try_from(settings.over_limit_cache_max_keys).unwrap_or(usize::MAX)),
             max_in_flight: usize::try_from(settings.max_in_flight).unwrap_or(usize::MAX),
-            local_store: MemoryOptions {
-                max_buckets: settings.memory_max_buckets,
-                max_buckets_per_rule: settings
-                    .security
-                    .memory_max_buckets_per_rule
-                    .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
-                ..MemoryOptions::default()
-            },
+            local_store: memory_options(&settings),
         },
         Arc::new(MonotonicClock::new()),
         parts.replicas.clone(),
@@ -514,6 +500,18 @@ impl Heartbeat {
                 self.beat().await;
             }
         });
+    }
+}
+
+/// Bounds of an in-process bucket store: the memory backend, or the `local` policy's buckets.
+fn memory_options(settings: &Settings) -> MemoryOptions {
+    MemoryOptions {
+        max_buckets: settings.memory_max_buckets,
+        max_buckets_per_rule: settings
+            .security
+            .memory_max_buckets_per_rule
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+        ..MemoryOptions::default()
     }
 }
 
