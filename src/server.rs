@@ -451,6 +451,8 @@ struct Heartbeat {
     key: String,
     member: String,
     replicas: Arc<Replicas>,
+    /// A heartbeat succeeded, or its failure was already reported.
+    counted: std::sync::atomic::AtomicBool,
 }
 
 impl Heartbeat {
@@ -464,6 +466,7 @@ impl Heartbeat {
             key: format!("{key_prefix}replicas"),
             member: format!("{host}-{:016x}", rand::random::<u64>()),
             replicas,
+            counted: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -475,11 +478,21 @@ impl Heartbeat {
             .await
         {
             Ok(live) => {
+                self.counted
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
                 let before = self.replicas.current();
                 self.replicas.observe(live);
                 if live.max(1) != before {
                     tracing::info!(replicas = live, "live replica count changed");
                 }
+            }
+            // Never counted (the ACL lacks the heartbeat's commands, say): say so once.
+            Err(error)
+                if !self
+                    .counted
+                    .swap(true, std::sync::atomic::Ordering::Relaxed) =>
+            {
+                tracing::warn!(%error, "cannot count replicas through Redis; the `local` policy assumes 1 until a heartbeat succeeds (or set --replicas)")
             }
             Err(error) => {
                 tracing::debug!(%error, replicas = self.replicas.current(), "heartbeat failed; keeping the last replica count")
