@@ -1,5 +1,6 @@
 //! Real `redis-server` processes for integration tests: a standalone server, a Cluster, and a
 //! master + replica + 3 Sentinels, each on free loopback ports in its own temp dir.
+//! [`sluice`] starts sluice itself in the test process against them.
 //!
 //! Everything is torn down on Drop (process group killed, temp dir removed), also when a test
 //! panics. As a safety net against a killed test process, every server also gets SIGKILL when
