@@ -408,16 +408,16 @@ async fn an_envoyproxy_ratelimit_deployment_switches_by_changing_the_image() {
 
     // Every unsupported setting is named once, never dropped silently.
     let log = serve.log();
-    for name in [
-        "USE_STATSD",
-        "STATSD_HOST",
-        "LOCAL_CACHE_SIZE_IN_BYTES",
-        "DEBUG_PORT",
-    ] {
+    for name in ["USE_STATSD", "STATSD_HOST", "DEBUG_PORT"] {
         let line = format!("ignored: {name} ");
         assert_eq!(log.matches(&line).count(), 1, "{line:?} once in\n{log}");
     }
     assert!(!log.contains("ignored: REDIS_URL"), "{log}");
+    // Its local cache of over-limit keys is sluice's over-limit cache, sized in keys.
+    assert!(
+        log.contains("LOCAL_CACHE_SIZE_IN_BYTES → SLUICE_OVER_LIMIT_CACHE_MAX_KEYS=4096"),
+        "{log}"
+    );
 
     let mut client = serve.client().await;
     let call = |pairs: &'static [(&'static str, &'static str)]| req("mongo_cps", vec![desc(pairs)]);

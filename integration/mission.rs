@@ -416,7 +416,14 @@ descriptors:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mission_one_evalsha_per_should_rate_limit() {
     let redis = RedisServer::start();
-    let sluice = Sluice::start(SLOW, &redis.url(), "standalone");
+    // A fixed replica count: no heartbeat script runs beside the decisions being counted (and
+    // the readiness probe stays quiet while traffic flows).
+    let sluice = Sluice::start_env(
+        SLOW,
+        &redis.url(),
+        "standalone",
+        &[("SLUICE_REPLICAS", "1")],
+    );
     let mut client = sluice.client().await;
     // Warm up (the connection and the script load happen at start).
     client

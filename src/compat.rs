@@ -27,6 +27,9 @@ const DEFAULT_DEBUG_PORT: &str = "6070";
 const DEFAULT_LIMIT_HEADER: &str = "RateLimit-Limit";
 const DEFAULT_REMAINING_HEADER: &str = "RateLimit-Remaining";
 const DEFAULT_RESET_HEADER: &str = "RateLimit-Reset";
+/// What one over-limit cache entry costs, about (a key of ~100 bytes plus the entry and map
+/// overhead), to turn `LOCAL_CACHE_SIZE_IN_BYTES` into a number of keys.
+const BYTES_PER_CACHED_KEY: u64 = 256;
 
 /// What an envoyproxy/ratelimit environment means for sluice.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -142,11 +145,6 @@ const UNSUPPORTED: &[(&str, Neutral, &str)] = &[
         "EXPIRATION_JITTER_MAX_SECONDS",
         Neutral::Never,
         "bucket keys expire when the bucket would be full again; no jitter is added",
-    ),
-    (
-        "LOCAL_CACHE_SIZE_IN_BYTES",
-        Neutral::Values(&["0"]),
-        "there is no local over-limit cache; every decision asks the shared bucket",
     ),
     (
         "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
@@ -501,6 +499,22 @@ impl Tr<'_> {
     fn limits(&mut self, layout: bool) {
         if let Some(prefix) = self.get("CACHE_KEY_PREFIX").map(str::to_owned) {
             self.set("SLUICE_KEY_PREFIX", prefix, "CACHE_KEY_PREFIX");
+        }
+        // The same idea as sluice's over-limit cache, sized in bytes of a freecache; 0 is off.
+        if let Some(size) = self.get("LOCAL_CACHE_SIZE_IN_BYTES").map(str::to_owned) {
+            const FROM: &str = "LOCAL_CACHE_SIZE_IN_BYTES";
+            match size.trim().parse::<u64>() {
+                Ok(0) => self.set("SLUICE_OVER_LIMIT_CACHE", "false", FROM),
+                Ok(bytes) => {
+                    self.set("SLUICE_OVER_LIMIT_CACHE", "true", FROM);
+                    let keys = (bytes / BYTES_PER_CACHED_KEY).max(1);
+                    self.set("SLUICE_OVER_LIMIT_CACHE_MAX_KEYS", keys.to_string(), FROM);
+                }
+                Err(_) => self
+                    .out
+                    .errors
+                    .push(format!("{FROM}: `{size}` is not a number of bytes")),
+            }
         }
         if let Some(ratio) = self.get("NEAR_LIMIT_RATIO").map(str::to_owned) {
             match ratio.parse::<f64>() {
@@ -1122,7 +1136,6 @@ mod tests {
             ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "a:b"),
             ("XDS_CLIENT_BACKOFF_JITTER", "true"),
             ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
-            ("LOCAL_CACHE_SIZE_IN_BYTES", "1024"),
             ("REDIS_PERSECOND", "false"),
             ("TRACING_EXPORTER_PROTOCOL", "http"),
             ("TRACING_SERVICE_NAME", "RateLimit"),
@@ -1133,7 +1146,6 @@ mod tests {
             [
                 "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
                 "GRPC_SERVER_USE_TLS",
-                "LOCAL_CACHE_SIZE_IN_BYTES",
                 "MEMCACHE_HOST_PORT",
                 "STATSD_HOST",
                 "TRACING_EXPORTER_PROTOCOL",
@@ -1160,6 +1172,24 @@ mod tests {
         assert!(ignored(&t).is_empty(), "{:?}", t.ignored);
         let bad = apply(&env(&[("TRACING_SAMPLING_RATE", "2")]));
         assert_eq!(bad.errors.len(), 1);
+    }
+
+    #[test]
+    fn local_cache_size_maps_to_the_over_limit_cache() {
+        let t = apply(&env(&[("LOCAL_CACHE_SIZE_IN_BYTES", "1048576")]));
+        assert_eq!(over(&t, "SLUICE_OVER_LIMIT_CACHE").as_deref(), Some("true"));
+        assert_eq!(
+            over(&t, "SLUICE_OVER_LIMIT_CACHE_MAX_KEYS").as_deref(),
+            Some("4096")
+        );
+        let off = apply(&env(&[("LOCAL_CACHE_SIZE_IN_BYTES", "0")]));
+        assert_eq!(
+            over(&off, "SLUICE_OVER_LIMIT_CACHE").as_deref(),
+            Some("false")
+        );
+        assert!(ignored(&off).is_empty());
+        let bad = apply(&env(&[("LOCAL_CACHE_SIZE_IN_BYTES", "lots")]));
+        assert_eq!(bad.errors.len(), 1, "{:?}", bad.errors);
     }
 
     #[test]

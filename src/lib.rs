@@ -17,6 +17,8 @@
 //! - [`clock`]: injected time, so tests step it.
 //! - [`backend`]: the `Backend` trait; `memory` and `redis` implementations.
 //! - [`limiter`]: request → rules → one backend call → [`limiter::Decision`].
+//! - [`resilience`]: when Redis is slow or gone — circuit breakers, the `local` policy's buckets,
+//!   the over-limit cache, the in-flight bound, readiness rules.
 //! - [`service`]: the tonic `RateLimitService` adapter: protobuf in, protobuf + headers out.
 //! - [`admin`]: HTTP admin — health, readiness, active config, metrics.
 //! - [`telemetry`]: metrics (OpenTelemetry SDK: Prometheus `/metrics`, OTLP push), traces
@@ -39,6 +41,7 @@ pub mod explain;
 pub mod key;
 pub mod limiter;
 pub mod request;
+pub mod resilience;
 pub mod rule;
 pub mod security;
 pub mod server;

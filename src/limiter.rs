@@ -2,6 +2,12 @@
 //!
 //! Pure domain logic: no protobuf, no gRPC. [`crate::service`] converts at the edge and maps
 //! [`LimitError`] to a gRPC status.
+//!
+//! When the backend cannot answer for a bucket, the failure policy of its descriptor decides
+//! ([`Basis::Degraded`]): `open` → OK, `closed` → OVER_LIMIT, `local` → the in-process bucket of
+//! [`crate::resilience::local`], `error` → the whole call fails with [`LimitError::Unavailable`].
+//! Before the backend is asked, the over-limit cache may already know the request is rejected
+//! ([`Basis::Cached`]); then nothing is asked and nothing is taken.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,6 +19,9 @@ use crate::backend::{Backend, BackendError, Hit};
 use crate::config::{Config, Domain};
 use crate::key::{RuleTag, write_bucket_key};
 use crate::request::{LimitRequest, RequestDescriptor};
+use crate::resilience::Resilience;
+use crate::resilience::breaker::BreakerState;
+use crate::resilience::over_limit::CachedRejection;
 use crate::rule::{FailureMode, Limit, RateLimit, Rule, RuleId, Unit};
 
 /// The outcome of one descriptor, or of the whole request.
@@ -51,8 +60,16 @@ pub enum Basis {
     Unlimited,
     /// The shared backend answered.
     Backend,
-    /// The backend could not answer; the failure policy decided.
+    /// The backend could not answer; the failure policy decided (`Open`, `Closed` or `Local`;
+    /// `Error` fails the whole call instead).
     Degraded(FailureMode),
+    /// OVER_LIMIT answered from the local over-limit cache: the backend rejected this bucket
+    /// moments ago with a retry-after that has not passed, so it was not asked.
+    Cached,
+    /// Not evaluated: another descriptor of the request was answered OVER_LIMIT from the
+    /// over-limit cache, so the request is rejected and this bucket was neither asked nor
+    /// charged. Reported with code OK and no limit (its state is unknown).
+    NotEvaluated,
 }
 
 /// One descriptor's answer, in request order.
@@ -109,6 +126,19 @@ impl Decision {
             .iter()
             .any(|s| matches!(s.basis, Basis::Degraded(_)))
     }
+
+    /// The failure policies that decided some descriptor, each once, in request order.
+    pub fn degraded_modes(&self) -> Vec<FailureMode> {
+        let mut modes = Vec::new();
+        for status in &self.statuses {
+            if let Basis::Degraded(mode) = status.basis
+                && !modes.contains(&mode)
+            {
+                modes.push(mode);
+            }
+        }
+        modes
+    }
 }
 
 /// Why no decision could be made.
@@ -117,6 +147,9 @@ pub enum LimitError {
     /// The backend failed and the failure policy of some descriptor is `error`.
     #[error("rate-limit backend unavailable: {0}")]
     Unavailable(#[source] BackendError),
+    /// Too many decisions are in progress (`--max-in-flight`).
+    #[error("overloaded: {0} rate-limit decisions already in progress")]
+    Overloaded(usize),
 }
 
 /// Settings of the decision path that do not come from the descriptor config.
@@ -148,24 +181,64 @@ struct Target {
     hit: usize,
 }
 
+/// What became of one hit.
+enum Outcome {
+    /// The backend decided.
+    Decided(Verdict),
+    /// The backend could not decide.
+    Failed(BackendError),
+    /// Decided on the local bucket under the `local` policy.
+    Local(Verdict),
+    /// Rejected from the over-limit cache.
+    Cached(CachedRejection),
+    /// Not asked: the request is rejected from the cache.
+    NotEvaluated,
+}
+
 /// Decides requests against the active config and a backend.
 pub struct Limiter<B> {
     config: Arc<ArcSwap<Config>>,
     backend: B,
     options: LimiterOptions,
+    resilience: Resilience,
 }
 
 impl<B: Backend> Limiter<B> {
+    /// A limiter without over-limit cache or in-flight bound, whose `local` policy assumes one
+    /// replica.
     pub fn new(config: Arc<ArcSwap<Config>>, backend: B, options: LimiterOptions) -> Self {
+        Self::with_resilience(config, backend, options, Resilience::default())
+    }
+
+    pub fn with_resilience(
+        config: Arc<ArcSwap<Config>>,
+        backend: B,
+        options: LimiterOptions,
+        resilience: Resilience,
+    ) -> Self {
         Limiter {
             config,
             backend,
             options,
+            resilience,
         }
     }
 
     pub fn backend(&self) -> &B {
         &self.backend
+    }
+
+    pub fn resilience(&self) -> &Resilience {
+        &self.resilience
+    }
+
+    /// Each backend endpoint and the state of its circuit breaker (empty for the memory
+    /// backend). Read-only, for readiness and metrics.
+    pub fn breaker_states(&self) -> Vec<(String, BreakerState)> {
+        self.backend
+            .breakers()
+            .map(|set| set.states())
+            .unwrap_or_default()
     }
 
     pub fn config(&self) -> &Arc<ArcSwap<Config>> {
@@ -178,6 +251,10 @@ impl<B: Backend> Limiter<B> {
 
     /// Decides one request. At most one backend call.
     pub async fn decide(&self, request: &LimitRequest) -> Result<Decision, LimitError> {
+        let in_flight = &self.resilience.in_flight;
+        let Some(_place) = in_flight.enter() else {
+            return Err(LimitError::Overloaded(in_flight.limit()));
+        };
         let config = self.config.load();
         let Some(domain) = config.domain(&request.domain) else {
             return Ok(Decision {
@@ -234,41 +311,19 @@ impl<B: Backend> Limiter<B> {
             }
         }
 
-        let verdicts = if hits.is_empty() {
-            Ok(Vec::new())
-        } else {
-            self.backend.check(&hits).await
-        };
-
-        let statuses: Vec<Status> = match verdicts {
-            Ok(verdicts) => statuses
-                .into_iter()
-                .zip(targets)
-                .map(|(status, target)| match (status, target) {
-                    (Some(status), _) => status,
-                    (None, Some(t)) => from_verdict(t, &verdicts),
-                    (None, None) => unreachable!("every descriptor has a status or a target"),
-                })
-                .collect(),
-            Err(error) => {
-                if targets
-                    .iter()
-                    .flatten()
-                    .any(|t| t.failure_mode == FailureMode::Error)
-                {
-                    return Err(LimitError::Unavailable(error));
+        let outcomes = self.outcomes(&hits, &targets).await?;
+        let statuses: Vec<Status> = statuses
+            .into_iter()
+            .zip(targets)
+            .map(|(status, target)| match (status, target) {
+                (Some(status), _) => status,
+                (None, Some(t)) => {
+                    let outcome = &outcomes[t.hit];
+                    status_of(t, outcome)
                 }
-                statuses
-                    .into_iter()
-                    .zip(targets)
-                    .map(|(status, target)| match (status, target) {
-                        (Some(status), _) => status,
-                        (None, Some(t)) => degraded(t),
-                        (None, None) => unreachable!("every descriptor has a status or a target"),
-                    })
-                    .collect()
-            }
-        };
+                (None, None) => unreachable!("every descriptor has a status or a target"),
+            })
+            .collect();
 
         let overall = if statuses.iter().any(|s| s.code == Code::OverLimit) {
             Code::OverLimit
@@ -280,6 +335,103 @@ impl<B: Backend> Limiter<B> {
             statuses,
             unknown_domain: false,
         })
+    }
+
+    /// What becomes of each hit: from the over-limit cache, else from the backend, with the
+    /// failure policy of its descriptor where the backend failed.
+    async fn outcomes(
+        &self,
+        hits: &[Hit],
+        targets: &[Option<Target>],
+    ) -> Result<Vec<Outcome>, LimitError> {
+        if hits.is_empty() {
+            return Ok(Vec::new());
+        }
+        let cache = self.resilience.over_limit.as_ref();
+        let now_ms = self.resilience.clock.now_ms();
+        // A refund must reach the backend even when the request is rejected, so a request
+        // carrying one is never answered from the cache. Shadow hits cannot reject, so they
+        // never make the cache answer for the whole request.
+        if let Some(cache) = cache
+            && hits.iter().all(|h| !h.demand.refund)
+        {
+            let cached: Vec<Option<CachedRejection>> = hits
+                .iter()
+                .map(|h| cache.rejects(&h.key, &h.demand, now_ms))
+                .collect();
+            if cached.iter().any(Option::is_some) {
+                return Ok(cached
+                    .into_iter()
+                    .map(|c| c.map_or(Outcome::NotEvaluated, Outcome::Cached))
+                    .collect());
+            }
+        }
+
+        let results = self.backend.check_each(hits).await;
+        if results.iter().any(Result::is_ok) {
+            self.resilience.note_answer(now_ms);
+        }
+        let mut outcomes = Vec::with_capacity(hits.len());
+        for (hit, result) in hits.iter().zip(results) {
+            outcomes.push(match result {
+                Ok(verdict) => {
+                    if let Some(cache) = cache {
+                        cache.learn(&hit.key, &hit.demand, &verdict, now_ms);
+                    }
+                    Outcome::Decided(verdict)
+                }
+                Err(error) => Outcome::Failed(error),
+            });
+        }
+        if outcomes.iter().any(|o| matches!(o, Outcome::Failed(_))) {
+            self.apply_policy(hits, targets, &mut outcomes).await?;
+        }
+        Ok(outcomes)
+    }
+
+    /// Replaces failed outcomes by what their failure policy says: `error` fails the call,
+    /// `local` decides on the local buckets; `open` and `closed` stay failed and are answered
+    /// by [`status_of`].
+    async fn apply_policy(
+        &self,
+        hits: &[Hit],
+        targets: &[Option<Target>],
+        outcomes: &mut [Outcome],
+    ) -> Result<(), LimitError> {
+        // Descriptors sharing a hit share a rule (or an override of one domain), hence a mode.
+        let mut mode_of: Vec<Option<FailureMode>> = vec![None; hits.len()];
+        for t in targets.iter().flatten() {
+            mode_of[t.hit].get_or_insert(t.failure_mode);
+        }
+        let mut local = Vec::new();
+        let mut rejected = false;
+        for (i, outcome) in outcomes.iter().enumerate() {
+            let shadow = hits[i].demand.shadow;
+            match (outcome, mode_of[i]) {
+                (Outcome::Failed(error), Some(FailureMode::Error)) => {
+                    self.resilience.notices.record(FailureMode::Error, error);
+                    return Err(LimitError::Unavailable(error.clone()));
+                }
+                (Outcome::Failed(_), Some(FailureMode::Local)) => local.push(i),
+                (Outcome::Failed(_), Some(FailureMode::Closed)) => rejected |= !shadow,
+                (Outcome::Decided(v), _) => rejected |= !v.allowed && !shadow,
+                _ => {}
+            }
+        }
+        for (i, outcome) in outcomes.iter().enumerate() {
+            if let (Outcome::Failed(error), Some(mode)) = (outcome, mode_of[i]) {
+                self.resilience.notices.record(mode, error);
+            }
+        }
+        if local.is_empty() {
+            return Ok(());
+        }
+        let local_hits: Vec<Hit> = local.iter().map(|&i| hits[i].clone()).collect();
+        let verdicts = self.resilience.local.decide(&local_hits, rejected).await;
+        for (&i, verdict) in local.iter().zip(verdicts) {
+            outcomes[i] = Outcome::Local(verdict);
+        }
+        Ok(())
     }
 
     /// The bucket a descriptor uses, or its final status when no bucket is involved.
@@ -376,8 +528,28 @@ fn merge_hit(
     hits.len() - 1
 }
 
-fn from_verdict(target: Target, verdicts: &[Verdict]) -> Status {
-    let v = verdicts[target.hit];
+/// The status of a descriptor from what became of its hit.
+fn status_of(target: Target, outcome: &Outcome) -> Status {
+    match outcome {
+        Outcome::Decided(v) => from_verdict(target, v, Basis::Backend),
+        Outcome::Local(v) => from_verdict(target, v, Basis::Degraded(FailureMode::Local)),
+        Outcome::Failed(_) => degraded(target),
+        Outcome::Cached(c) => cached(target, c),
+        Outcome::NotEvaluated => Status {
+            code: Code::Ok,
+            basis: Basis::NotEvaluated,
+            limit: None,
+            remaining: 0,
+            reset_ms: 0,
+            retry_after_ms: None,
+            shadow: target.shadow,
+            over: false,
+            rule: target.rule,
+        },
+    }
+}
+
+fn from_verdict(target: Target, v: &Verdict, basis: Basis) -> Status {
     let over = !v.allowed;
     Status {
         code: if over && !target.shadow {
@@ -385,7 +557,7 @@ fn from_verdict(target: Target, verdicts: &[Verdict]) -> Status {
         } else {
             Code::Ok
         },
-        basis: Basis::Backend,
+        basis,
         limit: Some(AppliedLimit::new(&target.rate, target.name)),
         remaining: v.remaining,
         reset_ms: v.until_full_ms,
@@ -396,8 +568,26 @@ fn from_verdict(target: Target, verdicts: &[Verdict]) -> Status {
     }
 }
 
-/// A status decided by the failure policy (`open` or `closed`; `local` arrives with the
-/// resilience layer, `error` never gets here).
+fn cached(target: Target, c: &CachedRejection) -> Status {
+    Status {
+        code: if target.shadow {
+            Code::Ok
+        } else {
+            Code::OverLimit
+        },
+        basis: Basis::Cached,
+        limit: Some(AppliedLimit::new(&target.rate, target.name)),
+        remaining: c.remaining,
+        reset_ms: c.until_full_ms,
+        retry_after_ms: Some(Some(c.wait_ms)),
+        shadow: target.shadow,
+        over: true,
+        rule: target.rule,
+    }
+}
+
+/// A status decided by the `open` or `closed` policy (`local` has a verdict of its own, `error`
+/// never gets here). `closed` asks for a retry after one second: the outage's end is unknown.
 fn degraded(target: Target) -> Status {
     let BucketParams { capacity, .. } = target.rate.bucket();
     let over = target.failure_mode == FailureMode::Closed;
@@ -415,5 +605,385 @@ fn degraded(target: Target) -> Status {
         shadow: target.shadow,
         over,
         rule: target.rule,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::backend::memory::{MemoryBackend, MemoryOptions};
+    use crate::clock::ManualClock;
+    use crate::config::load_sources;
+    use crate::request::Entry;
+    use crate::resilience::ResilienceOptions;
+    use crate::resilience::local::Replicas;
+
+    /// A memory backend that counts calls and fails the hits whose key contains a chosen part
+    /// (a dead Redis, or one dead Cluster node).
+    struct Flaky {
+        inner: MemoryBackend,
+        calls: AtomicUsize,
+        failing: Mutex<HashSet<String>>,
+    }
+
+    impl Flaky {
+        fn fail(&self, part: &str) {
+            self.failing.lock().unwrap().insert(part.to_string());
+        }
+        fn heal(&self) {
+            self.failing.lock().unwrap().clear();
+        }
+        fn calls(&self) -> usize {
+            self.calls.load(Ordering::SeqCst)
+        }
+        fn is_failing(&self, key: &str) -> bool {
+            self.failing.lock().unwrap().iter().any(|p| key.contains(p))
+        }
+    }
+
+    impl Backend for Flaky {
+        async fn check(&self, hits: &[Hit]) -> Result<Vec<Verdict>, BackendError> {
+            self.check_each(hits).await.into_iter().collect()
+        }
+        fn name(&self) -> &'static str {
+            "flaky"
+        }
+        async fn probe(&self) -> Result<(), BackendError> {
+            Ok(())
+        }
+        async fn check_each(&self, hits: &[Hit]) -> Vec<Result<Verdict, BackendError>> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let healthy: Vec<Hit> = hits
+                .iter()
+                .filter(|h| !self.is_failing(&h.key))
+                .cloned()
+                .collect();
+            let mut verdicts = self.inner.check(&healthy).await.unwrap().into_iter();
+            hits.iter()
+                .map(|h| {
+                    if self.is_failing(&h.key) {
+                        Err(BackendError::Unavailable("refused".into()))
+                    } else {
+                        Ok(verdicts.next().unwrap())
+                    }
+                })
+                .collect()
+        }
+    }
+
+    /// `a` and `b`: 4 per second each; `s`: shadow, 1 per hour; one domain per failure mode.
+    const CONFIG: &str = "
+descriptors:
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 4}
+  - key: b
+    rate_limit: {unit: second, requests_per_unit: 4}
+  - key: s
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: c
+    failure_mode: closed
+    rate_limit: {unit: second, requests_per_unit: 4}
+";
+
+    struct Rig {
+        limiter: Limiter<Arc<Flaky>>,
+        backend: Arc<Flaky>,
+        clock: ManualClock,
+    }
+
+    fn rig(replicas: u64, cache: bool, max_in_flight: usize) -> Rig {
+        let sources: Vec<(String, String)> = ["open", "closed", "local", "error"]
+            .iter()
+            .map(|mode| {
+                (
+                    format!("{mode}.yaml"),
+                    format!("domain: {mode}\nfailure_mode: {mode}\n{CONFIG}"),
+                )
+            })
+            .collect();
+        let config = Arc::new(ArcSwap::from_pointee(load_sources(&sources).unwrap()));
+        let clock = ManualClock::new(1_000_000);
+        let backend = Arc::new(Flaky {
+            inner: MemoryBackend::new(Arc::new(clock.clone()), MemoryOptions::default()),
+            calls: AtomicUsize::new(0),
+            failing: Mutex::new(HashSet::new()),
+        });
+        let resilience = Resilience::new(
+            &ResilienceOptions {
+                over_limit_cache_keys: cache.then_some(1_000),
+                max_in_flight,
+                ..ResilienceOptions::default()
+            },
+            Arc::new(clock.clone()),
+            Arc::new(Replicas::fixed(replicas)),
+        );
+        let limiter = Limiter::with_resilience(
+            config,
+            backend.clone(),
+            LimiterOptions::default(),
+            resilience,
+        );
+        Rig {
+            limiter,
+            backend,
+            clock,
+        }
+    }
+
+    fn request(domain: &str, descriptors: &[(&str, &str)]) -> LimitRequest {
+        LimitRequest {
+            domain: domain.into(),
+            descriptors: descriptors
+                .iter()
+                .map(|(k, v)| RequestDescriptor::new(vec![Entry::new(*k, *v)]))
+                .collect(),
+            hits_addend: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn each_policy_answers_when_the_backend_fails() {
+        let rig = rig(1, false, usize::MAX);
+        rig.backend.fail("");
+        let open = rig
+            .limiter
+            .decide(&request("open", &[("a", "1")]))
+            .await
+            .unwrap();
+        assert_eq!(open.overall, Code::Ok);
+        assert_eq!(open.statuses[0].basis, Basis::Degraded(FailureMode::Open));
+        assert_eq!(open.degraded_modes(), [FailureMode::Open]);
+        let closed = rig
+            .limiter
+            .decide(&request("closed", &[("a", "1")]))
+            .await
+            .unwrap();
+        assert_eq!(closed.overall, Code::OverLimit);
+        assert_eq!(
+            closed.statuses[0].basis,
+            Basis::Degraded(FailureMode::Closed)
+        );
+        let error = rig.limiter.decide(&request("error", &[("a", "1")])).await;
+        assert!(
+            matches!(error, Err(LimitError::Unavailable(_))),
+            "{error:?}"
+        );
+        let mut allowed = 0;
+        for _ in 0..10 {
+            let local = rig
+                .limiter
+                .decide(&request("local", &[("a", "1")]))
+                .await
+                .unwrap();
+            assert_eq!(local.statuses[0].basis, Basis::Degraded(FailureMode::Local));
+            allowed += usize::from(local.overall == Code::Ok);
+        }
+        assert_eq!(allowed, 4, "one replica: the whole limit, locally");
+        // A descriptor's own failure mode wins over its domain's.
+        let mixed = rig
+            .limiter
+            .decide(&request("open", &[("a", "1"), ("c", "1")]))
+            .await
+            .unwrap();
+        assert_eq!(mixed.overall, Code::OverLimit);
+        assert_eq!(
+            mixed.degraded_modes(),
+            [FailureMode::Open, FailureMode::Closed]
+        );
+    }
+
+    #[tokio::test]
+    async fn local_divides_by_the_replica_count_and_a_rejected_request_takes_nothing() {
+        let rig = rig(2, false, usize::MAX);
+        rig.backend.fail("");
+        let mut allowed = 0;
+        for _ in 0..10 {
+            let d = rig
+                .limiter
+                .decide(&request("local", &[("a", "x")]))
+                .await
+                .unwrap();
+            allowed += usize::from(d.overall == Code::Ok);
+        }
+        assert_eq!(allowed, 2, "capacity 4 over 2 replicas");
+
+        // `c` is closed: the request is rejected, so the local bucket of `b` must not pay.
+        for _ in 0..3 {
+            let d = rig
+                .limiter
+                .decide(&request("local", &[("b", "y"), ("c", "y")]))
+                .await
+                .unwrap();
+            assert_eq!(d.overall, Code::OverLimit);
+            assert_eq!(d.statuses[0].code, Code::Ok);
+        }
+        let alone = rig
+            .limiter
+            .decide(&request("local", &[("b", "y")]))
+            .await
+            .unwrap();
+        assert_eq!(alone.overall, Code::Ok);
+        assert_eq!(
+            alone.statuses[0].remaining, 1,
+            "2 - 1: nothing was taken before"
+        );
+    }
+
+    #[tokio::test]
+    async fn only_the_failed_endpoint_is_degraded() {
+        let rig = rig(1, false, usize::MAX);
+        rig.backend.fail("b=");
+        let d = rig
+            .limiter
+            .decide(&request("open", &[("a", "1"), ("b", "1")]))
+            .await
+            .unwrap();
+        assert_eq!(d.statuses[0].basis, Basis::Backend);
+        assert_eq!(d.statuses[0].remaining, 3);
+        assert_eq!(d.statuses[1].basis, Basis::Degraded(FailureMode::Open));
+        // With `error` on the failed one, the whole call fails.
+        assert!(
+            rig.limiter
+                .decide(&request("error", &[("a", "1"), ("b", "1")]))
+                .await
+                .is_err()
+        );
+        rig.backend.heal();
+        let d = rig
+            .limiter
+            .decide(&request("open", &[("b", "1")]))
+            .await
+            .unwrap();
+        assert!(!d.degraded());
+    }
+
+    #[tokio::test]
+    async fn over_limit_cache_answers_until_the_retry_after_without_asking() {
+        let rig = rig(1, true, usize::MAX);
+        let hammer = request("error", &[("a", "h")]);
+        for _ in 0..4 {
+            assert_eq!(rig.limiter.decide(&hammer).await.unwrap().overall, Code::Ok);
+        }
+        let first = rig.limiter.decide(&hammer).await.unwrap();
+        assert_eq!(first.overall, Code::OverLimit);
+        assert_eq!(first.statuses[0].basis, Basis::Backend);
+        assert_eq!(first.statuses[0].retry_after_ms, Some(Some(250)));
+        let asked = rig.backend.calls();
+        for step in 0..5 {
+            rig.clock.advance(49);
+            let d = rig.limiter.decide(&hammer).await.unwrap();
+            assert_eq!(d.overall, Code::OverLimit);
+            assert_eq!(d.statuses[0].basis, Basis::Cached);
+            assert_eq!(
+                d.statuses[0].retry_after_ms,
+                Some(Some(250 - 49 * (step + 1)))
+            );
+        }
+        assert_eq!(rig.backend.calls(), asked, "Redis was not asked");
+        rig.clock.advance(5);
+        let d = rig.limiter.decide(&hammer).await.unwrap();
+        assert_eq!(d.statuses[0].basis, Basis::Backend);
+        assert_eq!(d.overall, Code::Ok, "a token is back after 250 ms");
+        assert_eq!(rig.backend.calls(), asked + 1);
+        assert_eq!(
+            rig.limiter
+                .resilience()
+                .over_limit_cache()
+                .unwrap()
+                .answered(),
+            5
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cached_key_rejects_the_whole_request_and_charges_no_other() {
+        let rig = rig(1, true, usize::MAX);
+        for _ in 0..5 {
+            rig.limiter
+                .decide(&request("error", &[("a", "full")]))
+                .await
+                .unwrap();
+        }
+        let asked = rig.backend.calls();
+        // `b` has tokens, but `a` is known over limit: nothing is asked, nothing taken.
+        for _ in 0..3 {
+            let d = rig
+                .limiter
+                .decide(&request("error", &[("b", "spare"), ("a", "full")]))
+                .await
+                .unwrap();
+            assert_eq!(d.overall, Code::OverLimit);
+            assert_eq!(d.statuses[0].basis, Basis::NotEvaluated);
+            assert_eq!(d.statuses[0].code, Code::Ok);
+            assert_eq!(d.statuses[0].limit, None);
+            assert_eq!(d.statuses[1].basis, Basis::Cached);
+            assert_eq!(d.statuses[1].code, Code::OverLimit);
+        }
+        assert_eq!(rig.backend.calls(), asked);
+        let b = rig
+            .limiter
+            .decide(&request("error", &[("b", "spare")]))
+            .await
+            .unwrap();
+        assert_eq!(b.statuses[0].remaining, 3, "b was never charged");
+    }
+
+    #[tokio::test]
+    async fn shadow_keys_and_refunds_always_reach_the_backend() {
+        let rig = rig(1, true, usize::MAX);
+        // The shadow rule is over limit after one hit but never rejects: the cache must not
+        // turn it into a rejection of the request.
+        for _ in 0..3 {
+            let d = rig
+                .limiter
+                .decide(&request("error", &[("s", "1"), ("a", "shadowed")]))
+                .await
+                .unwrap();
+            assert_eq!(d.overall, Code::Ok);
+            assert_eq!(d.statuses[0].basis, Basis::Backend);
+        }
+        for _ in 0..5 {
+            rig.limiter
+                .decide(&request("error", &[("a", "r")]))
+                .await
+                .unwrap();
+        }
+        let asked = rig.backend.calls();
+        let mut refund = request("error", &[("a", "r")]);
+        refund.descriptors[0].is_negative_hits = true;
+        let d = rig.limiter.decide(&refund).await.unwrap();
+        assert_eq!(d.statuses[0].basis, Basis::Backend);
+        assert_eq!(rig.backend.calls(), asked + 1);
+        // The refund gave a token back, and the cache forgot the key: the next take is asked.
+        let d = rig
+            .limiter
+            .decide(&request("error", &[("a", "r")]))
+            .await
+            .unwrap();
+        assert_eq!(d.overall, Code::Ok);
+        assert_eq!(d.statuses[0].basis, Basis::Backend);
+    }
+
+    #[tokio::test]
+    async fn in_flight_bound_refuses_at_once_and_frees_on_completion() {
+        let rig = rig(1, false, 1);
+        // Hold the one place, as a decision waiting on a stalled Redis would.
+        let gate = rig.limiter.resilience().in_flight();
+        let place = gate.enter().unwrap();
+        let refused = rig.limiter.decide(&request("error", &[("a", "1")])).await;
+        assert_eq!(refused, Err(LimitError::Overloaded(1)));
+        drop(place);
+        assert!(
+            rig.limiter
+                .decide(&request("error", &[("a", "1")]))
+                .await
+                .is_ok()
+        );
+        assert_eq!(gate.current(), 0);
     }
 }

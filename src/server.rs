@@ -17,15 +17,29 @@ use crate::backend::redis::{RedisBackend, RedisMode, RedisOptions};
 use crate::clock::MonotonicClock;
 use crate::config::{self, Config, ConfigErrors, ConfigStore};
 use crate::limiter::{Limiter, LimiterOptions};
+use crate::resilience::breaker::{BreakerSet, BreakerSettings};
+use crate::resilience::in_flight::InFlight;
+use crate::resilience::local::Replicas;
+use crate::resilience::{self, Resilience, ResilienceOptions};
+use crate::rule::FailureMode;
 use crate::security::tls::{AuthorizeLayer, GrpcIncoming, TlsState};
 use crate::security::wire::RateLimitServer;
 use crate::service::{HeaderOptions, RateLimitGrpc, RequestBounds};
 use crate::settings::{BackendKind, RedisModeArg, Settings};
-use crate::telemetry::{Metrics, MetricsOptions};
+use crate::telemetry::{BreakerReading, Metrics, MetricsOptions};
 use crate::xds::{self, ConfigSource};
 
 /// Hard ceiling tonic enforces before our own `max_message_bytes` check can name the field.
 const TRANSPORT_MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
+
+/// How often readiness (admin and gRPC health) is re-evaluated, and the backend probed unless live
+/// traffic was answered within the interval. The probe is also what closes an open breaker when
+/// no traffic arrives.
+const HEALTH_INTERVAL: Duration = Duration::from_millis(500);
+/// How often each replica refreshes its heartbeat in Redis, and how long a silent one still
+/// counts: a stopped replica is forgotten within the TTL, a new one counted within an interval.
+const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
+const HEARTBEAT_TTL: Duration = Duration::from_secs(5);
 
 /// Why the service could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +69,13 @@ pub struct Running {
     pub memory_backend: Option<Arc<MemoryBackend>>,
     /// This server's metrics (sources such as circuit breakers register here).
     pub metrics: Metrics,
+    /// The circuit breakers of the Redis endpoints (`None` on the memory backend); read-only:
+    /// `states()` for readiness, metrics and tests.
+    pub breakers: Option<Arc<BreakerSet>>,
+    /// How many replicas the `local` failure policy divides limits by (configured or counted).
+    pub replicas: Arc<Replicas>,
+    /// Decisions in progress and their bound (`--max-in-flight`).
+    pub in_flight: Arc<InFlight>,
     stop: watch::Sender<bool>,
     task: JoinHandle<Result<(), ServeError>>,
 }
@@ -119,21 +140,21 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
         BackendKind::Memory => {
             let backend = Arc::new(MemoryBackend::new(
                 Arc::new(MonotonicClock::new()),
-                MemoryOptions {
-                    max_buckets: settings.memory_max_buckets,
-                    max_buckets_per_rule: settings
-                        .security
-                        .memory_max_buckets_per_rule
-                        .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
-                    ..MemoryOptions::default()
-                },
+                memory_options(&settings),
             ));
             let sweeper = backend.spawn_sweeper(Duration::from_secs(1));
             let held = Arc::downgrade(&backend);
             metrics.observe_memory_buckets(move || {
                 held.upgrade().map_or(0, |b| b.live_buckets() as u64)
             });
-            let running = serve(settings, config, backend.clone(), config_loaded, metrics).await;
+            // One process holds every bucket: there is no outage to divide limits for.
+            let parts = Parts {
+                replicas: Arc::new(Replicas::fixed(1)),
+                over_limit_cache: false,
+                local_sweeper: false,
+                metrics,
+            };
+            let running = serve(settings, config, backend.clone(), config_loaded, parts).await;
             if running.is_err() {
                 sweeper.abort();
             }
@@ -147,7 +168,29 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
                 .await
                 .map_err(|e| ServeError::Backend(e.to_string()))?
                 .with_metrics(metrics.redis_calls());
-            serve(settings, config, backend, config_loaded, metrics).await
+            let replicas = Arc::new(if settings.replicas > 0 {
+                Replicas::fixed(settings.replicas)
+            } else {
+                Replicas::discovered()
+            });
+            let heartbeat = replicas
+                .is_discovered()
+                .then(|| Heartbeat::new(&backend, &settings.key_prefix, replicas.clone()));
+            if let Some(heartbeat) = &heartbeat {
+                // Counted before serving, so a Redis loss right after start divides correctly.
+                heartbeat.beat().await;
+            }
+            let parts = Parts {
+                replicas,
+                over_limit_cache: settings.over_limit_cache,
+                local_sweeper: true,
+                metrics,
+            };
+            let running = serve(settings, config, backend, config_loaded, parts).await?;
+            if let Some(heartbeat) = heartbeat {
+                heartbeat.spawn(running.stop.subscribe());
+            }
+            Ok(running)
         }
     }?;
     if let ConfigSource::File(path) = &source {
@@ -172,12 +215,21 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
     Ok(running)
 }
 
+/// What differs between the backends beyond the backend itself.
+struct Parts {
+    replicas: Arc<Replicas>,
+    over_limit_cache: bool,
+    /// Sweep the `local` policy's buckets (only a shared backend can fail over to them).
+    local_sweeper: bool,
+    metrics: Metrics,
+}
+
 async fn serve<B: Backend>(
     settings: Settings,
     config: Arc<ConfigStore>,
     backend: B,
     config_loaded: bool,
-    metrics: Metrics,
+    parts: Parts,
 ) -> Result<Running, ServeError> {
     let tls = match settings.security.tls.settings() {
         None => None,
@@ -185,16 +237,50 @@ async fn serve<B: Backend>(
     };
     let readiness = Arc::new(Readiness::default());
     readiness.set_config_loaded(config_loaded);
-    readiness.set_backend_ready(backend.probe().await.is_ok());
+    let answered = backend.probe().await.is_ok();
+    readiness.set_backend_ready(answered);
 
-    let limiter = Arc::new(Limiter::new(
+    let resilience = Resilience::new(
+        &ResilienceOptions {
+            over_limit_cache_keys: parts
+                .over_limit_cache
+                .then(|| usize::try_from(settings.over_limit_cache_max_keys).unwrap_or(usize::MAX)),
+            max_in_flight: usize::try_from(settings.max_in_flight).unwrap_or(usize::MAX),
+            local_store: memory_options(&settings),
+        },
+        Arc::new(MonotonicClock::new()),
+        parts.replicas.clone(),
+    );
+    let local_sweeper = parts.local_sweeper.then(|| {
+        resilience
+            .local()
+            .store()
+            .spawn_sweeper(Duration::from_secs(1))
+    });
+    let breakers = backend.breakers();
+    if let Some(set) = &breakers {
+        let set = Arc::downgrade(set);
+        parts.metrics.observe_breakers(move || {
+            set.upgrade().map_or_else(Vec::new, |set| {
+                set.states()
+                    .into_iter()
+                    .map(|(endpoint, state)| BreakerReading { endpoint, state })
+                    .collect()
+            })
+        });
+    }
+    let metrics = parts.metrics;
+    let in_flight = resilience.in_flight().clone();
+    let limiter = Arc::new(Limiter::with_resilience(
         config.active().clone(),
         backend,
         LimiterOptions {
             key_prefix: settings.key_prefix.clone(),
             default_failure_mode: settings.failure_mode.into(),
         },
+        resilience,
     ));
+    let health_limiter = limiter.clone();
     let service = RateLimitGrpc::new(
         limiter,
         RequestBounds {
@@ -211,6 +297,7 @@ async fn serve<B: Backend>(
             remaining: settings.header_remaining.clone(),
             reset: settings.header_reset.clone(),
             retry_after: settings.header_retry_after.clone(),
+            degraded: settings.header_degraded.clone(),
         },
     )
     .with_metrics(metrics.clone());
@@ -222,14 +309,21 @@ async fn serve<B: Backend>(
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     let rls_name = <RateLimitServiceServer<RateLimitGrpc<B>> as tonic::server::NamedService>::NAME;
-    health_reporter
-        .set_service_status("", tonic_health::ServingStatus::Serving)
-        .await;
-    health_reporter
-        .set_service_status(rls_name, tonic_health::ServingStatus::Serving)
-        .await;
+    let grpc_health = GrpcHealth {
+        reporter: health_reporter.clone(),
+        names: ["", rls_name],
+    };
+    grpc_health.set(readiness.is_ready()).await;
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    spawn_health(
+        health_limiter,
+        readiness.clone(),
+        grpc_health,
+        answered,
+        settings.failure_mode.into(),
+        stop_rx.clone(),
+    );
 
     let admin_router = admin::router(AdminState {
         config: config.clone(),
@@ -293,6 +387,9 @@ async fn serve<B: Backend>(
             }
         };
         let _ = admin_task.await;
+        if let Some(sweeper) = local_sweeper {
+            sweeper.abort();
+        }
         // Pushes the last OTLP batch; blocks on the exporter, so off the async workers.
         let _ = tokio::task::spawn_blocking(move || flushed.shutdown()).await;
         result
@@ -305,9 +402,161 @@ async fn serve<B: Backend>(
         config,
         memory_backend: None,
         metrics,
+        breakers,
+        replicas: parts.replicas,
+        in_flight,
         stop: stop_tx,
         task,
     })
+}
+
+/// The statuses gRPC health reports for the service names sluice serves.
+struct GrpcHealth {
+    reporter: tonic_health::server::HealthReporter,
+    names: [&'static str; 2],
+}
+
+impl GrpcHealth {
+    async fn set(&self, ready: bool) {
+        let status = if ready {
+            tonic_health::ServingStatus::Serving
+        } else {
+            tonic_health::ServingStatus::NotServing
+        };
+        for name in self.names {
+            self.reporter.set_service_status(name, status).await;
+        }
+    }
+}
+
+/// Probes the backend every [`HEALTH_INTERVAL`] unless traffic just did (through the breakers, so
+/// the probe is also the half-open call that closes one) and keeps `/readyz` and gRPC health in line with
+/// [`resilience::backend_ready`]. A backend that never answered a probe stays not ready.
+fn spawn_health<B: Backend>(
+    limiter: Arc<Limiter<B>>,
+    readiness: Arc<Readiness>,
+    grpc: GrpcHealth,
+    mut answered: bool,
+    default_mode: FailureMode,
+    mut stop: watch::Receiver<bool>,
+) {
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(HEALTH_INTERVAL);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut reported = readiness.is_ready();
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            let traffic = limiter
+                .resilience()
+                .answered_within(HEALTH_INTERVAL.as_millis() as u64);
+            answered |= traffic || limiter.backend().probe().await.is_ok();
+            let only_error = resilience::only_error_policy(&limiter.config().load(), default_mode);
+            let backend_ready =
+                answered && resilience::backend_ready(&limiter.breaker_states(), only_error);
+            readiness.set_backend_ready(backend_ready);
+            let ready = readiness.is_ready();
+            if *stop.borrow() {
+                return;
+            }
+            if ready != reported {
+                if ready {
+                    tracing::info!("ready: serving");
+                } else {
+                    tracing::warn!(
+                        "not ready: Redis unreachable and the failure policy is `error`"
+                    );
+                }
+                grpc.set(ready).await;
+                reported = ready;
+            }
+        }
+    });
+}
+
+/// This replica's heartbeat in Redis, for the `local` policy's replica count.
+struct Heartbeat {
+    backend: RedisBackend,
+    key: String,
+    member: String,
+    replicas: Arc<Replicas>,
+    /// A heartbeat succeeded, or its failure was already reported.
+    counted: std::sync::atomic::AtomicBool,
+}
+
+impl Heartbeat {
+    fn new(backend: &RedisBackend, key_prefix: &str, replicas: Arc<Replicas>) -> Self {
+        // The pod name when there is one (Kubernetes sets HOSTNAME), so an operator can read the
+        // set; the random part keeps two processes on one host apart.
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "sluice".into());
+        Heartbeat {
+            backend: backend.clone(),
+            // No `{` follows the prefix, so this can never be a bucket key.
+            key: format!("{key_prefix}replicas"),
+            member: format!("{host}-{:016x}", rand::random::<u64>()),
+            replicas,
+            counted: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// One heartbeat; a failure keeps the last count (that is the point while Redis is away).
+    async fn beat(&self) {
+        match self
+            .backend
+            .heartbeat(&self.key, &self.member, HEARTBEAT_TTL)
+            .await
+        {
+            Ok(live) => {
+                self.counted
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                let before = self.replicas.current();
+                self.replicas.observe(live);
+                if live.max(1) != before {
+                    tracing::info!(replicas = live, "live replica count changed");
+                }
+            }
+            // Never counted (the ACL lacks the heartbeat's commands, say): say so once.
+            Err(error)
+                if !self
+                    .counted
+                    .swap(true, std::sync::atomic::Ordering::Relaxed) =>
+            {
+                tracing::warn!(%error, "cannot count replicas through Redis; the `local` policy assumes 1 until a heartbeat succeeds (or set --replicas)")
+            }
+            Err(error) => {
+                tracing::debug!(%error, replicas = self.replicas.current(), "heartbeat failed; keeping the last replica count")
+            }
+        }
+    }
+
+    fn spawn(self, mut stop: watch::Receiver<bool>) {
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(HEARTBEAT_INTERVAL);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticks.tick().await;
+            loop {
+                tokio::select! {
+                    _ = ticks.tick() => {}
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+                self.beat().await;
+            }
+        });
+    }
+}
+
+/// Bounds of an in-process bucket store: the memory backend, or the `local` policy's buckets.
+fn memory_options(settings: &Settings) -> MemoryOptions {
+    MemoryOptions {
+        max_buckets: settings.memory_max_buckets,
+        max_buckets_per_rule: settings
+            .security
+            .memory_max_buckets_per_rule
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+        ..MemoryOptions::default()
+    }
 }
 
 fn explain_options(settings: &Settings) -> crate::explain::ExplainOptions {
@@ -339,6 +588,10 @@ fn redis_options(settings: &Settings) -> RedisOptions {
         sentinel_master: Some(settings.redis_sentinel_master.clone()),
         connect_timeout: settings.redis_connect_timeout,
         command_timeout: settings.redis_timeout,
+        breaker: BreakerSettings {
+            failure_threshold: settings.breaker_failures,
+            cooldown: settings.breaker_cooldown,
+        },
     }
 }
 

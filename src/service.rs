@@ -56,6 +56,9 @@ pub struct HeaderOptions {
     pub remaining: String,
     pub reset: String,
     pub retry_after: String,
+    /// Names the failure policies that decided a degraded response (`local`, `open, closed`);
+    /// empty: never sent.
+    pub degraded: String,
 }
 
 impl Default for HeaderOptions {
@@ -66,6 +69,7 @@ impl Default for HeaderOptions {
             remaining: "x-ratelimit-remaining".into(),
             reset: "x-ratelimit-reset".into(),
             retry_after: "retry-after".into(),
+            degraded: "x-ratelimit-degraded".into(),
         }
     }
 }
@@ -259,11 +263,15 @@ fn invalid(message: String) -> GrpcStatus {
 
 /// UNAVAILABLE, not UNKNOWN or INTERNAL: Envoy's ratelimit filter treats any error as a failed
 /// call and applies its `failure_mode_deny`, and UNAVAILABLE tells operators and retry policies
-/// that the condition is transient and lies in the backend.
+/// that the condition is transient and lies in the backend. RESOURCE_EXHAUSTED for overload:
+/// Envoy applies `failure_mode_deny` the same way, but the code tells an operator that this
+/// replica refused the work (`--max-in-flight`) rather than that Redis failed, and a retry
+/// against another replica may succeed.
 pub fn to_grpc_status(error: LimitError) -> GrpcStatus {
     match error {
         LimitError::Unavailable(BackendError::Overloaded(m)) => GrpcStatus::resource_exhausted(m),
         LimitError::Unavailable(e) => GrpcStatus::unavailable(e.to_string()),
+        LimitError::Overloaded(_) => GrpcStatus::resource_exhausted(error.to_string()),
     }
 }
 
@@ -341,19 +349,24 @@ fn ceil_secs(ms: u64) -> u64 {
 /// Headers in the IETF draft's shape that Envoy itself emits (`x-ratelimit-limit: 10, 10;w=60`).
 /// `retry-after` is omitted when no wait helps (the hit costs more than the bucket holds).
 fn rate_limit_headers(decision: &Decision, options: &HeaderOptions) -> Vec<HeaderValue> {
-    let Some(status) = most_constrained(decision) else {
-        return Vec::new();
-    };
-    let Some(limit) = &status.limit else {
-        return Vec::new();
-    };
-    let mut out = Vec::with_capacity(4);
+    let mut out = Vec::with_capacity(5);
     let mut push = |key: &str, value: String| {
         out.push(HeaderValue {
             key: key.to_string(),
             value,
             ..Default::default()
         })
+    };
+    let modes = decision.degraded_modes();
+    if !options.degraded.is_empty() && !modes.is_empty() {
+        let names: Vec<&str> = modes.iter().map(|m| m.as_str()).collect();
+        push(&options.degraded, names.join(", "));
+    }
+    let Some(status) = most_constrained(decision) else {
+        return out;
+    };
+    let Some(limit) = &status.limit else {
+        return out;
     };
     push(
         &options.limit,

@@ -144,6 +144,45 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_HEADER_RETRY_AFTER", default_value = "retry-after")]
     pub header_retry_after: String,
 
+    /// Header naming the failure policies that decided a degraded response (sent with the
+    /// other headers; empty: never sent).
+    #[arg(
+        long,
+        env = "SLUICE_HEADER_DEGRADED",
+        default_value = "x-ratelimit-degraded"
+    )]
+    pub header_degraded: String,
+
+    /// Consecutive failed or timed-out calls to one Redis endpoint that open its circuit
+    /// breaker.
+    #[arg(long, env = "SLUICE_BREAKER_FAILURES", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub breaker_failures: u32,
+
+    /// How long an open breaker skips its Redis endpoint before one probe call is let through.
+    #[arg(long, env = "SLUICE_BREAKER_COOLDOWN", value_parser = parse_duration, default_value = "1s")]
+    pub breaker_cooldown: Duration,
+
+    /// Replicas sharing each limit, for the `local` failure policy (each local bucket holds
+    /// limit / N); 0: count the live replicas through a heartbeat in Redis.
+    #[arg(long, env = "SLUICE_REPLICAS", default_value_t = 0)]
+    pub replicas: u64,
+
+    /// Answer OVER_LIMIT locally for a bucket Redis just rejected, until its retry-after passes.
+    #[arg(long, env = "SLUICE_OVER_LIMIT_CACHE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub over_limit_cache: bool,
+
+    /// Most buckets the over-limit cache remembers.
+    #[arg(long, env = "SLUICE_OVER_LIMIT_CACHE_MAX_KEYS", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub over_limit_cache_max_keys: u64,
+
+    /// Most ShouldRateLimit decisions in progress; past it a call is refused at once with
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, env = "SLUICE_MAX_IN_FLIGHT", default_value_t = 4096,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_in_flight: u64,
+
     /// Largest accepted request message, in bytes.
     #[arg(long, env = "SLUICE_MAX_MESSAGE_BYTES", default_value_t = 64 * 1024)]
     pub max_message_bytes: usize,
@@ -164,7 +203,8 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_MAX_VALUE_BYTES", default_value_t = 4096)]
     pub max_value_bytes: usize,
 
-    /// Most live buckets the memory backend keeps.
+    /// Most live buckets the memory backend keeps (and, separately, the `local` failure
+    /// policy's buckets).
     #[arg(long, env = "SLUICE_MEMORY_MAX_BUCKETS", default_value_t = 1_000_000)]
     pub memory_max_buckets: usize,
 
@@ -257,6 +297,12 @@ mod tests {
         assert_eq!(s.backend, BackendKind::Memory);
         assert!(s.response_headers);
         assert!(s.redis_timeout < Duration::from_millis(20));
+        assert_eq!(s.breaker_failures, 5);
+        assert_eq!(s.breaker_cooldown, Duration::from_secs(1));
+        assert_eq!(s.replicas, 0, "discovered");
+        assert!(s.over_limit_cache);
+        assert_eq!(s.max_in_flight, 4096);
+        assert_eq!(s.header_degraded, "x-ratelimit-degraded");
     }
 
     #[test]

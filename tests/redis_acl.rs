@@ -14,7 +14,8 @@ use sluice::backend::{Backend, Hit};
 
 /// The ACL rule of README.md (Security), for user `sluice` and key prefix `sluice:`.
 const ACL_RULE: &str = "on >s3cret-test-password resetkeys ~sluice:* resetchannels -@all \
-     +evalsha +eval +script|load +time +hmget +hset +pexpire +ping";
+     +evalsha +eval +script|load +time +hmget +hset +pexpire +ping \
+     +zadd +zremrangebyscore +zcard";
 
 struct RedisServer {
     child: Child,
@@ -128,6 +129,12 @@ async fn least_privilege_acl_is_enough_and_confines_the_user_to_its_prefix() {
     ];
     let verdicts = backend.check(&hits).await.expect("check");
     assert!(verdicts.iter().all(|v| v.allowed));
+    // The replica heartbeat (`lua/heartbeat.lua`) works with the same rule.
+    let live = backend
+        .heartbeat("sluice:replicas", "acl-test", Duration::from_secs(5))
+        .await
+        .expect("heartbeat");
+    assert_eq!(live, 1);
     assert_eq!(verdicts[0].remaining, 6);
     assert_eq!(backend.check(&hits).await.unwrap()[0].remaining, 2);
 
@@ -159,5 +166,18 @@ async fn least_privilege_acl_is_enough_and_confines_the_user_to_its_prefix() {
             Err(e) => Err(e),
         };
         assert!(result.is_err(), "works without {missing}");
+    }
+    for missing in ["+zadd", "+zremrangebyscore", "+zcard"] {
+        let user = format!("sluice{}", &missing[1..]);
+        let mut setuser = vec!["ACL", "SETUSER", user.as_str()];
+        setuser.extend(ACL_RULE.split_whitespace().filter(|r| *r != missing));
+        assert_eq!(redis.cli(None, &setuser).trim(), "OK");
+        let b = connect(redis.url(&user))
+            .await
+            .expect("decisions need no heartbeat command");
+        let beat = b
+            .heartbeat("sluice:replicas", "acl-test", Duration::from_secs(5))
+            .await;
+        assert!(beat.is_err(), "heartbeat works without {missing}");
     }
 }

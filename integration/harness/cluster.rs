@@ -18,13 +18,20 @@ impl RedisCluster {
     /// `masters` masters (at least 3) with `replicas_per_master` replicas each; returns once the
     /// cluster is formed (see [`wait_formed`](Self::wait_formed)).
     pub fn start(masters: usize, replicas_per_master: usize) -> RedisCluster {
+        Self::start_with(masters, replicas_per_master, &[])
+    }
+
+    /// Like [`start`](Self::start), with extra `redis-server` arguments for every node (e.g.
+    /// `["--cluster-require-full-coverage", "no"]`, so the healthy masters keep serving their
+    /// slots while one master is down).
+    pub fn start_with(masters: usize, replicas_per_master: usize, args: &[&str]) -> RedisCluster {
         assert!(
             masters >= 3,
             "redis-cli --cluster create needs at least 3 masters"
         );
         let total = masters * (1 + replicas_per_master);
         let nodes: Vec<RedisServer> = (0..total)
-            .map(|_| RedisServer::start_cluster_node(NODE_TIMEOUT_MS))
+            .map(|_| RedisServer::start_cluster_node(NODE_TIMEOUT_MS, args))
             .collect();
 
         let mut create = Command::new(binary("redis-cli"));

@@ -1,5 +1,6 @@
 //! Real `redis-server` processes for integration tests: a standalone server, a Cluster, and a
 //! master + replica + 3 Sentinels, each on free loopback ports in its own temp dir.
+//! [`sluice`] starts sluice itself in the test process against them.
 //!
 //! Everything is torn down on Drop (process group killed, temp dir removed), also when a test
 //! panics. As a safety net against a killed test process, every server also gets SIGKILL when
@@ -13,6 +14,7 @@
 mod cluster;
 pub mod otlp;
 mod sentinel;
+pub mod sluice;
 pub mod tls;
 
 use std::io::Read;
@@ -115,8 +117,8 @@ impl RedisServer {
         ])
     }
 
-    /// A cluster-enabled node (its bus port, port + 10000, is free too).
-    fn start_cluster_node(node_timeout_ms: u64) -> RedisServer {
+    /// A cluster-enabled node (its bus port, port + 10000, is free too), with `extra` arguments.
+    fn start_cluster_node(node_timeout_ms: u64, extra: &[&str]) -> RedisServer {
         let args = [
             "--cluster-enabled",
             "yes",
@@ -127,7 +129,7 @@ impl RedisServer {
         ];
         Self::launch(
             Role::Server {
-                args: args.iter().map(|a| a.to_string()).collect(),
+                args: args.iter().chain(extra).map(|a| a.to_string()).collect(),
             },
             true,
         )

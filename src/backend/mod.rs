@@ -8,8 +8,10 @@ pub mod memory;
 pub mod redis;
 
 use std::future::Future;
+use std::sync::Arc;
 
 use crate::algorithm::{BucketParams, Demand, Verdict};
+use crate::resilience::breaker::BreakerSet;
 use crate::rule::RuleId;
 
 /// One bucket touched by a request.
@@ -82,10 +84,33 @@ pub trait Backend: Send + Sync + 'static {
 
     /// A cheap end-to-end health probe (for Redis: the script itself, not just PING).
     fn probe(&self) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// Like [`check`](Backend::check), with an outcome per hit: a backend whose hits go to
+    /// independent endpoints (Redis Cluster nodes) decides the hits of healthy endpoints and
+    /// fails only the others, so the failure policy applies only where it must.
+    fn check_each(
+        &self,
+        hits: &[Hit],
+    ) -> impl Future<Output = Vec<Result<Verdict, BackendError>>> + Send {
+        let all = self.check(hits);
+        let count = hits.len();
+        async move {
+            match all.await {
+                Ok(verdicts) => verdicts.into_iter().map(Ok).collect(),
+                Err(error) => vec![Err(error); count],
+            }
+        }
+    }
+
+    /// The circuit breakers in front of this backend's endpoints, if it has any (read-only use:
+    /// readiness, metrics, tests).
+    fn breakers(&self) -> Option<Arc<BreakerSet>> {
+        None
+    }
 }
 
 /// Shared ownership of a backend (the server keeps a handle for its sweeper and probes).
-impl<B: Backend> Backend for std::sync::Arc<B> {
+impl<B: Backend> Backend for Arc<B> {
     fn check(
         &self,
         hits: &[Hit],
@@ -99,5 +124,16 @@ impl<B: Backend> Backend for std::sync::Arc<B> {
 
     fn probe(&self) -> impl Future<Output = Result<(), BackendError>> + Send {
         B::probe(self)
+    }
+
+    fn check_each(
+        &self,
+        hits: &[Hit],
+    ) -> impl Future<Output = Vec<Result<Verdict, BackendError>>> + Send {
+        B::check_each(self, hits)
+    }
+
+    fn breakers(&self) -> Option<Arc<BreakerSet>> {
+        B::breakers(self)
     }
 }

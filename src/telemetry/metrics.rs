@@ -87,28 +87,7 @@ impl Outcome {
 }
 
 /// A circuit breaker's state, as the `state` label of `sluice_redis_breaker_state`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BreakerState {
-    Closed,
-    HalfOpen,
-    Open,
-}
-
-impl BreakerState {
-    pub const ALL: [BreakerState; 3] = [
-        BreakerState::Closed,
-        BreakerState::HalfOpen,
-        BreakerState::Open,
-    ];
-
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            BreakerState::Closed => "closed",
-            BreakerState::HalfOpen => "half_open",
-            BreakerState::Open => "open",
-        }
-    }
-}
+pub use crate::resilience::breaker::BreakerState;
 
 /// One endpoint's breaker, as a registered source reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]

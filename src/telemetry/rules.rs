@@ -109,7 +109,9 @@ impl Tally {
 /// As envoyproxy/ratelimit counts them: total = within + over for a decided bucket; shadow-mode
 /// over-limit hits count as over limit *and* shadow mode; unlimited or replaced rules count
 /// nothing. Decisions made by a failure policy count only as hits (they are counted by policy in
-/// `sluice_degraded_decisions_total`), since no bucket was asked.
+/// `sluice_degraded_decisions_total`), since no bucket was asked; so do descriptors left
+/// unevaluated because a sibling was rejected from the over-limit cache. A rejection from that
+/// cache counts as over limit and as `over_limit_with_local_cache`, as in envoyproxy/ratelimit.
 pub fn tally(status: &Status, hits: u64, cost: u64, near_ratio: f64) -> Tally {
     let mut t = Tally {
         total_hits: hits,
@@ -117,7 +119,16 @@ pub fn tally(status: &Status, hits: u64, cost: u64, near_ratio: f64) -> Tally {
     };
     match status.basis {
         Basis::NoRule | Basis::Unlimited => return Tally::default(),
-        Basis::Degraded(_) => {}
+        // No bucket decided: a failure policy, or a sibling descriptor rejected from the
+        // over-limit cache before anything was asked.
+        Basis::Degraded(_) | Basis::NotEvaluated => {}
+        Basis::Cached => {
+            t.over_limit = hits;
+            t.over_limit_with_local_cache = hits;
+            if status.shadow {
+                t.shadow_mode = hits;
+            }
+        }
         Basis::Backend if status.over => {
             t.over_limit = hits;
             if status.shadow {
@@ -129,8 +140,7 @@ pub fn tally(status: &Status, hits: u64, cost: u64, near_ratio: f64) -> Tally {
             if let Some(limit) = &status.limit {
                 t.near_limit = near_hits(hits, cost, limit.capacity, status.remaining, near_ratio);
             }
-        } // The resilience layer's "over limit from the local cache" basis lands here:
-          // over_limit = over_limit_with_local_cache = hits (and shadow_mode for shadow rules).
+        }
     }
     t
 }

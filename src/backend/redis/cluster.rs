@@ -1,111 +1,562 @@
-//! Redis Cluster: one script call per distinct slot of a request, issued concurrently.
+//! Redis Cluster: one script call per distinct slot of a request, issued concurrently, each to
+//! the master that owns the slot, through that master's circuit breaker.
+//!
+//! sluice routes by itself rather than through redis-rs's cluster connection: that connection
+//! stops serving *every* node while it rebuilds its slot map after one node failed, so a dead
+//! master would stall requests to the healthy ones, which is exactly what a breaker per node
+//! must prevent. Here each master has its own connection ([`ConnectionManager`], which
+//! reconnects by itself), and the slot → master view comes from `CLUSTER SLOTS`: fetched at
+//! start, and again in the background (one fetch at a time) after a MOVED reply or any failed or
+//! skipped call, at most every [`REFRESH_AFTER_ERROR`], and at least every [`REFRESH_INTERVAL`]
+//! while calls flow. A fetch asks the masters whose breakers are closed first, then the seeds.
+//!
+//! Redirects: MOVED (a slot migrated, or a replica was promoted) is followed at once, once, to
+//! the named node; ASK (a slot mid-migration) sends `ASKING` + `EVAL` to the named node.
+//! TRYAGAIN and everything else fail the call (the failure policy answers). When a master dies
+//! and its replica is promoted, the next fetch maps the slots to the new master (a fresh, closed
+//! breaker) and forgets the dead node's breaker and connection.
 
-use redis::Value;
-use redis::cluster::ClusterClientBuilder;
-use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
-use super::{RedisOptions, bounded, classify, collect, invalid_url, script};
+use arc_swap::ArcSwap;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError, ServerErrorKind, Value};
+
+use super::{
+    Call, PROBE_KEY, RedisOptions, bounded, classify, collect, heartbeat, invalid_url, script,
+};
 use crate::algorithm::Verdict;
 use crate::backend::{BackendError, Hit};
+use crate::clock::SharedClock;
 use crate::key::slot;
-use crate::telemetry::traces;
-use tracing::Instrument as _;
+use crate::resilience::breaker::{BreakerSet, Endpoint};
 
-/// Redirects (MOVED/ASK) and TRYAGAIN are retried inside the cluster connection; these bound
-/// how often and how long it waits, since a check has only its command timeout to spend.
-const RETRIES: u32 = 4;
-const MIN_RETRY_WAIT_MS: u64 = 2;
-const MAX_RETRY_WAIT_MS: u64 = 100;
+/// The slot view is fetched again at least this often while calls flow (slot migrations).
+const REFRESH_INTERVAL: Duration = Duration::from_secs(5);
+/// After a failure or a MOVED, the view is fetched again, but at most this often.
+const REFRESH_AFTER_ERROR: Duration = Duration::from_millis(100);
+/// Reconnects of one node's connection before it reports the node down; the next call starts
+/// another round, so a node removed from the view leaves no reconnect loop behind.
+const NODE_RECONNECT_ATTEMPTS: usize = 6;
+const NODE_RECONNECT_MIN_DELAY: Duration = Duration::from_millis(10);
+const NODE_RECONNECT_MAX_DELAY: Duration = Duration::from_millis(500);
+/// Breaker of slots no master serves in the current view.
+const UNMAPPED: &str = "cluster:unmapped-slots";
+const SLOTS: usize = 16_384;
 
-pub(super) async fn connect(opts: &RedisOptions) -> Result<ClusterConnection, BackendError> {
-    let mut nodes = Vec::with_capacity(opts.urls.len());
-    for (index, url) in opts.urls.iter().enumerate() {
-        let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
-            .map_err(|err| invalid_url(index, &err))?;
-        nodes.push(info);
-    }
-    let client = ClusterClientBuilder::new(nodes)
-        .connection_timeout(opts.connect_timeout)
-        .retries(RETRIES)
-        .min_retry_wait(MIN_RETRY_WAIT_MS)
-        .max_retry_wait(MAX_RETRY_WAIT_MS)
-        .build()
-        .map_err(|err| BackendError::Unavailable(format!("Redis Cluster client: {err}")))?;
-    let mut conn = bounded(opts.connect_timeout, async {
-        client.get_async_connection().await.map_err(classify)
-    })
-    .await?;
-
-    // Every master caches the script, so the first EVALSHA of each slot is one round trip.
-    let reply = bounded(opts.connect_timeout, async {
-        conn.route_command(
-            script::load_command(),
-            RoutingInfo::MultiNode((
-                MultipleNodeRoutingInfo::AllMasters,
-                Some(ResponsePolicy::AllSucceeded),
-            )),
-        )
-        .await
-        .map_err(classify)
-    })
-    .await?;
-    script::check_loaded(&reply)?;
-    Ok(conn)
+/// One node's connection.
+struct Node {
+    addr: String,
+    conn: ConnectionManager,
 }
 
-/// One script call inside its span; a failure is classified and marked on the span.
-async fn traced(
-    span: &tracing::Span,
-    call: impl Future<Output = Result<Value, redis::RedisError>>,
-) -> Result<Value, BackendError> {
-    let result = call.instrument(span.clone()).await.map_err(classify);
-    if let Err(e) = &result {
-        traces::record_redis_error(span, e);
-    }
-    result
+/// Which master owns each slot, with the masters' breakers.
+struct SlotView {
+    /// Index into `masters` per slot; `None`: not served.
+    owner: Vec<Option<u16>>,
+    masters: Vec<Master>,
+    /// Present only when some slot is not served.
+    unmapped: Option<Endpoint>,
 }
 
-/// Decides `hits`, grouped by slot; results come back in hit order.
-pub(super) async fn check(
-    conn: &ClusterConnection,
-    hits: &[Hit],
-    now_ms: Option<u64>,
-) -> Result<Vec<Verdict>, BackendError> {
-    let first = slot(&hits[0].key);
-    if hits[1..].iter().all(|hit| slot(&hit.key) == first) {
-        let span = traces::redis_span(hits.len(), None, Some(first));
-        let reply = traced(
-            &span,
-            script::run(&mut conn.clone(), hits.iter(), hits.len(), now_ms),
-        )
-        .await?;
-        return collect(&reply, hits.len());
+struct Master {
+    node: Arc<Node>,
+    endpoint: Endpoint,
+    /// A key in a slot this master owns, for the probe.
+    probe_key: String,
+}
+
+impl SlotView {
+    fn route(&self, slot: u16) -> (Option<&Arc<Node>>, &Endpoint) {
+        match self.owner[usize::from(slot)] {
+            Some(master) => {
+                let m = &self.masters[usize::from(master)];
+                (Some(&m.node), &m.endpoint)
+            }
+            None => (
+                None,
+                self.unmapped
+                    .as_ref()
+                    .expect("a view with unserved slots has their breaker"),
+            ),
+        }
+    }
+}
+
+pub(super) struct ClusterLink {
+    /// The first seed's settings (TLS, credentials), used for every node.
+    template: ConnectionInfo,
+    seeds: Vec<String>,
+    /// Connections by `host:port`: the current masters (and, briefly, seeds and redirect targets).
+    nodes: Mutex<HashMap<String, Arc<Node>>>,
+    view: ArcSwap<SlotView>,
+    breakers: Arc<BreakerSet>,
+    clock: SharedClock,
+    connect_timeout: Duration,
+    /// ms (on `clock`) of the last fetch attempt.
+    fetched_at_ms: AtomicU64,
+    /// A fetch is running.
+    fetching: AtomicBool,
+}
+
+impl ClusterLink {
+    /// Reads the slot map from the first seed that answers and loads the script on every master.
+    pub(super) async fn connect(
+        opts: &RedisOptions,
+        breakers: Arc<BreakerSet>,
+        clock: SharedClock,
+    ) -> Result<Arc<ClusterLink>, BackendError> {
+        let mut seeds = Vec::with_capacity(opts.urls.len());
+        let mut template = None;
+        for (index, url) in opts.urls.iter().enumerate() {
+            let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
+                .map_err(|err| invalid_url(index, &err))?;
+            seeds.push(info.addr().to_string());
+            template.get_or_insert(info);
+        }
+        let template = template.expect("at least one URL");
+        let link = Arc::new(ClusterLink {
+            template,
+            seeds,
+            nodes: Mutex::new(HashMap::new()),
+            view: ArcSwap::from_pointee(SlotView {
+                owner: vec![None; SLOTS],
+                masters: Vec::new(),
+                unmapped: None,
+            }),
+            fetched_at_ms: AtomicU64::new(clock.now_ms()),
+            breakers,
+            clock,
+            connect_timeout: opts.connect_timeout,
+            fetching: AtomicBool::new(false),
+        });
+        let view = link.fetch_view().await?;
+        // Every master caches the script, so the first EVALSHA of each slot is one round trip.
+        let loads = view.masters.iter().map(|m| {
+            let mut conn = m.node.conn.clone();
+            bounded(opts.connect_timeout, async move {
+                let reply = script::load_command()
+                    .query_async::<Value>(&mut conn)
+                    .await
+                    .map_err(classify)?;
+                script::check_loaded(&reply)
+            })
+        });
+        futures::future::try_join_all(loads).await?;
+        link.install(view);
+        Ok(link)
     }
 
-    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
-    for (index, hit) in hits.iter().enumerate() {
-        let slot = slot(&hit.key);
-        match groups.iter_mut().find(|(s, _)| *s == slot) {
-            Some((_, members)) => members.push(index),
-            None => groups.push((slot, vec![index])),
+    /// Decides `hits`, grouped by slot, each group on its master through that master's breaker
+    /// and within `timeout`; outcomes come back in hit order.
+    pub(super) async fn check_each(
+        self: &Arc<Self>,
+        hits: &[Hit],
+        now_ms: Option<u64>,
+        call: Call<'_>,
+    ) -> Vec<Result<Verdict, BackendError>> {
+        let view = self.view.load_full();
+        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+        for (index, hit) in hits.iter().enumerate() {
+            let slot = slot(&hit.key);
+            match groups.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, members)) => members.push(index),
+                None => groups.push((slot, vec![index])),
+            }
         }
-    }
-    let calls = groups.iter().map(|(slot, members)| {
-        let mut conn = conn.clone();
-        async move {
-            let group = members.iter().map(|&index| &hits[index]);
-            let span = traces::redis_span(members.len(), None, Some(*slot));
-            traced(&span, script::run(&mut conn, group, members.len(), now_ms)).await
-        }
-    });
-    let replies: Vec<Value> = futures::future::try_join_all(calls).await?;
+        let calls = groups.iter().map(|(slot, members)| {
+            let (node, endpoint) = view.route(*slot);
+            let group: Vec<&Hit> = members.iter().map(|&index| &hits[index]).collect();
+            call.guarded(endpoint, group.len(), Some(*slot), async move {
+                let Some(node) = node else {
+                    return Err(BackendError::Unavailable(format!(
+                        "no Redis Cluster master serves slot {slot}"
+                    )));
+                };
+                let reply = self.run(node, &group, now_ms).await?;
+                collect(&reply, group.len())
+            })
+        });
+        let replies = futures::future::join_all(calls).await;
+        self.maybe_refresh(replies.iter().any(Result::is_err));
 
-    let mut verdicts = vec![script::UNSET; hits.len()];
-    for ((_, members), reply) in groups.iter().zip(&replies) {
-        for (&index, verdict) in members.iter().zip(script::decode(reply, members.len())?) {
-            verdicts[index] = verdict?;
+        let mut outcomes: Vec<Option<Result<Verdict, BackendError>>> = vec![None; hits.len()];
+        for ((_, members), reply) in groups.iter().zip(replies) {
+            match reply {
+                Ok(verdicts) => {
+                    for (&index, verdict) in members.iter().zip(verdicts) {
+                        outcomes[index] = Some(Ok(verdict));
+                    }
+                }
+                Err(error) => {
+                    for &index in members {
+                        outcomes[index] = Some(Err(error.clone()));
+                    }
+                }
+            }
+        }
+        outcomes
+            .into_iter()
+            .map(|o| o.expect("every hit is in one group"))
+            .collect()
+    }
+
+    /// The script on `node`, following one MOVED or ASK.
+    async fn run(
+        self: &Arc<Self>,
+        node: &Arc<Node>,
+        group: &[&Hit],
+        now_ms: Option<u64>,
+    ) -> Result<Value, BackendError> {
+        let hits = group.iter().copied();
+        let err = match script::run(&mut node.conn.clone(), hits.clone(), group.len(), now_ms).await
+        {
+            Ok(reply) => return Ok(reply),
+            Err(err) => err,
+        };
+        let Some((target, _)) = redirect(&err) else {
+            return Err(classify(err));
+        };
+        let target = self.node(target);
+        if err.kind() == ErrorKind::Server(ServerErrorKind::Ask) {
+            return script::run_asking(&mut target.conn.clone(), hits, group.len(), now_ms)
+                .await
+                .map_err(classify);
+        }
+        // MOVED: the view is stale; follow now, correct the view in the background.
+        self.fetched_at_ms.store(0, Ordering::Release);
+        self.maybe_refresh(true);
+        script::run(&mut target.conn.clone(), hits, group.len(), now_ms)
+            .await
+            .map_err(classify)
+    }
+
+    /// One probe key per master of the current view.
+    pub(super) fn probe_keys(&self) -> Vec<String> {
+        let view = self.view.load();
+        if view.masters.is_empty() {
+            return vec![PROBE_KEY.to_string()];
+        }
+        view.masters.iter().map(|m| m.probe_key.clone()).collect()
+    }
+
+    /// The heartbeat on the master of its key's slot (not subject to the breakers).
+    pub(super) async fn heartbeat(
+        &self,
+        key: &str,
+        cmd: &Cmd,
+        timeout: Duration,
+    ) -> Result<u64, BackendError> {
+        let view = self.view.load_full();
+        let (Some(node), _) = view.route(slot(key)) else {
+            return Err(BackendError::Unavailable(
+                "no master serves the heartbeat slot".into(),
+            ));
+        };
+        let mut conn = node.conn.clone();
+        bounded(timeout, heartbeat::run(&mut conn, cmd)).await
+    }
+
+    /// The connection to `addr`, created on first use.
+    fn node(&self, addr: &str) -> Arc<Node> {
+        let mut nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(node) = nodes.get(addr) {
+            return node.clone();
+        }
+        let node = Arc::new(Node {
+            addr: addr.to_string(),
+            conn: connection(&self.template, addr, self.connect_timeout),
+        });
+        nodes.insert(addr.to_string(), node.clone());
+        node
+    }
+
+    /// Starts a background fetch of the slot view when one is due.
+    fn maybe_refresh(self: &Arc<Self>, failed: bool) {
+        let now = self.clock.now_ms();
+        let last = self.fetched_at_ms.load(Ordering::Acquire);
+        let every = if failed {
+            REFRESH_AFTER_ERROR
+        } else {
+            REFRESH_INTERVAL
+        };
+        if now < last.saturating_add(every.as_millis() as u64) {
+            return;
+        }
+        if self.fetching.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.fetched_at_ms.store(now, Ordering::Release);
+        let link = Arc::clone(self);
+        tokio::spawn(async move {
+            match link.fetch_view().await {
+                Ok(view) => link.install(view),
+                Err(err) => {
+                    tracing::debug!(error = %err, "fetching the Redis Cluster slot map failed")
+                }
+            }
+            link.fetching.store(false, Ordering::Release);
+        });
+    }
+
+    /// `CLUSTER SLOTS` from the first node that answers: masters with closed breakers first,
+    /// then the other masters, then the seeds.
+    async fn fetch_view(&self) -> Result<SlotView, BackendError> {
+        let current = self.view.load_full();
+        let mut candidates: Vec<(bool, String)> = current
+            .masters
+            .iter()
+            .map(|m| (!m.endpoint.is_closed(), m.node.addr.clone()))
+            .collect();
+        candidates.sort();
+        let mut order: Vec<String> = candidates.into_iter().map(|(_, addr)| addr).collect();
+        for seed in &self.seeds {
+            if !order.contains(seed) {
+                order.push(seed.clone());
+            }
+        }
+        let mut last_error = BackendError::Unavailable("no Redis Cluster node to ask".into());
+        for addr in order {
+            let node = self.node(&addr);
+            let mut conn = node.conn.clone();
+            let reply = bounded(self.connect_timeout, async {
+                redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async::<Value>(&mut conn)
+                    .await
+                    .map_err(classify)
+            })
+            .await;
+            let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h);
+            match reply.and_then(|reply| parse_slots(&reply, host)) {
+                Ok(ranges) if !ranges.is_empty() => return Ok(self.build_view(&ranges)),
+                Ok(_) => last_error = BackendError::Protocol("CLUSTER SLOTS is empty".into()),
+                Err(err) => last_error = err,
+            }
+        }
+        Err(last_error)
+    }
+
+    fn build_view(&self, ranges: &[(u16, u16, String)]) -> SlotView {
+        let (owner, names) = slot_owners(ranges);
+        let masters = names
+            .iter()
+            .enumerate()
+            .map(|(index, name)| Master {
+                node: self.node(name),
+                endpoint: self.breakers.endpoint(name),
+                probe_key: probe_key_for(&owner, index as u16),
+            })
+            .collect();
+        let uncovered = owner.iter().any(Option::is_none);
+        SlotView {
+            unmapped: uncovered.then(|| self.breakers.endpoint(UNMAPPED)),
+            owner,
+            masters,
         }
     }
-    Ok(verdicts)
+
+    /// Makes `view` current; forgets the connections and breakers of nodes no longer in it, and
+    /// warms the connections of new masters (which also caches the script there).
+    fn install(&self, view: SlotView) {
+        let names: Vec<&str> = view.masters.iter().map(|m| m.node.addr.as_str()).collect();
+        let uncovered = view.unmapped.is_some();
+        self.breakers
+            .retain(|name| (uncovered && name == UNMAPPED) || names.contains(&name));
+        let mut fresh = Vec::new();
+        {
+            let mut nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
+            nodes.retain(|addr, _| names.contains(&addr.as_str()));
+            let old = self.view.load();
+            for m in &view.masters {
+                if !old.masters.iter().any(|o| o.node.addr == m.node.addr) {
+                    fresh.push(m.node.clone());
+                }
+            }
+        }
+        self.view.store(Arc::new(view));
+        let timeout = self.connect_timeout;
+        for node in fresh {
+            tokio::spawn(async move {
+                let mut conn = node.conn.clone();
+                let _ = bounded(timeout, async {
+                    script::load_command()
+                        .query_async::<Value>(&mut conn)
+                        .await
+                        .map_err(classify)
+                })
+                .await;
+            });
+        }
+    }
+}
+
+/// Where a MOVED or ASK reply points: (`host:port`, slot).
+fn redirect(err: &RedisError) -> Option<(&str, u16)> {
+    err.redirect_node()
+}
+
+/// A lazily connecting, self-repairing connection to `addr` with `template`'s TLS and credentials.
+fn connection(
+    template: &ConnectionInfo,
+    addr: &str,
+    connect_timeout: Duration,
+) -> ConnectionManager {
+    let (host, port) = addr
+        .rsplit_once(':')
+        .and_then(|(h, p)| p.parse::<u16>().ok().map(|p| (h, p)))
+        .unwrap_or((addr, 6379));
+    let node_addr = match template.addr() {
+        ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        } => ConnectionAddr::TcpTls {
+            host: host.to_string(),
+            port,
+            insecure: *insecure,
+            tls_params: tls_params.clone(),
+        },
+        _ => ConnectionAddr::Tcp(host.to_string(), port),
+    };
+    let info = template.clone().set_addr(node_addr);
+    let client = redis::Client::open(info).expect("a TCP address is always valid");
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(connect_timeout))
+        // The caller bounds every call itself (command_timeout).
+        .set_response_timeout(None)
+        .set_min_delay(NODE_RECONNECT_MIN_DELAY)
+        .set_max_delay(NODE_RECONNECT_MAX_DELAY)
+        .set_number_of_retries(NODE_RECONNECT_ATTEMPTS);
+    ConnectionManager::new_lazy_with_config(client, config)
+        .expect("no push sender or resubscription is configured")
+}
+
+/// Slot → index into the sorted, distinct master names.
+fn slot_owners(ranges: &[(u16, u16, String)]) -> (Vec<Option<u16>>, Vec<String>) {
+    let mut names: Vec<String> = ranges.iter().map(|(_, _, addr)| addr.clone()).collect();
+    names.sort_unstable();
+    names.dedup();
+    let mut owner = vec![None; SLOTS];
+    for (start, end, addr) in ranges {
+        let index = names.binary_search(addr).expect("listed") as u16;
+        for slot in *start..=*end {
+            owner[usize::from(slot)] = Some(index);
+        }
+    }
+    (owner, names)
+}
+
+/// `sluice:probe{n}` for the smallest `n` whose slot `master` owns (a master owns at least one
+/// slot, so a few tries per 16384 / owned slots find one).
+fn probe_key_for(owner: &[Option<u16>], master: u16) -> String {
+    (0u32..)
+        .map(|n| format!("{PROBE_KEY}{{{n}}}"))
+        .find(|key| owner[usize::from(slot(key))] == Some(master))
+        .expect("a master owns a slot")
+}
+
+/// `CLUSTER SLOTS` as (first slot, last slot, master `host:port`). An empty host means the
+/// node that was asked (`asked_host`), as Redis documents.
+fn parse_slots(reply: &Value, asked_host: &str) -> Result<Vec<(u16, u16, String)>, BackendError> {
+    let bad = |what: &str| BackendError::Protocol(format!("CLUSTER SLOTS: {what}"));
+    let Value::Array(ranges) = reply else {
+        return Err(bad("not an array"));
+    };
+    let int = |value: &Value| match value {
+        Value::Int(n) if (0..SLOTS as i64).contains(n) => Ok(*n as u16),
+        _ => Err(bad("slot is not an integer in range")),
+    };
+    ranges
+        .iter()
+        .map(|range| {
+            let Value::Array(items) = range else {
+                return Err(bad("range is not an array"));
+            };
+            let [start, end, master, ..] = items.as_slice() else {
+                return Err(bad("range without a master"));
+            };
+            let Value::Array(node) = master else {
+                return Err(bad("master is not an array"));
+            };
+            let host = match node.first() {
+                Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                Some(Value::SimpleString(s)) => s.clone(),
+                _ => return Err(bad("master host")),
+            };
+            let host = if host.is_empty() || host == "?" {
+                asked_host.to_string()
+            } else {
+                host
+            };
+            let port = match node.get(1) {
+                Some(Value::Int(p)) if (1..=i64::from(u16::MAX)).contains(p) => *p,
+                _ => return Err(bad("master port")),
+            };
+            let (start, end) = (int(start)?, int(end)?);
+            if start > end {
+                return Err(bad("range ends before it starts"));
+            }
+            Ok((start, end, format!("{host}:{port}")))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range(start: i64, end: i64, host: &str, port: i64) -> Value {
+        Value::Array(vec![
+            Value::Int(start),
+            Value::Int(end),
+            Value::Array(vec![
+                Value::BulkString(host.as_bytes().to_vec()),
+                Value::Int(port),
+                Value::BulkString(b"id".to_vec()),
+            ]),
+            // A replica; not part of the view.
+            Value::Array(vec![
+                Value::BulkString(host.as_bytes().to_vec()),
+                Value::Int(port + 100),
+            ]),
+        ])
+    }
+
+    #[test]
+    fn every_slot_maps_to_its_master_and_probe_keys_land_there() {
+        let reply = Value::Array(vec![
+            range(0, 5460, "127.0.0.1", 7000),
+            range(5461, 10922, "127.0.0.1", 7001),
+            range(10923, 16383, "", 7002),
+        ]);
+        let ranges = parse_slots(&reply, "10.0.0.9").unwrap();
+        assert_eq!(ranges[1], (5461, 10922, "127.0.0.1:7001".to_string()));
+        assert_eq!(ranges[2].2, "10.0.0.9:7002", "empty host: the node asked");
+        let (owner, names) = slot_owners(&ranges);
+        assert_eq!(names, ["10.0.0.9:7002", "127.0.0.1:7000", "127.0.0.1:7001"]);
+        assert_eq!(owner[0], Some(1));
+        assert_eq!(owner[10922], Some(2));
+        assert_eq!(owner[16383], Some(0));
+        assert!(owner.iter().all(Option::is_some));
+        for master in 0..3 {
+            let key = probe_key_for(&owner, master);
+            assert_eq!(owner[usize::from(slot(&key))], Some(master), "{key}");
+        }
+    }
+
+    #[test]
+    fn uncovered_slots_stay_unowned_and_bad_replies_are_errors() {
+        let ranges =
+            parse_slots(&Value::Array(vec![range(0, 100, "10.0.0.1", 7000)]), "h").unwrap();
+        let (owner, _) = slot_owners(&ranges);
+        assert_eq!(owner[101], None);
+        assert!(parse_slots(&Value::Nil, "h").is_err());
+        assert!(parse_slots(&Value::Array(vec![Value::Array(vec![Value::Int(0)])]), "h").is_err());
+        assert!(parse_slots(&Value::Array(vec![range(9, 3, "h", 1)]), "h").is_err());
+        assert!(parse_slots(&Value::Array(vec![range(0, 3, "h", 0)]), "h").is_err());
+    }
 }

@@ -8,13 +8,18 @@
 //! Connections are multiplexed: a [`ConnectionManager`] that reconnects on its own
 //! (standalone), a cluster connection that follows MOVED/ASK/TRYAGAIN (Cluster), or a master
 //! resolved through the sentinels and re-resolved after errors so a failover is followed
-//! (Sentinel). Every call is bounded by [`RedisOptions::command_timeout`].
+//! (Sentinel). Every call is bounded by [`RedisOptions::command_timeout`] and goes through the
+//! circuit breaker of its endpoint ([`crate::resilience::breaker`]): the server in standalone
+//! mode, the current master in Sentinel mode, the node owning the slot in Cluster mode (from
+//! sluice's own view of the slot map, since the cluster connection hides its routing). An open
+//! breaker fails the call at once with [`BackendError::CircuitOpen`].
 //!
 //! In Cluster mode the hits of one slot are decided atomically together; hits in different
 //! slots are separate calls (issued concurrently), each all-or-nothing on its own. Keys of one
 //! request that share domain and first entry share a hash tag, hence a slot.
 
 mod cluster;
+mod heartbeat;
 mod script;
 mod sentinel;
 
@@ -23,15 +28,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 use tracing::Instrument as _;
 
 use crate::algorithm::{BucketParams, Verdict};
 use crate::backend::{Backend, BackendError, Hit};
-use crate::clock::SharedClock;
+use crate::clock::{MonotonicClock, SharedClock};
+use crate::resilience::breaker::{BreakerSet, BreakerSettings, Endpoint};
 use crate::telemetry::{RedisCalls, traces};
 
+use self::cluster::ClusterLink;
 use self::sentinel::SentinelLink;
 
 /// How sluice finds its Redis.
@@ -92,6 +98,8 @@ pub struct RedisOptions {
     pub connect_timeout: Duration,
     /// Bound on one check (all of its round trips); well under Envoy's 20 ms filter timeout.
     pub command_timeout: Duration,
+    /// When an endpoint's circuit breaker opens and for how long.
+    pub breaker: BreakerSettings,
 }
 
 impl std::fmt::Debug for RedisOptions {
@@ -103,6 +111,7 @@ impl std::fmt::Debug for RedisOptions {
             .field("sentinel_master", &self.sentinel_master)
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
+            .field("breaker", &self.breaker)
             .finish()
     }
 }
@@ -143,6 +152,7 @@ impl Default for RedisOptions {
             sentinel_master: None,
             connect_timeout: Duration::from_millis(250),
             command_timeout: Duration::from_millis(15),
+            breaker: BreakerSettings::default(),
         }
     }
 }
@@ -152,18 +162,18 @@ impl Default for RedisOptions {
 pub struct RedisBackend {
     link: Link,
     command_timeout: Duration,
+    breakers: Arc<BreakerSet>,
     /// Test-only override of Redis's clock (see [`RedisBackend::with_test_clock`]).
     test_clock: Option<SharedClock>,
-    /// Latency and failures of every decision (empty unless [`RedisBackend::with_metrics`]).
+    /// Latency and failures of every decision's calls (empty unless [`RedisBackend::with_metrics`]).
     calls: RedisCalls,
 }
 
 #[derive(Clone)]
 enum Link {
-    /// The connection and the server's `host:port` (for spans).
-    Standalone(ConnectionManager, Arc<str>),
+    Standalone(ConnectionManager, Endpoint),
     Sentinel(Arc<SentinelLink>),
-    Cluster(ClusterConnection),
+    Cluster(Arc<ClusterLink>),
 }
 
 /// Key of the bucket [`Backend::probe`] checks (check-only, so it never limits anything).
@@ -183,34 +193,67 @@ impl RedisBackend {
         if opts.urls.is_empty() {
             return Err(config_error("no Redis URL given"));
         }
+        let clock: SharedClock = Arc::new(MonotonicClock::new());
+        let breakers = BreakerSet::new(opts.breaker, clock.clone());
         let link = match opts.mode {
             RedisMode::Standalone => {
                 let [url] = opts.urls.as_slice() else {
                     return Err(config_error("standalone mode takes exactly one Redis URL"));
                 };
-                let (manager, server) = connect_standalone(url, &opts).await?;
-                Link::Standalone(manager, server)
+                let (manager, address) = connect_standalone(url, &opts).await?;
+                Link::Standalone(manager, breakers.endpoint(&address))
             }
-            RedisMode::Cluster => Link::Cluster(cluster::connect(&opts).await?),
+            RedisMode::Cluster => {
+                Link::Cluster(ClusterLink::connect(&opts, breakers.clone(), clock).await?)
+            }
             RedisMode::Sentinel => {
                 let Some(master) = opts.sentinel_master.as_deref() else {
                     return Err(config_error("sentinel mode needs a sentinel master name"));
                 };
-                Link::Sentinel(SentinelLink::connect(&opts.urls, master, &opts).await?)
+                Link::Sentinel(
+                    SentinelLink::connect(&opts.urls, master, &opts, breakers.clone()).await?,
+                )
             }
         };
         Ok(RedisBackend {
             link,
             command_timeout: opts.command_timeout,
+            breakers,
             test_clock: None,
             calls: RedisCalls::default(),
         })
     }
 
-    /// Records every decision's latency and failure kind into `calls`.
+    /// Records the latency and failure kind of every decision's Redis calls into `calls`.
     pub fn with_metrics(mut self, calls: RedisCalls) -> Self {
         self.calls = calls;
         self
+    }
+
+    /// The circuit breakers of this backend's endpoints.
+    pub fn breaker_set(&self) -> &Arc<BreakerSet> {
+        &self.breakers
+    }
+
+    /// Refreshes this replica's heartbeat in the replica set at `key` and returns how many
+    /// replicas are live (heard from within `ttl`); see `lua/heartbeat.lua`. Not subject to
+    /// the breakers: it is background work, bounded by the command timeout.
+    pub async fn heartbeat(
+        &self,
+        key: &str,
+        member: &str,
+        ttl: Duration,
+    ) -> Result<u64, BackendError> {
+        let cmd = heartbeat::command(key, member, ttl);
+        let timeout = self.command_timeout;
+        match &self.link {
+            Link::Standalone(manager, _) => {
+                let mut conn = manager.clone();
+                bounded(timeout, heartbeat::run(&mut conn, &cmd)).await
+            }
+            Link::Sentinel(link) => link.heartbeat(&cmd, timeout).await,
+            Link::Cluster(link) => link.heartbeat(key, &cmd, timeout).await,
+        }
     }
 
     /// Makes the script use `clock` instead of Redis's `TIME`, so a test can step time.
@@ -221,33 +264,46 @@ impl RedisBackend {
         self
     }
 
-    async fn decide(&self, hits: &[Hit]) -> Result<Vec<Verdict>, BackendError> {
+    /// Decides `hits` with one outcome per hit (they differ only in Cluster mode, where each
+    /// node answers or fails on its own). `calls` times and counts the Redis calls.
+    async fn decide_each(
+        &self,
+        hits: &[Hit],
+        calls: &RedisCalls,
+    ) -> Vec<Result<Verdict, BackendError>> {
         if hits.is_empty() {
-            return Ok(Vec::new());
+            return Vec::new();
         }
         let now_ms = self.test_clock.as_ref().map(|clock| clock.now_ms());
+        let call = Call {
+            timeout: self.command_timeout,
+            calls,
+        };
         match &self.link {
-            Link::Standalone(manager, server) => {
+            Link::Standalone(manager, endpoint) => {
                 let mut conn = manager.clone();
-                let span = traces::redis_span(hits.len(), Some(server), None);
-                let result = bounded(self.command_timeout, async move {
-                    let reply = script::run(&mut conn, hits.iter(), hits.len(), now_ms)
-                        .await
-                        .map_err(classify)?;
-                    collect(&reply, hits.len())
-                })
-                .instrument(span.clone())
-                .await;
-                if let Err(e) = &result {
-                    traces::record_redis_error(&span, e);
-                }
-                result
+                let result = call
+                    .guarded(endpoint, hits.len(), None, async move {
+                        let reply = script::run(&mut conn, hits.iter(), hits.len(), now_ms)
+                            .await
+                            .map_err(classify)?;
+                        collect(&reply, hits.len())
+                    })
+                    .await;
+                spread(result, hits.len())
             }
-            Link::Sentinel(link) => link.check(hits, now_ms, self.command_timeout).await,
-            Link::Cluster(conn) => {
-                bounded(self.command_timeout, cluster::check(conn, hits, now_ms)).await
-            }
+            Link::Sentinel(link) => spread(link.check(hits, now_ms, call).await, hits.len()),
+            Link::Cluster(link) => link.check_each(hits, now_ms, call).await,
         }
+    }
+
+    /// All-or-nothing: the verdicts, or the first failure.
+    async fn decide(
+        &self,
+        hits: &[Hit],
+        calls: &RedisCalls,
+    ) -> Result<Vec<Verdict>, BackendError> {
+        self.decide_each(hits, calls).await.into_iter().collect()
     }
 }
 
@@ -256,8 +312,14 @@ impl Backend for RedisBackend {
         &self,
         hits: &[Hit],
     ) -> impl Future<Output = Result<Vec<Verdict>, BackendError>> + Send {
-        // The probe below is not a decision: only checks are timed and counted.
-        self.calls.time(self.decide(hits))
+        self.decide(hits, &self.calls)
+    }
+
+    fn check_each(
+        &self,
+        hits: &[Hit],
+    ) -> impl Future<Output = Vec<Result<Verdict, BackendError>>> + Send {
+        self.decide_each(hits, &self.calls)
     }
 
     fn name(&self) -> &'static str {
@@ -265,20 +327,34 @@ impl Backend for RedisBackend {
     }
 
     /// Runs the script itself on a check-only demand, so a lost script cache, a read-only
-    /// replica or a refused `EVALSHA` (ACL) shows up, not just a dead socket.
-    fn probe(&self) -> impl Future<Output = Result<(), BackendError>> + Send {
-        let hit = Hit::new(
-            PROBE_KEY,
-            BucketParams {
-                capacity: 1,
-                requests_per_unit: 1,
-                unit_ms: 1_000,
-            },
-            0,
-        );
-        async move { self.decide(std::slice::from_ref(&hit)).await.map(drop) }
+    /// replica or a refused `EVALSHA` (ACL) shows up, not just a dead socket. It goes through
+    /// the breakers like any call, so while an endpoint is open the probe is the half-open
+    /// call that closes it again once Redis answers, even with no traffic. In Cluster mode
+    /// every master is probed.
+    async fn probe(&self) -> Result<(), BackendError> {
+        let keys = match &self.link {
+            Link::Cluster(link) => link.probe_keys(),
+            _ => vec![PROBE_KEY.to_string()],
+        };
+        let hits: Vec<Hit> = keys
+            .into_iter()
+            .map(|key| Hit::new(key, PROBE_PARAMS, 0))
+            .collect();
+        // A probe is not a decision: its calls are not timed or counted.
+        self.decide(&hits, &RedisCalls::default()).await.map(drop)
+    }
+
+    fn breakers(&self) -> Option<Arc<BreakerSet>> {
+        Some(self.breakers.clone())
     }
 }
+
+/// The probe's bucket: check-only, so it never limits anything.
+const PROBE_PARAMS: BucketParams = BucketParams {
+    capacity: 1,
+    requests_per_unit: 1,
+    unit_ms: 1_000,
+};
 
 impl std::fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -290,17 +366,20 @@ impl std::fmt::Debug for RedisBackend {
         f.debug_struct("RedisBackend")
             .field("mode", &mode)
             .field("command_timeout", &self.command_timeout)
+            .field("breakers", &self.breakers)
             .field("test_clock", &self.test_clock.is_some())
             .finish()
     }
 }
 
+/// Connects to one server; returns the connection and the server's `host:port` (its breaker's
+/// name).
 async fn connect_standalone(
     url: &str,
     opts: &RedisOptions,
-) -> Result<(ConnectionManager, Arc<str>), BackendError> {
+) -> Result<(ConnectionManager, String), BackendError> {
     let client = redis::Client::open(url).map_err(|err| invalid_url(0, &err))?;
-    let server: Arc<str> = client.get_connection_info().addr().to_string().into();
+    let address = client.get_connection_info().addr().to_string();
 
     // A first, plain connection loads the script and reports a refused port, a wrong password
     // or an untrusted certificate as such; the manager below would retry those quietly until
@@ -341,7 +420,7 @@ async fn connect_standalone(
             .map_err(classify)
     })
     .await?;
-    Ok((manager, server))
+    Ok((manager, address))
 }
 
 /// Decodes a whole reply into verdicts in hit order.
@@ -362,6 +441,53 @@ async fn bounded<T>(
     match tokio::time::timeout(limit, call).await {
         Ok(result) => result,
         Err(_) => Err(BackendError::Timeout(limit.as_millis() as u64)),
+    }
+}
+
+/// What every Redis call of one decision shares: its deadline and its metrics.
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    timeout: Duration,
+    calls: &'a RedisCalls,
+}
+
+impl Call<'_> {
+    /// Runs `call` (the script over `keys` keys, on `endpoint`, in `slot` when known) through
+    /// the endpoint's breaker and within the deadline: skipped at once while the breaker is
+    /// open, and its outcome (a timeout is a failure) reported back. A call that is made is
+    /// timed, counted and traced; a skipped one is none of these, as no Redis call happened.
+    async fn guarded<T>(
+        self,
+        endpoint: &Endpoint,
+        keys: usize,
+        slot: Option<u16>,
+        call: impl Future<Output = Result<T, BackendError>>,
+    ) -> Result<T, BackendError> {
+        let Some(permit) = endpoint.admit() else {
+            return Err(BackendError::CircuitOpen);
+        };
+        let span = traces::redis_span(keys, Some(endpoint.name()), slot);
+        let result = self
+            .calls
+            .time(bounded(self.timeout, call))
+            .instrument(span.clone())
+            .await;
+        if let Err(e) = &result {
+            traces::record_redis_error(&span, e);
+        }
+        endpoint.record(permit, result.as_ref().map(drop));
+        result
+    }
+}
+
+/// One outcome for every hit of a call that decided them together.
+fn spread(
+    result: Result<Vec<Verdict>, BackendError>,
+    count: usize,
+) -> Vec<Result<Verdict, BackendError>> {
+    match result {
+        Ok(verdicts) => verdicts.into_iter().map(Ok).collect(),
+        Err(error) => vec![Err(error); count],
     }
 }
 

@@ -27,14 +27,6 @@ const WIRE_SATURATED: i64 = -2;
 const FLAG_REFUND: u8 = 1;
 const FLAG_SHADOW: u8 = 2;
 
-/// Placeholder for verdict slots that a reply overwrites; never returned.
-pub(super) const UNSET: Verdict = Verdict {
-    allowed: false,
-    remaining: 0,
-    retry_after_ms: None,
-    until_full_ms: 0,
-};
-
 /// Builds `EVALSHA <sha> ...` (or `EVAL <source> ...`) for `hits`; `count` is their number.
 /// `now_ms` is the test-only clock override; production passes `None` so the script reads `TIME`.
 fn command<'a, I>(verb: &str, script: &str, hits: I, count: usize, now_ms: Option<u64>) -> Cmd
@@ -88,6 +80,28 @@ where
         }
         other => other,
     }
+}
+
+/// `ASKING` then `EVAL` on one connection: the answer to an ASK redirect (a slot migrating to
+/// this node). `EVAL`, since the importing node may not have the script cached.
+pub(super) async fn run_asking<'a, C, I>(
+    conn: &mut C,
+    hits: I,
+    count: usize,
+    now_ms: Option<u64>,
+) -> Result<Value, RedisError>
+where
+    C: ConnectionLike,
+    I: Iterator<Item = &'a Hit> + Clone,
+{
+    let mut pipe = redis::pipe();
+    pipe.cmd("ASKING")
+        .ignore()
+        .add_command(command("EVAL", SOURCE, hits, count, now_ms));
+    let mut replies: Vec<Value> = pipe.query_async(conn).await?;
+    replies
+        .pop()
+        .ok_or_else(|| RedisError::from((ErrorKind::Parse, "empty reply to ASKING + EVAL")))
 }
 
 /// `SCRIPT LOAD <source>`; the reply is the SHA, checked by [`check_loaded`].

@@ -1,5 +1,10 @@
 //! Sentinel mode: the master is resolved through the sentinels, and resolved again after a
 //! failed or timed-out call, so checks follow a failover to the new master.
+//!
+//! The breaker is the current master's (named by its address): a failover brings a new master
+//! with a fresh, closed breaker, and the old one is forgotten. While the master's breaker is
+//! open the sentinels are still asked (at most every [`REFRESH_COOLDOWN`]), so a promotion is
+//! followed without waiting for the cooldown.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -8,13 +13,15 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 use redis::aio::MultiplexedConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{AsyncConnectionConfig, ConnectionAddr, IntoConnectionInfo, TlsMode, Value};
+use redis::{AsyncConnectionConfig, Cmd, ConnectionAddr, IntoConnectionInfo, TlsMode, Value};
 
-use super::{RedisOptions, bounded, classify, collect, invalid_url, is_connection_error, script};
+use super::{
+    Call, RedisOptions, bounded, classify, collect, heartbeat, invalid_url, is_connection_error,
+    script,
+};
 use crate::algorithm::Verdict;
 use crate::backend::{BackendError, Hit};
-use crate::telemetry::traces;
-use tracing::Instrument as _;
+use crate::resilience::breaker::{BreakerSet, Endpoint};
 
 /// After a resolution, the next one waits this long, so a master that stays down costs the
 /// sentinels a few queries per second, not one per request.
@@ -28,13 +35,13 @@ pub(super) struct SentinelLink {
     refreshing: AtomicBool,
     connect_timeout: Duration,
     conn_config: AsyncConnectionConfig,
+    breakers: Arc<BreakerSet>,
 }
 
 struct Master {
     addr: ConnectionAddr,
-    /// `host:port`, for spans.
-    name: String,
     conn: MultiplexedConnection,
+    endpoint: Endpoint,
 }
 
 impl SentinelLink {
@@ -42,6 +49,7 @@ impl SentinelLink {
         urls: &[String],
         master_name: &str,
         opts: &RedisOptions,
+        breakers: Arc<BreakerSet>,
     ) -> Result<Arc<SentinelLink>, BackendError> {
         let mut sentinels = Vec::with_capacity(urls.len());
         for (index, url) in urls.iter().enumerate() {
@@ -77,6 +85,7 @@ impl SentinelLink {
             conn_config: AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(opts.connect_timeout))
                 .set_response_timeout(None),
+            breakers,
         });
         link.resolve(true).await?;
         Ok(link)
@@ -87,7 +96,7 @@ impl SentinelLink {
         self: &Arc<Self>,
         hits: &[Hit],
         now_ms: Option<u64>,
-        timeout: Duration,
+        call: Call<'_>,
     ) -> Result<Vec<Verdict>, BackendError> {
         let Some(master) = self.master.load_full() else {
             self.refresh(true);
@@ -96,25 +105,37 @@ impl SentinelLink {
             ));
         };
         let mut conn = master.conn.clone();
-        let span = traces::redis_span(hits.len(), Some(&master.name), None);
-        let result = bounded(timeout, async {
-            let reply = script::run(&mut conn, hits.iter(), hits.len(), now_ms)
-                .await
-                .map_err(classify)?;
-            collect(&reply, hits.len())
-        })
-        .instrument(span.clone())
-        .await;
-        if let Err(e) = &result {
-            traces::record_redis_error(&span, e);
-        }
+        let result = call
+            .guarded(&master.endpoint, hits.len(), None, async {
+                let reply = script::run(&mut conn, hits.iter(), hits.len(), now_ms)
+                    .await
+                    .map_err(classify)?;
+                collect(&reply, hits.len())
+            })
+            .await;
         match &result {
             Err(err) if is_connection_error(err) => self.refresh(true),
-            // A stalled master keeps its socket open: replace it only if the sentinels moved on.
-            Err(BackendError::Timeout(_)) => self.refresh(false),
+            // A stalled master keeps its socket open, and a skipped one may have been replaced:
+            // reconnect only if the sentinels moved on.
+            Err(BackendError::Timeout(_) | BackendError::CircuitOpen) => self.refresh(false),
             _ => {}
         }
         result
+    }
+
+    /// The heartbeat on the current master (not subject to its breaker).
+    pub(super) async fn heartbeat(
+        &self,
+        cmd: &Cmd,
+        timeout: Duration,
+    ) -> Result<u64, BackendError> {
+        let Some(master) = self.master.load_full() else {
+            return Err(BackendError::Unavailable(
+                "no Redis master resolved yet".into(),
+            ));
+        };
+        let mut conn = master.conn.clone();
+        bounded(timeout, heartbeat::run(&mut conn, cmd)).await
     }
 
     /// Starts a background resolution unless one (or its cooldown) is running.
@@ -168,8 +189,13 @@ impl SentinelLink {
         script::check_loaded(&reply)?;
         tracing::info!(master = %addr, "using the Redis master named by the sentinels");
         let name = addr.to_string();
-        self.master
-            .store(Some(Arc::new(Master { addr, name, conn })));
+        let endpoint = self.breakers.endpoint(&name);
+        self.breakers.retain(|endpoint| endpoint == name);
+        self.master.store(Some(Arc::new(Master {
+            addr,
+            conn,
+            endpoint,
+        })));
         Ok(())
     }
 }

@@ -1,0 +1,903 @@
+//! Chaos: real redis-server processes fail under load while sluice (in this process, through
+//! `sluice::server::start`) keeps answering over gRPC.
+//!
+//! Each test runs a load of concurrent `ShouldRateLimit` calls, injects one fault (kill -9,
+//! SIGSTOP, restart with an empty script cache, a Cluster master kill with replica promotion, a
+//! Sentinel failover), heals it, and prints what it saw: decisions per outcome, max and p99
+//! decision latency during the fault, when the breaker opened, and the time to recover after
+//! Redis was back. The bounds asserted are the contract with generous margins (a shared 2-core
+//! machine): no decision longer than the Redis deadline plus a margin, zero hung calls, zero
+//! unexpected errors, every decision during the fault made by the failure policy in force.
+
+mod harness;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use harness::sluice::{OK, OVER_LIMIT, Sluice, header, request};
+use harness::{RedisCluster, RedisSentinel, RedisServer, command_calls};
+use sluice::resilience::breaker::BreakerState;
+use sluice::settings::{FailureModeArg, RedisModeArg, Settings};
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+/// The Redis deadline these tests run with (see the harness: 15 ms would turn a slow healthy
+/// reply on a busy machine into a degraded decision).
+const DEADLINE: Duration = Duration::from_millis(50);
+/// Scheduling and gRPC on a shared 2-core machine, on top of the deadline.
+const MARGIN: Duration = Duration::from_millis(250);
+const COOLDOWN: Duration = Duration::from_secs(1);
+/// A call not answered within this is hung.
+const HUNG: Duration = Duration::from_secs(2);
+const FAULT: Duration = Duration::from_millis(1_500);
+/// After a failover, how long until no decision may be degraded any more.
+const SETTLE: Duration = Duration::from_millis(1_500);
+/// Each load worker pauses this long between calls (a few thousand calls per second in all).
+const PACE: Duration = Duration::from_millis(2);
+
+/// capacity 20, refill 10/s; `acct`: 5 per hour, for exact counts after a fault.
+const CONFIG: &str = r#"
+domain: chaos
+descriptors:
+  - key: client
+    rate_limit: {unit: second, requests_per_unit: 10, burst: 20}
+  - key: roomy
+    rate_limit: {unit: second, requests_per_unit: 100000}
+  - key: acct
+    rate_limit: {unit: hour, requests_per_unit: 5}
+"#;
+
+/// A blocking harness call (process signals, polling a server) without stalling the load: the
+/// runtime moves its other tasks off this worker meanwhile.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// Test time: the load measures wall time; no decision reads it.
+#[allow(clippy::disallowed_methods)]
+fn now() -> Instant {
+    Instant::now()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Outcome {
+    Ok,
+    OverLimit,
+    Unavailable,
+    Other,
+    Hung,
+}
+
+#[derive(Clone, Debug)]
+struct Sample {
+    /// Which worker group (replica or key) sent it.
+    group: usize,
+    sent: Instant,
+    latency: Duration,
+    outcome: Outcome,
+    /// `x-ratelimit-degraded`, if present.
+    degraded: Option<String>,
+    /// An error message mentioned NOSCRIPT.
+    noscript: bool,
+}
+
+impl Sample {
+    fn exact(&self) -> bool {
+        matches!(self.outcome, Outcome::Ok | Outcome::OverLimit) && self.degraded.is_none()
+    }
+}
+
+/// Workers calling sluice until stopped.
+struct Load {
+    stop: Arc<AtomicBool>,
+    workers: Vec<JoinHandle<Vec<Sample>>>,
+}
+
+impl Load {
+    /// `groups[i]`: a client and the request its workers send; `workers` per group.
+    fn start(
+        groups: Vec<(RateLimitServiceClient<Channel>, RateLimitRequest)>,
+        workers: usize,
+    ) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut handles = Vec::new();
+        for (group, (client, req)) in groups.into_iter().enumerate() {
+            for _ in 0..workers {
+                let (mut client, req, stop) = (client.clone(), req.clone(), stop.clone());
+                handles.push(tokio::spawn(async move {
+                    let mut samples = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        let sent = now();
+                        let call =
+                            tokio::time::timeout(HUNG, client.should_rate_limit(req.clone()));
+                        let result = call.await;
+                        let latency = sent.elapsed();
+                        let (outcome, degraded, noscript) = match result {
+                            Err(_) => (Outcome::Hung, None, false),
+                            Ok(Ok(r)) => {
+                                let r = r.into_inner();
+                                let degraded = header(&r, "x-ratelimit-degraded").map(String::from);
+                                let outcome = match r.overall_code {
+                                    OK => Outcome::Ok,
+                                    OVER_LIMIT => Outcome::OverLimit,
+                                    _ => Outcome::Other,
+                                };
+                                (outcome, degraded, false)
+                            }
+                            Ok(Err(status)) => {
+                                let noscript = status.message().contains("NOSCRIPT");
+                                let outcome = if status.code() == tonic::Code::Unavailable {
+                                    Outcome::Unavailable
+                                } else {
+                                    eprintln!("unexpected status: {status:?}");
+                                    Outcome::Other
+                                };
+                                (outcome, None, noscript)
+                            }
+                        };
+                        samples.push(Sample {
+                            group,
+                            sent,
+                            latency,
+                            outcome,
+                            degraded,
+                            noscript,
+                        });
+                        tokio::time::sleep(PACE).await;
+                    }
+                    samples
+                }));
+            }
+        }
+        Load {
+            stop,
+            workers: handles,
+        }
+    }
+
+    async fn finish(self) -> Vec<Sample> {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut all = Vec::new();
+        for w in self.workers {
+            all.extend(w.await.expect("load worker"));
+        }
+        all.sort_by_key(|s| s.sent);
+        all
+    }
+}
+
+/// Watches breaker states every few ms: when the first one left Closed, and when all were
+/// Closed again after that.
+struct BreakerWatch {
+    opened: Arc<std::sync::Mutex<Option<Instant>>>,
+    closed: Arc<std::sync::Mutex<Option<Instant>>>,
+    /// Every endpoint whose breaker was seen other than closed.
+    ever_open: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl BreakerWatch {
+    fn start(sluice: &Sluice) -> BreakerWatch {
+        let set = sluice.running().breakers.clone().expect("a Redis backend");
+        let watch = BreakerWatch {
+            opened: Default::default(),
+            closed: Default::default(),
+            ever_open: Default::default(),
+            stop: Default::default(),
+        };
+        let (opened, closed, ever_open, stop) = (
+            watch.opened.clone(),
+            watch.closed.clone(),
+            watch.ever_open.clone(),
+            watch.stop.clone(),
+        );
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let states = set.states();
+                let open = states.iter().any(|(_, s)| *s != BreakerState::Closed);
+                for (name, _) in states.iter().filter(|(_, s)| *s != BreakerState::Closed) {
+                    ever_open.lock().unwrap().insert(name.clone());
+                }
+                let at = now();
+                {
+                    let mut o = opened.lock().unwrap();
+                    if open && o.is_none() {
+                        *o = Some(at);
+                    }
+                    if !open && o.is_some() {
+                        closed.lock().unwrap().get_or_insert(at);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        });
+        watch
+    }
+
+    fn opened(&self) -> Option<Instant> {
+        *self.opened.lock().unwrap()
+    }
+
+    fn closed(&self) -> Option<Instant> {
+        *self.closed.lock().unwrap()
+    }
+
+    fn ever_open(&self, endpoint: &str) -> bool {
+        self.ever_open.lock().unwrap().contains(endpoint)
+    }
+}
+
+impl Drop for BreakerWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// What a test saw, printed in one block.
+struct Figures<'a> {
+    name: &'a str,
+    samples: &'a [Sample],
+    fault: (Instant, Instant),
+}
+
+impl Figures<'_> {
+    /// Samples sent while Redis was failed.
+    fn during(&self) -> impl Iterator<Item = &Sample> {
+        self.samples
+            .iter()
+            .filter(|s| s.sent >= self.fault.0 && s.sent < self.fault.1)
+    }
+
+    fn latency(&self) -> (Duration, Duration) {
+        let mut l: Vec<Duration> = self.during().map(|s| s.latency).collect();
+        l.sort();
+        let max = l.last().copied().unwrap_or_default();
+        let p99 = l
+            .get((l.len() * 99 / 100).min(l.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default();
+        (max, p99)
+    }
+
+    /// When the first exact (non-degraded) answer to a call sent after Redis was back arrived,
+    /// from the given groups. Calls sent after that are all exact again (checked by the tests).
+    fn recovered(&self, groups: &[usize]) -> Option<Instant> {
+        self.samples
+            .iter()
+            .filter(|s| s.sent >= self.fault.1 && groups.contains(&s.group))
+            .filter(|s| s.exact())
+            .map(|s| s.sent + s.latency)
+            .min()
+    }
+
+    /// Per group: exact answers resumed, and calls sent `settle` after the first one were exact
+    /// again (a failover is not one clean instant: the promoted node may still drop a
+    /// connection, costing one more cooldown). At most 1 % may not be: on a shared 2-core
+    /// machine a healthy call now and then misses the deadline by itself, and a single miss does
+    /// not open a breaker. Returns the slowest group's recovery, counted from when Redis was back.
+    fn assert_recovered(&self, groups: usize, settle: Duration) -> Duration {
+        let mut slowest = Duration::ZERO;
+        for group in 0..groups {
+            let at = self
+                .recovered(&[group])
+                .unwrap_or_else(|| panic!("{}: group {group} never recovered", self.name));
+            let after: Vec<&Sample> = self
+                .samples
+                .iter()
+                .filter(|s| s.group == group && s.sent >= at + settle)
+                .collect();
+            let relapses = after.iter().filter(|s| !s.exact()).count();
+            assert!(
+                relapses * 100 <= after.len(),
+                "{}: {relapses} of {} decisions degraded after recovery, first {:?}",
+                self.name,
+                after.len(),
+                after.iter().find(|s| !s.exact())
+            );
+            slowest = slowest.max(at.saturating_duration_since(self.fault.1));
+        }
+        slowest
+    }
+
+    fn print(&self, breaker_opened: Option<Instant>, recovered: Option<Instant>, extra: &str) {
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for s in self.during() {
+            let label = match &s.degraded {
+                Some(policy) => format!("{:?}/degraded:{policy}", s.outcome),
+                None => format!("{:?}", s.outcome),
+            };
+            *counts.entry(label).or_default() += 1;
+        }
+        let (max, p99) = self.latency();
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        println!(
+            "CHAOS {name}: fault {fault:.0} ms, {n} decisions during it {counts:?}; latency max {max:.1} ms p99 {p99:.1} ms; \
+             breaker open after {open}; recovered {rec} after Redis was back; {total} decisions in all{extra}",
+            name = self.name,
+            fault = ms(self.fault.1 - self.fault.0),
+            n = self.during().count(),
+            max = ms(max),
+            p99 = ms(p99),
+            open = breaker_opened
+                .map(|t| format!("{:.0} ms", ms(t.saturating_duration_since(self.fault.0))))
+                .unwrap_or_else(|| "never".into()),
+            rec = recovered
+                .map(|t| format!("{:.0} ms", ms(t.saturating_duration_since(self.fault.1))))
+                .unwrap_or_else(|| "never".into()),
+            total = self.samples.len(),
+        );
+    }
+
+    /// The contract bounds every fault shares.
+    fn assert_bounded(&self) {
+        let (max, _) = self.latency();
+        assert!(
+            max <= DEADLINE + MARGIN,
+            "{}: a decision during the fault took {max:?} (deadline {DEADLINE:?} + {MARGIN:?})",
+            self.name
+        );
+        let hung = self
+            .samples
+            .iter()
+            .filter(|s| s.outcome == Outcome::Hung)
+            .count();
+        let other = self
+            .samples
+            .iter()
+            .filter(|s| s.outcome == Outcome::Other)
+            .count();
+        let noscript = self.samples.iter().filter(|s| s.noscript).count();
+        assert_eq!(
+            (hung, other, noscript),
+            (0, 0, 0),
+            "{}: hung, unexpected, NOSCRIPT",
+            self.name
+        );
+        assert!(
+            self.during().count() > 20,
+            "{}: load must run during the fault",
+            self.name
+        );
+    }
+}
+
+/// An exact OVER_LIMIT the over-limit cache may give for the hot key early in a fault: its
+/// entry lasts one refill interval (100 ms), plus scheduling.
+fn cached_rejection(s: &Sample, fault_start: Instant) -> bool {
+    s.outcome == Outcome::OverLimit && s.sent < fault_start + Duration::from_millis(300)
+}
+
+fn with_mode(mode: FailureModeArg) -> impl FnOnce(&mut Settings) {
+    move |s: &mut Settings| {
+        s.failure_mode = mode;
+        s.breaker_cooldown = COOLDOWN;
+    }
+}
+
+/// One call on `roomy=<value>` answered by Redis (not by a failure policy).
+async fn answers_exactly(client: &mut RateLimitServiceClient<Channel>, value: &str) -> bool {
+    matches!(
+        client.should_rate_limit(request("chaos", &[("roomy", value)])).await,
+        Ok(r) if header(r.get_ref(), "x-ratelimit-degraded").is_none()
+    )
+}
+
+/// Waits up to `limit` for `ready`, polling every 10 ms.
+async fn eventually(what: &str, limit: Duration, mut ready: impl AsyncFnMut() -> bool) -> Instant {
+    let start = now();
+    loop {
+        if ready().await {
+            return now();
+        }
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// kill -9 of a standalone Redis under load, then a restart on the same port.
+async fn kill_under_load(mode: FailureModeArg) {
+    let name = format!("kill -9, failure_mode {mode:?}").to_lowercase();
+    let mut redis = RedisServer::start();
+    // `local` with two replicas that count each other through the heartbeat.
+    let replicas = if mode == FailureModeArg::Local { 2 } else { 1 };
+    let mut sluices = Vec::new();
+    for _ in 0..replicas {
+        sluices.push(
+            Sluice::start(
+                CONFIG,
+                &[redis.url()],
+                RedisModeArg::Standalone,
+                with_mode(mode),
+            )
+            .await,
+        );
+    }
+    for s in &sluices {
+        eventually("replicas counted", Duration::from_secs(5), async || {
+            s.replicas() == replicas as u64
+        })
+        .await;
+    }
+    let mut groups = Vec::new();
+    for s in &sluices {
+        groups.push((s.client().await, request("chaos", &[("client", "hot")])));
+    }
+    let watch = BreakerWatch::start(&sluices[0]);
+    let load = Load::start(groups, 4);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    blocking(|| redis.kill());
+    let fault_start = now();
+    eventually("breaker open", Duration::from_secs(3), async || {
+        watch.opened().is_some()
+    })
+    .await;
+    let readiness = if mode == FailureModeArg::Error {
+        // Nothing to answer with: readiness and gRPC health go NOT_SERVING.
+        eventually("not ready", Duration::from_secs(3), async || {
+            sluices[0].admin_get("/readyz").await.0 == 503 && sluices[0].grpc_health().await == 2
+        })
+        .await;
+        "readiness NOT_SERVING while open"
+    } else {
+        // Every other policy still answers: stay in rotation.
+        assert_eq!(sluices[0].admin_get("/readyz").await.0, 200);
+        assert_eq!(sluices[0].grpc_health().await, 1);
+        "readiness SERVING throughout"
+    };
+    let elapsed = fault_start.elapsed();
+    if elapsed < FAULT {
+        tokio::time::sleep(FAULT - elapsed).await;
+    }
+    blocking(|| redis.start_again());
+    // Redis is back: the fault window ends here, recovery is measured from here.
+    let fault_end = now();
+    eventually("recovery", Duration::from_secs(10), async || {
+        watch.closed().is_some()
+    })
+    .await;
+    // Each replica probes on its own schedule.
+    eventually(
+        "every replica's breaker closed",
+        Duration::from_secs(10),
+        async || sluices.iter().all(|s| !s.any_breaker_open()),
+    )
+    .await;
+    if mode == FailureModeArg::Error {
+        eventually("ready again", Duration::from_secs(5), async || {
+            sluices[0].admin_get("/readyz").await.0 == 200 && sluices[0].grpc_health().await == 1
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let samples = load.finish().await;
+
+    let figures = Figures {
+        name: &name,
+        samples: &samples,
+        fault: (fault_start, fault_end),
+    };
+    let recovered = figures.recovered(&(0..replicas).collect::<Vec<_>>());
+    let fault_s = (fault_end - fault_start).as_secs_f64();
+    let cached = figures.during().filter(|s| s.exact()).count();
+    let mut extra = format!("; {readiness}; {cached} exact OVER_LIMIT from the over-limit cache");
+    // The hot key was over limit when Redis died, so the over-limit cache may still answer it
+    // (exactly: the bucket cannot pay yet) until its retry-after, at most 100 ms here.
+    let policy = figures
+        .during()
+        .filter(|s| !(s.exact() && cached_rejection(s, fault_start)));
+    match mode {
+        FailureModeArg::Open => {
+            for s in policy {
+                assert_eq!(
+                    (s.outcome, s.degraded.as_deref()),
+                    (Outcome::Ok, Some("open")),
+                    "{s:?}"
+                );
+            }
+        }
+        FailureModeArg::Closed => {
+            for s in policy {
+                assert_eq!(
+                    (s.outcome, s.degraded.as_deref()),
+                    (Outcome::OverLimit, Some("closed")),
+                    "{s:?}"
+                );
+            }
+        }
+        FailureModeArg::Error => {
+            for s in policy {
+                assert_eq!(s.outcome, Outcome::Unavailable, "{s:?}");
+            }
+        }
+        FailureModeArg::Local => {
+            for s in policy {
+                assert_eq!(s.degraded.as_deref(), Some("local"), "{s:?}");
+            }
+            // Each replica's bucket holds ceil(20/2) = 10 and refills ceil(10/2) = 5/s.
+            let share_bound = 10.0 + 5.0 * fault_s + 1.0;
+            let mut total = 0;
+            for group in 0..replicas {
+                let allowed = figures
+                    .during()
+                    .filter(|s| s.group == group && s.outcome == Outcome::Ok)
+                    .count();
+                assert!(
+                    (allowed as f64) <= share_bound,
+                    "replica {group} admitted {allowed} > its share {share_bound:.1}"
+                );
+                assert!(
+                    allowed >= 10,
+                    "replica {group} admitted only {allowed} of its share"
+                );
+                total += allowed;
+            }
+            let limit = 20.0 + 10.0 * fault_s;
+            let rejected = figures
+                .during()
+                .filter(|s| s.outcome == Outcome::OverLimit)
+                .count();
+            assert!(rejected > 0, "the load must exceed the limit");
+            extra += &format!(
+                "; local: {total} admitted by 2 replicas over {fault_s:.2} s, limit {limit:.1} (+2 rounding), {rejected} rejected"
+            );
+        }
+    }
+    figures.print(watch.opened(), recovered, &extra);
+    figures.assert_bounded();
+    // Shared limiting resumed, on every replica.
+    let recovery = figures.assert_recovered(replicas, Duration::ZERO);
+    assert!(
+        recovery <= COOLDOWN + Duration::from_secs(2),
+        "{name}: recovery took {recovery:?}"
+    );
+    for s in sluices {
+        s.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_kill_9_with_open_answers_ok() {
+    kill_under_load(FailureModeArg::Open).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_kill_9_with_closed_answers_over_limit() {
+    kill_under_load(FailureModeArg::Closed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_kill_9_with_local_holds_the_limit_over_n() {
+    kill_under_load(FailureModeArg::Local).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_kill_9_with_error_answers_unavailable_and_leaves_rotation() {
+    kill_under_load(FailureModeArg::Error).await;
+}
+
+/// SIGSTOP: Redis keeps its sockets open and answers nothing (a hang, not a refusal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_sigstop_then_sigcont() {
+    let redis = RedisServer::start();
+    let sluice = Sluice::start(CONFIG, &[redis.url()], RedisModeArg::Standalone, |s| {
+        with_mode(FailureModeArg::Local)(s);
+        s.replicas = 1;
+    })
+    .await;
+    let watch = BreakerWatch::start(&sluice);
+    let load = Load::start(
+        vec![(
+            sluice.client().await,
+            request("chaos", &[("client", "hot")]),
+        )],
+        6,
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    blocking(|| redis.pause());
+    let fault_start = now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let fault_end = now();
+    blocking(|| redis.resume());
+    eventually("breaker closed", Duration::from_secs(10), async || {
+        watch.closed().is_some()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let samples = load.finish().await;
+
+    let figures = Figures {
+        name: "SIGSTOP 3 s, failure_mode local",
+        samples: &samples,
+        fault: (fault_start, fault_end),
+    };
+    let recovered = figures.recovered(&[0]);
+    figures.print(watch.opened(), recovered, "");
+    figures.assert_bounded();
+    let opened = watch.opened().expect("the breaker opened");
+    assert!(opened < fault_end, "opened during the stop");
+    for s in figures.during() {
+        assert_eq!(s.degraded.as_deref(), Some("local"), "{s:?}");
+    }
+    let after_open: Vec<&Sample> = figures.during().filter(|s| s.sent > opened).collect();
+    let slow = after_open.iter().filter(|s| s.latency >= DEADLINE).count();
+    // Once open, only the probe (one per cooldown) waits for the deadline; without the breaker
+    // every call would. (Not zero: a busy machine delays a few calls past 50 ms by itself.)
+    assert!(
+        slow * 20 <= after_open.len(),
+        "{slow} of {} calls took the deadline after the breaker opened",
+        after_open.len()
+    );
+    let recovery = figures.assert_recovered(1, Duration::ZERO);
+    assert!(
+        recovery <= COOLDOWN + Duration::from_secs(2),
+        "recovery took {recovery:?}"
+    );
+
+    // Shared limiting resumed: a fresh account gets exactly its 5, counted in Redis.
+    let mut client = sluice.client().await;
+    let mut codes = Vec::new();
+    for _ in 0..7 {
+        let r = client
+            .should_rate_limit(request("chaos", &[("acct", "after-stop")]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(header(&r, "x-ratelimit-degraded"), None);
+        codes.push(r.overall_code);
+    }
+    assert_eq!(codes, [OK, OK, OK, OK, OK, OVER_LIMIT, OVER_LIMIT]);
+    let tokens: String = redis.cmd(&["HGET", "sluice:{chaos|acct=after-stop}", "t"]);
+    assert_eq!(tokens.parse::<f64>().unwrap().floor(), 0.0);
+    sluice.stop().await;
+}
+
+/// A restart loses data and the script cache: service resumes within one breaker cooldown and
+/// the lost script never shows as an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_restart_with_empty_script_cache() {
+    let mut redis = RedisServer::start();
+    let sluice = Sluice::start(CONFIG, &[redis.url()], RedisModeArg::Standalone, |s| {
+        with_mode(FailureModeArg::Error)(s);
+        s.replicas = 1;
+    })
+    .await;
+    let watch = BreakerWatch::start(&sluice);
+    let load = Load::start(
+        vec![(sluice.client().await, request("chaos", &[("roomy", "r")]))],
+        4,
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Down long enough for the breaker to open; back on the same port, empty.
+    blocking(|| redis.kill());
+    let fault_start = now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    blocking(|| redis.start_again());
+    let fault_end = now();
+    assert_eq!(
+        command_calls(&redis, "evalsha") + command_calls(&redis, "eval"),
+        0
+    );
+    let mut client = sluice.client().await;
+    // Recovery: exact answers again (the first script call on the empty server is a NOSCRIPT
+    // answered by one EVAL inside the same decision).
+    eventually("exact decisions", Duration::from_secs(10), async || {
+        answers_exactly(&mut client, "probe").await
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let samples = load.finish().await;
+    let figures = Figures {
+        name: "restart (empty data and script cache), failure_mode error",
+        samples: &samples,
+        fault: (fault_start, fault_end),
+    };
+    let recovered = figures.recovered(&[0]);
+    let evals = command_calls(&redis, "eval");
+    figures.print(
+        watch.opened(),
+        recovered,
+        &format!("; EVAL after restart: {evals}"),
+    );
+    figures.assert_bounded();
+    assert!(evals >= 1, "the lost script was re-cached with EVAL");
+    // Within one cooldown (plus the reconnect): the breaker opened during the outage, and the
+    // first probe after Redis is back finds it.
+    let recovery = figures.assert_recovered(1, Duration::ZERO);
+    assert!(
+        recovery <= COOLDOWN + Duration::from_millis(500),
+        "recovery within one breaker cooldown: {recovery:?}"
+    );
+    sluice.stop().await;
+}
+
+/// The bucket key of `roomy=<value>` in domain `chaos`.
+fn roomy_key(value: &str) -> String {
+    format!("sluice:{{chaos|roomy={value}}}")
+}
+
+/// A master dies; its replica is promoted; the service follows without a restart, and keys on
+/// the other masters never notice (one breaker per node).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_cluster_master_kill_promotes_a_replica() {
+    // Without full coverage, the healthy masters keep serving while one is down (by default
+    // Redis refuses every key with CLUSTERDOWN until the replica is promoted).
+    let mut cluster = RedisCluster::start_with(3, 1, &["--cluster-require-full-coverage", "no"]);
+    let sluice = Sluice::start(CONFIG, &cluster.urls(), RedisModeArg::Cluster, |s| {
+        with_mode(FailureModeArg::Open)(s);
+        s.replicas = 1;
+    })
+    .await;
+    let victim_port = cluster.master_for(&roomy_key("v")).port();
+    let bystander = (0..)
+        .map(|i| format!("b{i}"))
+        .find(|v| cluster.master_for(&roomy_key(v)).port() != victim_port)
+        .unwrap();
+    let client = sluice.client().await;
+    let watch = BreakerWatch::start(&sluice);
+    let load = Load::start(
+        vec![
+            (client.clone(), request("chaos", &[("roomy", "v")])),
+            (client.clone(), request("chaos", &[("roomy", &bystander)])),
+        ],
+        3,
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let victim_addr = format!("127.0.0.1:{victim_port}");
+    assert!(sluice.breakers().iter().any(|(n, _)| *n == victim_addr));
+
+    let index = cluster
+        .nodes()
+        .iter()
+        .position(|n| n.port() == victim_port)
+        .unwrap();
+    blocking(|| cluster.node_mut(index).kill());
+    let fault_start = now();
+    // The replica is promoted once the others mark the master failed (node timeout 500 ms).
+    let promoted = eventually("a replica promoted", Duration::from_secs(20), async || {
+        blocking(|| cluster.masters().len() == 3)
+    })
+    .await;
+    let mut client = client.clone();
+    eventually(
+        "the victim's slot answered by the new master",
+        Duration::from_secs(20),
+        async || answers_exactly(&mut client, "v").await,
+    )
+    .await;
+    tokio::time::sleep(SETTLE + Duration::from_millis(500)).await;
+    let samples = load.finish().await;
+
+    let figures = Figures {
+        name: "Cluster master kill + replica promotion, failure_mode open",
+        samples: &samples,
+        fault: (fault_start, promoted),
+    };
+    let bystander_degraded = figures
+        .during()
+        .filter(|s| s.group == 1 && !s.exact())
+        .count();
+    let bystander_total = figures.during().filter(|s| s.group == 1).count();
+    figures.print(
+        watch.opened(),
+        figures.recovered(&[0]),
+        &format!(
+            "; promotion {:.0} ms after the kill; other master's key: {bystander_degraded} of {bystander_total} degraded",
+            (promoted - fault_start).as_secs_f64() * 1000.0
+        ),
+    );
+    figures.assert_bounded();
+    for s in figures.during() {
+        assert_eq!(s.outcome, Outcome::Ok, "open answers OK: {s:?}");
+    }
+    assert!(
+        figures
+            .during()
+            .any(|s| s.group == 0 && s.degraded.as_deref() == Some("open")),
+        "the dead master's slot was answered by the policy"
+    );
+    // A key on a healthy master is not degraded by another node's failure (but for a rare
+    // missed deadline on a busy machine, as everywhere).
+    assert!(
+        bystander_degraded * 100 <= bystander_total,
+        "{bystander_degraded} of {bystander_total} decisions on a healthy master degraded"
+    );
+    // Service resumes without a restart; the other master's key never noticed.
+    let recovery = figures.assert_recovered(2, SETTLE);
+    assert!(
+        recovery <= Duration::from_secs(10),
+        "recovery took {recovery:?}"
+    );
+    let bystander_addr = format!(
+        "127.0.0.1:{}",
+        cluster.master_for(&roomy_key(&bystander)).port()
+    );
+    assert!(
+        !watch.ever_open(&bystander_addr),
+        "the healthy master's breaker opened"
+    );
+    // The dead node's breaker is gone; the promoted node has one.
+    let names: Vec<String> = sluice.breakers().into_iter().map(|(n, _)| n).collect();
+    assert!(!names.contains(&victim_addr), "{names:?}");
+    assert_eq!(names.len(), 3, "{names:?}");
+    sluice.stop().await;
+}
+
+/// The master dies; the sentinels promote the replica; sluice follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_sentinel_failover_is_followed() {
+    let mut sentinel = RedisSentinel::start();
+    let sluice = Sluice::start(
+        CONFIG,
+        &sentinel.sentinel_urls(),
+        RedisModeArg::Sentinel,
+        |s| {
+            with_mode(FailureModeArg::Local)(s);
+            s.replicas = 1;
+        },
+    )
+    .await;
+    let old = sentinel.master().port();
+    let watch = BreakerWatch::start(&sluice);
+    let load = Load::start(
+        vec![(sluice.client().await, request("chaos", &[("roomy", "s")]))],
+        4,
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let index = sentinel
+        .nodes()
+        .iter()
+        .position(|n| n.port() == old)
+        .unwrap();
+    blocking(|| sentinel.node_mut(index).kill());
+    let fault_start = now();
+    let failed_over = eventually(
+        "the sentinels promote the replica",
+        Duration::from_secs(20),
+        async || blocking(|| sentinel.master_port() != old),
+    )
+    .await;
+    let mut client = sluice.client().await;
+    eventually(
+        "exact decisions on the new master",
+        Duration::from_secs(20),
+        async || answers_exactly(&mut client, "s").await,
+    )
+    .await;
+    tokio::time::sleep(SETTLE + Duration::from_millis(500)).await;
+    let samples = load.finish().await;
+    let figures = Figures {
+        name: "Sentinel failover, failure_mode local",
+        samples: &samples,
+        fault: (fault_start, failed_over),
+    };
+    figures.print(
+        watch.opened(),
+        figures.recovered(&[0]),
+        &format!(
+            "; failover {:.0} ms after the kill",
+            (failed_over - fault_start).as_secs_f64() * 1000.0
+        ),
+    );
+    figures.assert_bounded();
+    for s in figures.during() {
+        assert!(s.exact() || s.degraded.as_deref() == Some("local"), "{s:?}");
+    }
+    let new_master = format!("127.0.0.1:{}", sentinel.master_port());
+    let names: Vec<String> = sluice.breakers().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, [new_master], "only the current master has a breaker");
+    let recovery = figures.assert_recovered(1, SETTLE);
+    assert!(
+        recovery <= Duration::from_secs(10),
+        "recovery took {recovery:?}"
+    );
+    sluice.stop().await;
+}

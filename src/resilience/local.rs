@@ -1,0 +1,182 @@
+//! The `local` failure policy: while Redis cannot answer, each replica decides with an
+//! in-process bucket holding its share of the limit, so N replicas together admit about the
+//! configured limit instead of N times it (`open`) or nothing (`closed`).
+//!
+//! The buckets live in a [`MemoryBackend`] of their own, so they get exactly the memory
+//! backend's algorithms, bounds and eviction. Each demand's shape is divided by N before it is
+//! decided: capacity and requests per unit are each rounded *up* (`ceil(x / N)`, at least 1), so
+//! a small limit still admits something on every replica; together N replicas admit at most
+//! `N × ceil(x / N) ≤ x + N − 1`. The unit is kept, so a window-based algorithm keeps its window.
+//! Tokens per hit are not divided: a request costs what it always costs.
+//!
+//! N is `--replicas` when set, else the number of live replicas last counted through the
+//! heartbeat in Redis ([`Replicas::observe`]), which stays frozen while Redis is away.
+//! The local buckets start full when the outage starts: Redis's state is not copied.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::algorithm::{BucketParams, Verdict};
+use crate::backend::memory::MemoryBackend;
+use crate::backend::{Backend, Hit};
+
+/// How many replicas share the limit.
+#[derive(Debug)]
+pub struct Replicas {
+    configured: Option<u64>,
+    discovered: AtomicU64,
+}
+
+impl Replicas {
+    /// A fixed count (`--replicas N`, N ≥ 1).
+    pub fn fixed(n: u64) -> Self {
+        Replicas {
+            configured: Some(n.max(1)),
+            discovered: AtomicU64::new(1),
+        }
+    }
+
+    /// A count discovered through heartbeats; 1 until the first one.
+    pub fn discovered() -> Self {
+        Replicas {
+            configured: None,
+            discovered: AtomicU64::new(1),
+        }
+    }
+
+    /// True when the count comes from heartbeats.
+    pub fn is_discovered(&self) -> bool {
+        self.configured.is_none()
+    }
+
+    /// The count in force (at least 1).
+    pub fn current(&self) -> u64 {
+        self.configured
+            .unwrap_or_else(|| self.discovered.load(Ordering::Relaxed).max(1))
+    }
+
+    /// Records a live count read from Redis.
+    pub fn observe(&self, live: u64) {
+        self.discovered.store(live.max(1), Ordering::Relaxed);
+    }
+}
+
+/// This replica's share of a bucket shape among `replicas`.
+pub fn share(params: BucketParams, replicas: u64) -> BucketParams {
+    let n = replicas.max(1);
+    BucketParams {
+        capacity: params.capacity.div_ceil(n).max(1),
+        requests_per_unit: params.requests_per_unit.div_ceil(n).max(1),
+        ..params
+    }
+}
+
+/// The in-process buckets the `local` policy decides with.
+pub struct LocalFallback {
+    store: Arc<MemoryBackend>,
+    replicas: Arc<Replicas>,
+}
+
+impl LocalFallback {
+    pub fn new(store: Arc<MemoryBackend>, replicas: Arc<Replicas>) -> Self {
+        LocalFallback { store, replicas }
+    }
+
+    pub fn store(&self) -> &Arc<MemoryBackend> {
+        &self.store
+    }
+
+    pub fn replicas(&self) -> &Arc<Replicas> {
+        &self.replicas
+    }
+
+    /// Decides `hits` atomically on the local buckets, each at this replica's share. With
+    /// `check_only` (the request is already rejected by another descriptor) takes are checked
+    /// without taking anything, as a rejected request takes no tokens.
+    pub async fn decide(&self, hits: &[Hit], check_only: bool) -> Vec<Verdict> {
+        let n = self.replicas.current();
+        let local: Vec<Hit> = hits
+            .iter()
+            .map(|hit| {
+                let mut hit = hit.clone();
+                hit.demand.params = share(hit.demand.params, n);
+                if check_only && !hit.demand.refund {
+                    hit.demand.tokens = 0;
+                }
+                hit
+            })
+            .collect();
+        match self.store.check(&local).await {
+            Ok(verdicts) => verdicts,
+            Err(never) => unreachable!("the memory backend does not fail: {never}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::memory::MemoryOptions;
+    use crate::clock::ManualClock;
+
+    const HUNDRED_PER_MINUTE: BucketParams = BucketParams {
+        capacity: 100,
+        requests_per_unit: 100,
+        unit_ms: 60_000,
+    };
+
+    #[test]
+    fn share_rounds_up_and_keeps_the_unit() {
+        assert_eq!(share(HUNDRED_PER_MINUTE, 1), HUNDRED_PER_MINUTE);
+        let third = share(HUNDRED_PER_MINUTE, 3);
+        assert_eq!((third.capacity, third.requests_per_unit), (34, 34));
+        assert_eq!(third.unit_ms, 60_000);
+        let tiny = BucketParams {
+            capacity: 2,
+            requests_per_unit: 1,
+            unit_ms: 1_000,
+        };
+        assert_eq!(share(tiny, 10).capacity, 1);
+        assert_eq!(share(tiny, 10).requests_per_unit, 1);
+        assert_eq!(share(tiny, 0), tiny);
+    }
+
+    #[test]
+    fn configured_count_wins_and_discovery_keeps_the_last_count() {
+        assert_eq!(Replicas::fixed(4).current(), 4);
+        let fixed = Replicas::fixed(4);
+        fixed.observe(9);
+        assert_eq!(fixed.current(), 4);
+        let found = Replicas::discovered();
+        assert_eq!(found.current(), 1);
+        found.observe(3);
+        assert_eq!(found.current(), 3);
+        found.observe(0);
+        assert_eq!(found.current(), 1);
+    }
+
+    #[tokio::test]
+    async fn local_buckets_hold_the_share_and_check_only_takes_nothing() {
+        let clock = ManualClock::new(1_000_000);
+        let store = Arc::new(MemoryBackend::new(
+            Arc::new(clock.clone()),
+            MemoryOptions::default(),
+        ));
+        let fallback = LocalFallback::new(store, Arc::new(Replicas::fixed(4)));
+        let hit = Hit::new("k", HUNDRED_PER_MINUTE, 1);
+        let mut allowed = 0;
+        for _ in 0..100 {
+            if fallback.decide(std::slice::from_ref(&hit), false).await[0].allowed {
+                allowed += 1;
+            }
+        }
+        assert_eq!(allowed, 25, "capacity 100 / 4 replicas");
+        // 25 per minute each: one token per 2.4 s.
+        clock.advance(2_400);
+        let v = fallback.decide(std::slice::from_ref(&hit), true).await[0];
+        assert!(v.allowed);
+        assert_eq!(v.remaining, 1, "check-only took nothing");
+        assert!(fallback.decide(std::slice::from_ref(&hit), false).await[0].allowed);
+        assert!(!fallback.decide(std::slice::from_ref(&hit), false).await[0].allowed);
+    }
+}
