@@ -6,7 +6,7 @@ mod harness;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use sluice::algorithm::{BucketParams, Verdict};
+use sluice::algorithm::{Algorithm, BucketParams, Verdict};
 use sluice::backend::redis::{RedisBackend, RedisMode, RedisOptions};
 use sluice::backend::{Backend, BackendError, Hit};
 use sluice::key::{RuleTag, bucket_key};
@@ -330,7 +330,7 @@ async fn cluster_one_call_per_slot_in_hit_order_and_follows_moved() {
         .expect("connect");
 
     // The script was loaded on every master.
-    let sha = sha1_smol::Sha1::from(include_str!("../lua/token_bucket.lua"))
+    let sha = sha1_smol::Sha1::from(include_str!("../lua/limit.lua"))
         .digest()
         .to_string();
     for master in cluster.masters() {
@@ -345,7 +345,15 @@ async fn cluster_one_call_per_slot_in_hit_order_and_follows_moved() {
         vec![tenant.clone(), Entry::new("route", "export")],
     ]
     .iter()
-    .map(|entries| bucket_key("sluice:", "api", entries, RuleTag::Configured))
+    .map(|entries| {
+        bucket_key(
+            "sluice:",
+            "api",
+            entries,
+            RuleTag::Configured,
+            Algorithm::TokenBucket,
+        )
+    })
     .collect();
     let slots: HashSet<u16> = same_tag.iter().map(|key| cluster.keyslot(key)).collect();
     assert_eq!(slots.len(), 1, "{same_tag:?}");

@@ -16,6 +16,7 @@ use axum::routing::get;
 use percent_encoding::percent_decode_str;
 use serde::{Deserialize, Serialize};
 
+use crate::algorithm::Algorithm;
 use crate::config::{Config, ConfigStore};
 use crate::descriptor::{Miss, Selected};
 use crate::key::{RuleTag, bucket_key};
@@ -120,7 +121,13 @@ pub struct RuleView {
     /// `file:line` of the descriptor.
     pub source: String,
     pub unlimited: bool,
-    /// The token bucket; absent for `unlimited: true`.
+    /// How hits are counted; absent for `unlimited: true`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub algorithm: Option<Algorithm>,
+    /// `rule` (its `rate_limit.algorithm`), `domain` or `default` (`--default-algorithm`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub algorithm_from: Option<&'static str>,
+    /// The limit's shape; absent for `unlimited: true`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bucket: Option<BucketView>,
     pub shadow: bool,
@@ -138,8 +145,10 @@ pub struct RuleView {
 pub struct BucketView {
     pub requests_per_unit: u32,
     pub unit: Unit,
-    /// Most tokens the bucket holds: `burst`, else `requests_per_unit`.
+    /// Most hits allowed at once: the token bucket's capacity and GCRA's burst (`burst`, else
+    /// `requests_per_unit`); a window's `requests_per_unit`.
     pub capacity: u64,
+    /// The token bucket's refill and GCRA's rate (hits per second); for a window, its average.
     pub refill_per_second: f64,
     /// Tokens one hit takes (before `hits_addend`).
     pub cost: u64,
@@ -238,13 +247,20 @@ pub fn explain(
                 refill_per_second: params.rate_per_ms() * 1_000.0,
                 cost: rule.cost,
             };
-            let key = bucket_key(&options.key_prefix, domain, entries, RuleTag::Configured);
+            let key = bucket_key(
+                &options.key_prefix,
+                domain,
+                entries,
+                RuleTag::Configured,
+                rule.algorithm,
+            );
             let outcome = if rule.shadow_mode {
-                "OK always: the rule is in shadow mode; the bucket is counted but never rejects"
+                "OK always: the rule is in shadow mode; hits are counted but never reject"
+                    .to_owned()
             } else {
-                "OK while the bucket holds the hit's tokens, OVER_LIMIT otherwise"
+                outcome(rule.algorithm, &bucket)
             };
-            (Some(bucket), Some(key), outcome.to_owned())
+            (Some(bucket), Some(key), outcome)
         }
     };
     Report {
@@ -259,6 +275,8 @@ pub fn explain(
             name: rule.name.as_deref().map(str::to_owned),
             source: rule.source.to_string(),
             unlimited: matches!(rule.limit, Limit::Unlimited),
+            algorithm: bucket.as_ref().map(|_| rule.algorithm),
+            algorithm_from: bucket.as_ref().map(|_| rule.algorithm_from.as_str()),
             bucket,
             shadow: rule.shadow_mode,
             failure_mode,
@@ -267,6 +285,28 @@ pub fn explain(
             key,
         }),
         outcome,
+    }
+}
+
+/// When a hit passes, in words, by algorithm.
+fn outcome(algorithm: Algorithm, b: &BucketView) -> String {
+    match algorithm {
+        Algorithm::TokenBucket => {
+            "OK while the bucket holds the hit's tokens, OVER_LIMIT otherwise".to_owned()
+        }
+        Algorithm::FixedWindow => format!(
+            "OK while this {}'s count plus the hit stays within {}, OVER_LIMIT otherwise; the count starts again at the next {} on the clock",
+            b.unit, b.requests_per_unit, b.unit
+        ),
+        Algorithm::SlidingWindow => format!(
+            "OK while this {}'s count plus the previous {}'s, weighted by its overlap with the last {}, plus the hit stays within {}, OVER_LIMIT otherwise",
+            b.unit, b.unit, b.unit, b.requests_per_unit
+        ),
+        Algorithm::Gcra => format!(
+            "OK while the hit keeps to the schedule (one every {} ms, up to {} at once), OVER_LIMIT otherwise",
+            trim_float(1_000.0 / b.refill_per_second),
+            b.capacity
+        ),
     }
 }
 
@@ -354,13 +394,10 @@ impl Report {
                 }
                 Some(b) => {
                     let _ = writeln!(out, "limit:       {} per {}", b.requests_per_unit, b.unit);
-                    let _ = writeln!(
-                        out,
-                        "bucket:      capacity {} tokens, refill {} tokens/s, cost {} per hit",
-                        b.capacity,
-                        trim_float(b.refill_per_second),
-                        b.cost
-                    );
+                    if let (Some(algorithm), Some(from)) = (rule.algorithm, rule.algorithm_from) {
+                        let _ = writeln!(out, "algorithm:   {algorithm} (from {from})");
+                        let _ = writeln!(out, "{}", shape_line(algorithm, b));
+                    }
                 }
             }
             let _ = writeln!(
@@ -425,6 +462,32 @@ async fn explain_handler(
     let (store, options) = &*state;
     let config = store.active().load();
     Json(explain(&config, &domain, &entries, options)).into_response()
+}
+
+/// The limit's shape as the algorithm sees it, as one aligned line.
+fn shape_line(algorithm: Algorithm, b: &BucketView) -> String {
+    match algorithm {
+        Algorithm::TokenBucket => format!(
+            "bucket:      capacity {} tokens, refill {} tokens/s, cost {} per hit",
+            b.capacity,
+            trim_float(b.refill_per_second),
+            b.cost
+        ),
+        Algorithm::FixedWindow => format!(
+            "window:      {} hits per {} aligned to the clock, cost {} per hit",
+            b.requests_per_unit, b.unit, b.cost
+        ),
+        Algorithm::SlidingWindow => format!(
+            "window:      {} hits per sliding {} (this {} + the previous one, weighted), cost {} per hit",
+            b.requests_per_unit, b.unit, b.unit, b.cost
+        ),
+        Algorithm::Gcra => format!(
+            "schedule:    one hit every {} ms, burst {}, cost {} per hit",
+            trim_float(1_000.0 / b.refill_per_second),
+            b.capacity,
+            b.cost
+        ),
+    }
 }
 
 /// `5`, `0.5`, `0.0011574` — no trailing zeros, at most 7 decimals.

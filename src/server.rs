@@ -311,6 +311,7 @@ fn redis_options(settings: &Settings) -> RedisOptions {
         sentinel_master: Some(settings.redis_sentinel_master.clone()),
         connect_timeout: settings.redis_connect_timeout,
         command_timeout: settings.redis_timeout,
+        expiry_jitter_max: settings.expiry_jitter_max,
     }
 }
 

@@ -115,6 +115,12 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_REDIS_CONNECT_TIMEOUT", value_parser = parse_duration, default_value = "250ms")]
     pub redis_connect_timeout: Duration,
 
+    /// Upper bound of a random delay added to the expiry of every Redis key a call writes, so
+    /// keys written together (fixed-window counters) do not all expire together. Never changes
+    /// a decision. envoyproxy/ratelimit's EXPIRATION_JITTER_MAX_SECONDS.
+    #[arg(long, env = "SLUICE_EXPIRY_JITTER_MAX", value_parser = parse_duration, default_value = "0s")]
+    pub expiry_jitter_max: Duration,
+
     /// Prefix of every bucket key (must not contain `{` or `}`).
     #[arg(long, env = "SLUICE_KEY_PREFIX", default_value = "sluice:")]
     pub key_prefix: String,

@@ -1,15 +1,15 @@
 //! Where bucket state lives: one trait, an in-process [`memory`] backend and a shared [`redis`] one.
 //!
-//! Both evaluate every bucket of one request in one atomic step with the arithmetic of
-//! [`crate::algorithm::token_bucket`]; `integration/conformance.rs` runs one suite against each so they
-//! cannot drift.
+//! Both evaluate every key of one request in one atomic step with the arithmetic of
+//! [`crate::algorithm`] (each key by its own algorithm); `integration/conformance.rs` runs one
+//! suite against each so they cannot drift.
 
 pub mod memory;
 pub mod redis;
 
 use std::future::Future;
 
-use crate::algorithm::{BucketParams, Demand, Verdict};
+use crate::algorithm::{Algorithm, BucketParams, Demand, Verdict};
 use crate::rule::RuleId;
 
 /// One bucket touched by a request.
@@ -24,10 +24,12 @@ pub struct Hit {
 }
 
 impl Hit {
+    /// A token-bucket take of `tokens`; see [`Hit::using`] for the other algorithms.
     pub fn new(key: impl Into<String>, params: BucketParams, tokens: u64) -> Self {
         Hit {
             key: key.into(),
             demand: Demand {
+                algorithm: Algorithm::TokenBucket,
                 params,
                 tokens,
                 refund: false,
@@ -35,6 +37,12 @@ impl Hit {
             },
             rule: None,
         }
+    }
+
+    /// The same hit, counted by `algorithm`.
+    pub fn using(mut self, algorithm: Algorithm) -> Self {
+        self.demand.algorithm = algorithm;
+        self
     }
 }
 
@@ -54,7 +62,7 @@ pub enum BackendError {
     Overloaded(String),
 }
 
-/// A store of token buckets.
+/// A store of rate-limit state (token buckets, window counters, arrival times).
 pub trait Backend: Send + Sync + 'static {
     /// Decides all `hits` of one request. Keys are distinct. Atomic for hits that share a storage
     /// shard (all of them in memory and standalone Redis; those of one slot in Redis Cluster).

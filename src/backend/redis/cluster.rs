@@ -56,11 +56,11 @@ pub(super) async fn connect(opts: &RedisOptions) -> Result<ClusterConnection, Ba
 pub(super) async fn check(
     conn: &ClusterConnection,
     hits: &[Hit],
-    now_ms: Option<u64>,
+    args: script::CallArgs,
 ) -> Result<Vec<Verdict>, BackendError> {
     let first = slot(&hits[0].key);
     if hits[1..].iter().all(|hit| slot(&hit.key) == first) {
-        let reply = script::run(&mut conn.clone(), hits.iter(), hits.len(), now_ms)
+        let reply = script::run(&mut conn.clone(), hits.iter(), hits.len(), args)
             .await
             .map_err(classify)?;
         return collect(&reply, hits.len());
@@ -78,7 +78,7 @@ pub(super) async fn check(
         let mut conn = conn.clone();
         async move {
             let group = members.iter().map(|&index| &hits[index]);
-            script::run(&mut conn, group, members.len(), now_ms)
+            script::run(&mut conn, group, members.len(), args)
                 .await
                 .map_err(classify)
         }

@@ -1,7 +1,8 @@
 //! The Redis backend: one atomic Lua script call per request (per slot in Cluster mode).
 //!
-//! Every replica runs `lua/token_bucket.lua`, which refills against Redis's own `TIME`, so the
-//! limit is one limit however many replicas share the server. The script is loaded with
+//! Every replica runs `lua/limit.lua`, which decides every key of a request (token buckets,
+//! windows, GCRA alike) against Redis's own `TIME`, so the limit is one limit however many
+//! replicas share the server. The script is loaded with
 //! `SCRIPT LOAD` at start (on every master in Cluster mode) and called with `EVALSHA`; a
 //! `NOSCRIPT` reply (restart, failover, `SCRIPT FLUSH`) costs one `EVAL`, which re-caches it.
 //!
@@ -90,6 +91,10 @@ pub struct RedisOptions {
     pub connect_timeout: Duration,
     /// Bound on one check (all of its round trips); well under Envoy's 20 ms filter timeout.
     pub command_timeout: Duration,
+    /// Each call adds a random `0..expiry_jitter_max` to the TTL of the keys it writes, so keys
+    /// written together (a fixed window's counters) do not all expire at once. Expiry only
+    /// drops settled state, so the jitter never changes a decision. Zero: no jitter.
+    pub expiry_jitter_max: Duration,
 }
 
 impl std::fmt::Debug for RedisOptions {
@@ -101,6 +106,7 @@ impl std::fmt::Debug for RedisOptions {
             .field("sentinel_master", &self.sentinel_master)
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
+            .field("expiry_jitter_max", &self.expiry_jitter_max)
             .finish()
     }
 }
@@ -141,15 +147,18 @@ impl Default for RedisOptions {
             sentinel_master: None,
             connect_timeout: Duration::from_millis(250),
             command_timeout: Duration::from_millis(15),
+            expiry_jitter_max: Duration::ZERO,
         }
     }
 }
 
-/// Shared token buckets in Redis. Cheap to clone: clones share the connections.
+/// Shared rate-limit state in Redis. Cheap to clone: clones share the connections.
 #[derive(Clone)]
 pub struct RedisBackend {
     link: Link,
     command_timeout: Duration,
+    /// Exclusive upper bound of the per-call TTL jitter, ms (0: none).
+    jitter_max_ms: u64,
     /// Test-only override of Redis's clock (see [`RedisBackend::with_test_clock`]).
     test_clock: Option<SharedClock>,
 }
@@ -196,6 +205,7 @@ impl RedisBackend {
         Ok(RedisBackend {
             link,
             command_timeout: opts.command_timeout,
+            jitter_max_ms: u64::try_from(opts.expiry_jitter_max.as_millis()).unwrap_or(u64::MAX),
             test_clock: None,
         })
     }
@@ -212,22 +222,28 @@ impl RedisBackend {
         if hits.is_empty() {
             return Ok(Vec::new());
         }
-        let now_ms = self.test_clock.as_ref().map(|clock| clock.now_ms());
+        let args = script::CallArgs {
+            now_ms: self.test_clock.as_ref().map(|clock| clock.now_ms()),
+            jitter_ms: match self.jitter_max_ms {
+                0 => 0,
+                max => rand::random_range(0..max),
+            },
+        };
         match &self.link {
             Link::Standalone(manager) => {
                 let mut conn = manager.clone();
                 let timeout = self.command_timeout;
                 bounded(timeout, async move {
-                    let reply = script::run(&mut conn, hits.iter(), hits.len(), now_ms)
+                    let reply = script::run(&mut conn, hits.iter(), hits.len(), args)
                         .await
                         .map_err(classify)?;
                     collect(&reply, hits.len())
                 })
                 .await
             }
-            Link::Sentinel(link) => link.check(hits, now_ms, self.command_timeout).await,
+            Link::Sentinel(link) => link.check(hits, args, self.command_timeout).await,
             Link::Cluster(conn) => {
-                bounded(self.command_timeout, cluster::check(conn, hits, now_ms)).await
+                bounded(self.command_timeout, cluster::check(conn, hits, args)).await
             }
         }
     }
@@ -271,6 +287,7 @@ impl std::fmt::Debug for RedisBackend {
         f.debug_struct("RedisBackend")
             .field("mode", &mode)
             .field("command_timeout", &self.command_timeout)
+            .field("jitter_max_ms", &self.jitter_max_ms)
             .field("test_clock", &self.test_clock.is_some())
             .finish()
     }

@@ -82,7 +82,7 @@ impl SentinelLink {
     pub(super) async fn check(
         self: &Arc<Self>,
         hits: &[Hit],
-        now_ms: Option<u64>,
+        args: script::CallArgs,
         timeout: Duration,
     ) -> Result<Vec<Verdict>, BackendError> {
         let Some(master) = self.master.load_full() else {
@@ -93,7 +93,7 @@ impl SentinelLink {
         };
         let mut conn = master.conn.clone();
         let result = bounded(timeout, async {
-            let reply = script::run(&mut conn, hits.iter(), hits.len(), now_ms)
+            let reply = script::run(&mut conn, hits.iter(), hits.len(), args)
                 .await
                 .map_err(classify)?;
             collect(&reply, hits.len())
