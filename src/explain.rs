@@ -597,6 +597,7 @@ descriptors:
         for line in [
             "rule:        api.tenant.route_export (name `export`)",
             "source:      api.yaml:7",
+            "algorithm:   token_bucket (from default)",
             "bucket:      capacity 50 tokens, refill 5 tokens/s, cost 10 per hit",
             "on failure:  local (from config)",
             "key:         sluice:{api|tenant=acme}|route=export",
@@ -623,6 +624,8 @@ descriptors:
         let report = run("api", "health=x");
         let rule = report.rule.as_ref().unwrap();
         assert!(rule.unlimited && rule.bucket.is_none() && rule.key.is_none());
+        assert!(rule.algorithm.is_none());
+        assert!(!report.to_text().contains("algorithm:"));
         assert!(report.to_text().contains("limit:       unlimited"));
     }
 
@@ -658,6 +661,74 @@ descriptors:
         let json = serde_json::to_value(&partial).unwrap();
         assert_eq!(json["matched"], false);
         assert!(json.get("rule").is_none());
+    }
+
+    #[test]
+    fn each_algorithm_is_named_with_its_origin_shape_and_key() {
+        let text = r#"domain: w
+algorithm: fixed_window
+descriptors:
+  - key: fixed
+    rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: sliding
+    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: sliding_window}
+  - key: gcra
+    cost: 2
+    rate_limit: {unit: second, requests_per_unit: 4, algorithm: gcra, burst: 8}
+  - key: bucket
+    rate_limit: {unit: second, requests_per_unit: 4, algorithm: token_bucket}
+"#;
+        let config = load_sources(&[("w.yaml".into(), text.into())]).unwrap();
+        let report = |key: &str| explain(&config, "w", &[Entry::new(key, "x")], &options());
+        let cases = [
+            (
+                "fixed",
+                Algorithm::FixedWindow,
+                "domain",
+                "window:      60 hits per minute aligned to the clock, cost 1 per hit",
+                "sluice:{w|fixed=x}~fw",
+                "the count starts again at the next minute on the clock",
+            ),
+            (
+                "sliding",
+                Algorithm::SlidingWindow,
+                "rule",
+                "window:      100 hits per sliding hour (this hour + the previous one, weighted), cost 1 per hit",
+                "sluice:{w|sliding=x}~sw",
+                "plus the previous hour's, weighted by its overlap",
+            ),
+            (
+                "gcra",
+                Algorithm::Gcra,
+                "rule",
+                "schedule:    one hit every 250 ms, burst 8, cost 2 per hit",
+                "sluice:{w|gcra=x}~gcra",
+                "one every 250 ms, up to 8 at once",
+            ),
+            (
+                "bucket",
+                Algorithm::TokenBucket,
+                "rule",
+                "bucket:      capacity 4 tokens, refill 4 tokens/s, cost 1 per hit",
+                "sluice:{w|bucket=x}",
+                "while the bucket holds the hit's tokens",
+            ),
+        ];
+        for (key, algorithm, from, shape, storage, outcome) in cases {
+            let r = report(key);
+            let rule = r.rule.as_ref().unwrap();
+            assert_eq!(rule.algorithm, Some(algorithm), "{key}");
+            assert_eq!(rule.algorithm_from, Some(from), "{key}");
+            assert_eq!(rule.key.as_deref(), Some(storage), "{key}");
+            assert!(r.outcome.contains(outcome), "{key}: {}", r.outcome);
+            let text = r.to_text();
+            let named = format!("algorithm:   {algorithm} (from {from})");
+            for line in [named.as_str(), shape] {
+                assert!(text.contains(line), "{line}\nin\n{text}");
+            }
+            let json = serde_json::to_value(&r).unwrap();
+            assert_eq!(json["rule"]["algorithm"], algorithm.as_str());
+        }
     }
 
     #[test]

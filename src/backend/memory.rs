@@ -498,6 +498,52 @@ mod tests {
         assert_eq!(level(&b, "a", TEN).await, 5);
     }
 
+    /// Each algorithm's key is kept exactly while it holds anything and then swept: a fixed
+    /// window until it ends, a sliding window until its count has aged out of the next window,
+    /// a GCRA key until its arrival time.
+    #[tokio::test]
+    async fn every_algorithm_is_dropped_once_its_state_settles() {
+        use crate::algorithm::Algorithm;
+
+        let (b, clock) = backend(small(1_000, 4));
+        // The clock starts 1_000_000 ms after the epoch: on a second boundary.
+        let hit = |key: &str, algorithm| Hit::new(key, TEN, 4).using(algorithm);
+        let v = check(
+            &b,
+            &[
+                hit("fw", Algorithm::FixedWindow),
+                hit("sw", Algorithm::SlidingWindow),
+                hit("gcra", Algorithm::Gcra),
+            ],
+        )
+        .await;
+        assert!(v.iter().all(|v| v.allowed && v.remaining == 6), "{v:?}");
+        assert_eq!(b.live_buckets(), 3);
+        // GCRA: 4 hits at one per 100 ms are paid off after 400 ms.
+        clock.advance(400);
+        assert_eq!(b.sweep(), 1);
+        // The fixed window ends after 1000 ms.
+        clock.advance(600);
+        assert_eq!(b.sweep(), 1);
+        let again = check(&b, &[Hit::new("fw", TEN, 0).using(Algorithm::FixedWindow)]).await;
+        assert_eq!(again[0].remaining, 10, "a new window");
+        // The sliding window still weighs the 4 over the next window, then forgets them.
+        let sliding = check(
+            &b,
+            &[Hit::new("sw", TEN, 0).using(Algorithm::SlidingWindow)],
+        )
+        .await;
+        assert_eq!(sliding[0].remaining, 6);
+        clock.advance(999);
+        assert_eq!(b.sweep(), 0);
+        clock.advance(1);
+        assert_eq!(b.sweep(), 1);
+        assert_eq!(b.live_buckets(), 0);
+        // A check on an empty window stores nothing.
+        check(&b, &[Hit::new("fw", TEN, 0).using(Algorithm::FixedWindow)]).await;
+        assert_eq!(b.live_buckets(), 0);
+    }
+
     #[tokio::test]
     async fn rejected_request_takes_nothing_from_any_bucket() {
         let (b, _clock) = backend(MemoryOptions::default());

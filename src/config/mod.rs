@@ -31,6 +31,8 @@ pub use store::{ConfigStore, Rejected};
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_algorithms;
+#[cfg(test)]
 mod tests_ops;
 
 use yaml::Pos;
