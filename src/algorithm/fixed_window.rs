@@ -107,7 +107,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::algorithm::{Algorithm, State, decide};
+    use crate::algorithm::{Algorithm, testing};
 
     /// 5 per minute.
     const FIVE: BucketParams = BucketParams {
@@ -119,22 +119,11 @@ mod tests {
     const T0: u64 = 1_700_000_040_000;
 
     fn take(params: BucketParams, tokens: u64) -> Demand {
-        Demand {
-            algorithm: Algorithm::FixedWindow,
-            params,
-            tokens,
-            refund: false,
-            shadow: false,
-        }
+        testing::take(Algorithm::FixedWindow, params, tokens)
     }
 
     fn one(now: u64, demand: Demand, state: Option<WindowState>) -> (Verdict, WindowState) {
-        let mut states = [state.map(State::FixedWindow)];
-        let v = decide(now, &[demand], &mut states);
-        match states[0] {
-            Some(State::FixedWindow(s)) => (v[0], s),
-            other => panic!("stored {other:?}"),
-        }
+        testing::decide_one(now, demand, state)
     }
 
     fn at(start_ms: u64, count: u64) -> Option<WindowState> {

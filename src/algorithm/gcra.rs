@@ -152,7 +152,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::algorithm::{Algorithm, State, decide};
+    use crate::algorithm::{Algorithm, testing};
 
     /// 10 per second (one per 100 ms), burst 3.
     const SPACED: BucketParams = BucketParams {
@@ -163,22 +163,11 @@ mod tests {
     const T0: u64 = 1_700_000_000_000;
 
     fn take(params: BucketParams, tokens: u64) -> Demand {
-        Demand {
-            algorithm: Algorithm::Gcra,
-            params,
-            tokens,
-            refund: false,
-            shadow: false,
-        }
+        testing::take(Algorithm::Gcra, params, tokens)
     }
 
     fn one(now: u64, demand: Demand, state: Option<GcraState>) -> (Verdict, GcraState) {
-        let mut states = [state.map(State::Gcra)];
-        let v = decide(now, &[demand], &mut states);
-        match states[0] {
-            Some(State::Gcra(s)) => (v[0], s),
-            other => panic!("stored {other:?}"),
-        }
+        testing::decide_one(now, demand, state)
     }
 
     #[test]

@@ -353,6 +353,63 @@ fn most_that_fit(guess: f64, cap: f64, ok: impl Fn(f64) -> bool) -> f64 {
     n
 }
 
+/// What the algorithms' unit tests share: demands and one-key decisions through [`decide`].
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// A take of `tokens` hits by `algorithm`.
+    pub fn take(algorithm: Algorithm, params: BucketParams, tokens: u64) -> Demand {
+        Demand {
+            algorithm,
+            params,
+            tokens,
+            refund: false,
+            shadow: false,
+        }
+    }
+
+    /// An algorithm's own state, as [`State`] holds it.
+    pub trait Stored: Copy + std::fmt::Debug {
+        fn wrap(self) -> State;
+        fn unwrap(state: State) -> Option<Self>;
+    }
+
+    macro_rules! stored {
+        ($($ty:ty => $variant:ident),* $(,)?) => {$(
+            impl Stored for $ty {
+                fn wrap(self) -> State {
+                    State::$variant(self)
+                }
+                fn unwrap(state: State) -> Option<Self> {
+                    match state {
+                        State::$variant(s) => Some(s),
+                        _ => None,
+                    }
+                }
+            }
+        )*};
+    }
+
+    stored!(
+        BucketState => TokenBucket,
+        WindowState => FixedWindow,
+        SlidingState => SlidingWindow,
+        GcraState => Gcra,
+    );
+
+    /// Decides one demand against one state (the real two-phase [`decide`]); the verdict and the
+    /// state to store.
+    pub fn decide_one<S: Stored>(now_ms: u64, demand: Demand, state: Option<S>) -> (Verdict, S) {
+        let mut states = [state.map(S::wrap)];
+        let verdicts = decide(now_ms, &[demand], &mut states);
+        let stored = states[0]
+            .and_then(S::unwrap)
+            .unwrap_or_else(|| panic!("{demand:?} stored {:?}", states[0]));
+        (verdicts[0], stored)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -155,7 +155,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::algorithm::{Algorithm, State, decide};
+    use crate::algorithm::{Algorithm, testing};
 
     /// 10 per second.
     const TEN: BucketParams = BucketParams {
@@ -167,22 +167,11 @@ mod tests {
     const T0: u64 = 1_700_000_000_000;
 
     fn take(params: BucketParams, tokens: u64) -> Demand {
-        Demand {
-            algorithm: Algorithm::SlidingWindow,
-            params,
-            tokens,
-            refund: false,
-            shadow: false,
-        }
+        testing::take(Algorithm::SlidingWindow, params, tokens)
     }
 
     fn one(now: u64, demand: Demand, state: Option<SlidingState>) -> (Verdict, SlidingState) {
-        let mut states = [state.map(State::SlidingWindow)];
-        let v = decide(now, &[demand], &mut states);
-        match states[0] {
-            Some(State::SlidingWindow(s)) => (v[0], s),
-            other => panic!("stored {other:?}"),
-        }
+        testing::decide_one(now, demand, state)
     }
 
     fn at(start_ms: u64, current: u64, previous: u64) -> Option<SlidingState> {

@@ -110,13 +110,7 @@ mod tests {
     }
 
     fn take(params: BucketParams, tokens: u64) -> Demand {
-        Demand {
-            algorithm: Algorithm::TokenBucket,
-            params,
-            tokens,
-            refund: false,
-            shadow: false,
-        }
+        crate::algorithm::testing::take(Algorithm::TokenBucket, params, tokens)
     }
 
     fn shadow(params: BucketParams, tokens: u64) -> Demand {
