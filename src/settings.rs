@@ -260,6 +260,35 @@ mod tests {
         assert_eq!(s.backend, BackendKind::Memory);
         assert!(s.response_headers);
         assert!(s.redis_timeout < Duration::from_millis(20));
+        assert_eq!(s.expiry_jitter_max, Duration::ZERO);
+        assert_eq!(
+            s.config_ops.load.default_algorithm,
+            crate::algorithm::Algorithm::TokenBucket
+        );
+    }
+
+    #[test]
+    fn algorithm_and_jitter_flags_parse() {
+        let cli = Cli::try_parse_from([
+            "sluice",
+            "serve",
+            "--config",
+            "c",
+            "--default-algorithm",
+            "Sliding_Window",
+            "--expiry-jitter-max",
+            "30s",
+        ])
+        .unwrap();
+        let Command::Serve(s) = cli.command else {
+            panic!("serve")
+        };
+        assert_eq!(
+            s.config_ops.load.default_algorithm,
+            crate::algorithm::Algorithm::SlidingWindow
+        );
+        assert_eq!(s.expiry_jitter_max, Duration::from_secs(30));
+        assert!(Cli::try_parse_from(["sluice", "serve", "--default-algorithm", "leaky"]).is_err());
     }
 
     #[test]
