@@ -1,7 +1,8 @@
-//! One suite of token-bucket scenarios, written once over any [`Backend`] whose clock the test
-//! holds, run against every backend: memory, Redis standalone and Redis Cluster. Plus a
-//! differential test: random request sequences give identical verdicts (and identical stored
-//! token counts, to the bit) from the Lua script and from the pure `token_bucket::decide`.
+//! One suite of scenarios for every algorithm (token bucket, fixed window, sliding window, GCRA,
+//! and requests mixing them), written once over any [`Backend`] whose clock the test holds, run
+//! against every backend: memory, Redis standalone and Redis Cluster. Plus a differential test:
+//! random request sequences over keys of all four algorithms give identical verdicts (and
+//! identical stored state, to the bit) from the Lua script and from the pure `algorithm::decide`.
 //!
 //! Each backend runs all scenarios on one server (scenarios use disjoint keys); a failing
 //! scenario is reported by name and the others still run.
@@ -15,7 +16,7 @@ use std::time::Duration;
 use futures::FutureExt;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use sluice::algorithm::{BucketParams, BucketState, Demand, Verdict, token_bucket};
+use sluice::algorithm::{self, Algorithm, BucketParams, Demand, State, Verdict};
 use sluice::backend::memory::{MemoryBackend, MemoryOptions};
 use sluice::backend::redis::{RedisBackend, RedisMode, RedisOptions};
 use sluice::backend::{Backend, Hit};
@@ -73,6 +74,33 @@ fn shadow(key: &str, params: BucketParams, tokens: u64) -> Hit {
     hit
 }
 
+fn window(key: &str, algorithm: Algorithm, limit: u64, unit_ms: u64, tokens: u64) -> Hit {
+    Hit::new(key, params(limit, limit, unit_ms), tokens).using(algorithm)
+}
+
+fn fixed(key: &str, limit: u64, unit_ms: u64, tokens: u64) -> Hit {
+    window(key, Algorithm::FixedWindow, limit, unit_ms, tokens)
+}
+
+fn sliding(key: &str, limit: u64, unit_ms: u64, tokens: u64) -> Hit {
+    window(key, Algorithm::SlidingWindow, limit, unit_ms, tokens)
+}
+
+/// GCRA: `requests_per_unit` per `unit_ms`, `burst` at once.
+fn gcra(key: &str, burst: u64, requests_per_unit: u64, unit_ms: u64, tokens: u64) -> Hit {
+    Hit::new(key, params(burst, requests_per_unit, unit_ms), tokens).using(Algorithm::Gcra)
+}
+
+fn refunding(mut hit: Hit) -> Hit {
+    hit.demand.refund = true;
+    hit
+}
+
+fn shadowed(mut hit: Hit) -> Hit {
+    hit.demand.shadow = true;
+    hit
+}
+
 /// allowed, remaining, retry_after_ms (None = never), until_full_ms.
 fn v(allowed: bool, remaining: u64, retry_after_ms: Option<u64>, until_full_ms: u64) -> Verdict {
     Verdict {
@@ -89,7 +117,7 @@ fn key(scenario: &str, bucket: &str) -> String {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Scenarios. 10 tokens at 10/s is 0.01 token/ms: one token per 100 ms, full in 1000 ms.
+// Token bucket. 10 tokens at 10/s is 0.01 token/ms: one token per 100 ms, full in 1000 ms.
 
 async fn full_after_idle<B: Backend>(s: &Subject<B>) {
     let (k, p) = (key("full_after_idle", "a"), params(10, 10, 1_000));
@@ -276,6 +304,191 @@ async fn extreme_rates<B: Backend>(s: &Subject<B>) {
     .await;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Fixed window. T0 is a second boundary, 20 s into a minute.
+
+async fn fixed_window_counts_and_resets<B: Backend>(s: &Subject<B>) {
+    let k = key("fw_counts", "a");
+    let hit = |tokens| fixed(&k, 3, 1_000, tokens);
+    s.clock.set(T0 + 250);
+    s.expect(&[hit(1)], &[v(true, 2, Some(0), 1_000)]).await;
+    s.expect(&[hit(2)], &[v(true, 0, Some(0), 1_000)]).await;
+    // Full: rejected, not counted, free again when the window ends.
+    s.expect(&[hit(1)], &[v(false, 0, Some(750), 1_000)]).await;
+    s.clock.set(T0 + 999);
+    s.expect(&[hit(1)], &[v(false, 0, Some(1), 1_000)]).await;
+    s.clock.set(T0 + 1_000);
+    s.expect(&[hit(1)], &[v(true, 2, Some(0), 1_000)]).await;
+    s.expect(&[hit(0)], &[v(true, 2, Some(0), 1_000)]).await;
+}
+
+/// envoyproxy/ratelimit's `duration_until_reset`: `unit - now_s % unit`, whole seconds.
+async fn fixed_window_reports_reset_as_envoy<B: Backend>(s: &Subject<B>) {
+    let k = key("fw_envoy", "a");
+    let hit = |tokens| fixed(&k, 5, 60_000, tokens);
+    s.clock.set(T0);
+    s.expect(&[hit(1)], &[v(true, 4, Some(0), 40_000)]).await;
+    s.clock.set(T0 + 999);
+    s.expect(&[hit(1)], &[v(true, 3, Some(0), 40_000)]).await;
+    s.clock.set(T0 + 1_000);
+    s.expect(&[hit(1)], &[v(true, 2, Some(0), 39_000)]).await;
+    // A weighted hit that does not fit waits for the window's end, to the millisecond.
+    s.clock.set(T0 + 39_500);
+    s.expect(&[hit(3)], &[v(false, 2, Some(500), 1_000)]).await;
+    s.expect(&[hit(6)], &[v(false, 2, None, 1_000)]).await;
+    s.expect(&[refunding(hit(2))], &[v(true, 4, Some(0), 1_000)])
+        .await;
+    s.clock.set(T0 + 40_000);
+    s.expect(&[hit(5)], &[v(true, 0, Some(0), 60_000)]).await;
+}
+
+async fn fixed_window_clock_step_back<B: Backend>(s: &Subject<B>) {
+    let k = key("fw_step_back", "a");
+    let hit = |tokens| fixed(&k, 2, 1_000, tokens);
+    s.clock.set(T0 + 1_000);
+    s.expect(&[hit(2)], &[v(true, 0, Some(0), 1_000)]).await;
+    // Back into the previous window: the later window stays current (and full).
+    s.clock.set(T0 + 500);
+    s.expect(&[hit(1)], &[v(false, 0, Some(1_500), 2_000)])
+        .await;
+    s.clock.set(T0 + 2_000);
+    s.expect(&[hit(1)], &[v(true, 1, Some(0), 1_000)]).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sliding window: previous * (W - elapsed) / W + current.
+
+async fn sliding_window_weighs_the_previous_window<B: Backend>(s: &Subject<B>) {
+    let k = key("sw_weighs", "a");
+    let hit = |tokens| sliding(&k, 10, 1_000, tokens);
+    s.clock.set(T0 + 500);
+    s.expect(&[hit(8)], &[v(true, 2, Some(0), 1_500)]).await;
+    // 250 ms into the next window 3/4 of the previous 8 still count: 6, so 4 fit.
+    s.clock.set(T0 + 1_250);
+    s.expect(&[hit(4)], &[v(true, 0, Some(0), 1_750)]).await;
+    // One more fits once the previous window weighs one hit less: 1/8 of a window later.
+    s.expect(&[hit(1)], &[v(false, 0, Some(125), 1_750)]).await;
+    s.clock.set(T0 + 1_375);
+    s.expect(&[hit(1)], &[v(true, 0, Some(0), 1_625)]).await;
+    s.expect(&[hit(11)], &[v(false, 0, None, 1_625)]).await;
+    // The window after: the 5 of the last one count fully at its start.
+    s.clock.set(T0 + 2_000);
+    s.expect(&[hit(0)], &[v(true, 5, Some(0), 1_000)]).await;
+    s.clock.set(T0 + 3_000);
+    s.expect(&[hit(0)], &[v(true, 10, Some(0), 0)]).await;
+}
+
+async fn sliding_window_refunds<B: Backend>(s: &Subject<B>) {
+    let k = key("sw_refunds", "a");
+    let hit = |tokens| sliding(&k, 4, 1_000, tokens);
+    s.clock.set(T0);
+    s.expect(&[hit(3)], &[v(true, 1, Some(0), 2_000)]).await;
+    s.clock.set(T0 + 1_000);
+    s.expect(&[hit(1)], &[v(true, 0, Some(0), 2_000)]).await;
+    // Off the current window's count first, then the previous one's.
+    s.expect(&[refunding(hit(2))], &[v(true, 2, Some(0), 1_000)])
+        .await;
+    s.expect(&[refunding(hit(u64::MAX))], &[v(true, 4, Some(0), 0)])
+        .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// GCRA: one per T = unit / requests_per_unit, burst at once.
+
+async fn gcra_burst_then_spacing<B: Backend>(s: &Subject<B>) {
+    let k = key("gcra_spacing", "a");
+    let hit = |tokens| gcra(&k, 3, 10, 1_000, tokens);
+    s.clock.set(T0);
+    s.expect(&[hit(1)], &[v(true, 2, Some(0), 100)]).await;
+    s.expect(&[hit(1)], &[v(true, 1, Some(0), 200)]).await;
+    s.expect(&[hit(1)], &[v(true, 0, Some(0), 300)]).await;
+    s.expect(&[hit(1)], &[v(false, 0, Some(100), 300)]).await;
+    s.clock.set(T0 + 150);
+    s.expect(&[hit(1)], &[v(true, 0, Some(0), 250)]).await;
+    s.expect(&[hit(1)], &[v(false, 0, Some(50), 250)]).await;
+    s.expect(&[hit(4)], &[v(false, 0, None, 250)]).await;
+    s.expect(&[refunding(hit(2))], &[v(true, 2, Some(0), 50)])
+        .await;
+    s.clock.set(T0 + 10_000);
+    s.expect(&[hit(0)], &[v(true, 3, Some(0), 0)]).await;
+}
+
+/// One per 333.33 ms: the arrival time is never a whole ms, and a whole burst still fits at one
+/// instant.
+async fn gcra_fractional_interval<B: Backend>(s: &Subject<B>) {
+    let k = key("gcra_fraction", "a");
+    let hit = |tokens| gcra(&k, 7, 3, 1_000, tokens);
+    s.clock.set(T0 + 1);
+    s.expect(&[hit(7)], &[v(true, 0, Some(0), 2_334)]).await;
+    s.expect(&[hit(1)], &[v(false, 0, Some(334), 2_334)]).await;
+    s.clock.set(T0 + 1 + 333);
+    s.expect(&[hit(1)], &[v(false, 0, Some(1), 2_001)]).await;
+    s.clock.set(T0 + 1 + 334);
+    s.expect(&[hit(1)], &[v(true, 0, Some(0), 2_333)]).await;
+    // Seven single hits at one instant: all allowed, each leaving one fewer.
+    let k2 = key("gcra_fraction", "b");
+    for left in (0..7).rev() {
+        let got = s.check(&[gcra(&k2, 7, 3, 1_000, 1)]).await;
+        assert!(got[0].allowed, "{}: {left} left: {got:?}", s.name);
+        assert_eq!(got[0].remaining, left, "{}", s.name);
+    }
+    assert!(!s.check(&[gcra(&k2, 7, 3, 1_000, 1)]).await[0].allowed);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Requests over keys of several algorithms: one call, all or nothing.
+
+async fn mixed_algorithms_all_or_nothing<B: Backend>(s: &Subject<B>) {
+    let (a, b, c, d) = (
+        key("mixed", "tb"),
+        key("mixed", "fw"),
+        key("mixed", "sw"),
+        key("mixed", "gcra"),
+    );
+    let tb = |tokens| take(&a, params(5, 5, 1_000), tokens);
+    let fw = |tokens| fixed(&b, 3, 1_000, tokens);
+    let sw = |tokens| sliding(&c, 3, 1_000, tokens);
+    let gc = |tokens| gcra(&d, 2, 2, 1_000, tokens);
+    s.clock.set(T0);
+    // GCRA cannot take 3 (burst 2): nothing is counted anywhere.
+    s.expect(
+        &[tb(1), fw(1), sw(1), gc(3)],
+        &[
+            v(true, 5, Some(0), 0),
+            v(true, 3, Some(0), 1_000),
+            v(true, 3, Some(0), 0),
+            v(false, 2, None, 0),
+        ],
+    )
+    .await;
+    s.expect(
+        &[tb(1), fw(1), sw(1), gc(1)],
+        &[
+            v(true, 4, Some(0), 200),
+            v(true, 2, Some(0), 1_000),
+            v(true, 2, Some(0), 2_000),
+            v(true, 1, Some(0), 500),
+        ],
+    )
+    .await;
+    // A short shadow key does not reject, and is not counted.
+    s.expect(
+        &[fw(2), shadowed(gc(2))],
+        &[v(true, 0, Some(0), 1_000), v(false, 1, Some(500), 500)],
+    )
+    .await;
+    // The full window rejects; the sliding window is not counted, the refund still applies.
+    s.expect(
+        &[fw(1), sw(1), refunding(tb(1))],
+        &[
+            v(false, 0, Some(1_000), 1_000),
+            v(true, 2, Some(0), 2_000),
+            v(true, 5, Some(0), 0),
+        ],
+    )
+    .await;
+}
+
 /// Runs every scenario, each isolated so one failure does not hide the others.
 async fn suite<B: Backend>(subject: &Subject<B>) {
     macro_rules! scenarios {
@@ -302,6 +515,14 @@ async fn suite<B: Backend>(subject: &Subject<B>) {
         clock_step_back,
         u64_max_demand,
         extreme_rates,
+        fixed_window_counts_and_resets,
+        fixed_window_reports_reset_as_envoy,
+        fixed_window_clock_step_back,
+        sliding_window_weighs_the_previous_window,
+        sliding_window_refunds,
+        gcra_burst_then_spacing,
+        gcra_fractional_interval,
+        mixed_algorithms_all_or_nothing,
     );
 }
 
@@ -369,42 +590,76 @@ async fn redis_cluster_conforms() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Differential: the Lua script against the pure algorithm.
+// Differential: the Lua script against the pure algorithms.
 
-const SEQUENCES: u64 = 150;
+const SEQUENCES: u64 = 200;
 const STEPS: usize = 25;
 const BASE_SEED: u64 = 0x5eed_b0c4e7;
+const UNITS: [u64; 5] = [1_000, 60_000, 3_600_000, 86_400_000, YEAR_MS];
 
-fn random_params(rng: &mut impl Rng) -> BucketParams {
-    match rng.random_range(0..10) {
-        // Huge buckets with a glacial refill exercise the counts past i64 on the wire.
-        0 => params(u32::MAX.into(), rng.random_range(1..=3), YEAR_MS),
-        1 => params(
-            rng.random_range(1..=1_000),
-            rng.random_range(1..=1_000),
-            1_000,
-        ),
-        _ => {
-            let unit = [1_000, 60_000, 3_600_000][rng.random_range(0..3)];
-            let per_unit = rng.random_range(1..=50);
-            // A burst above or below the rate, or none.
-            let capacity = match rng.random_range(0..3) {
-                0 => per_unit,
-                _ => rng.random_range(1..=60),
+fn random_algorithm(rng: &mut impl Rng) -> Algorithm {
+    Algorithm::ALL[rng.random_range(0..Algorithm::ALL.len())]
+}
+
+fn random_params(rng: &mut impl Rng, algorithm: Algorithm) -> BucketParams {
+    match algorithm {
+        Algorithm::TokenBucket => match rng.random_range(0..10) {
+            // Huge buckets with a glacial refill exercise the counts past i64 on the wire.
+            0 => params(u32::MAX.into(), rng.random_range(1..=3), YEAR_MS),
+            1 => params(
+                rng.random_range(1..=1_000),
+                rng.random_range(1..=1_000),
+                1_000,
+            ),
+            _ => {
+                let unit = [1_000, 60_000, 3_600_000][rng.random_range(0..3)];
+                let per_unit = rng.random_range(1..=50);
+                // A burst above or below the rate, or none.
+                let capacity = match rng.random_range(0..3) {
+                    0 => per_unit,
+                    _ => rng.random_range(1..=60),
+                };
+                params(capacity, per_unit, unit)
+            }
+        },
+        Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+            let limit = match rng.random_range(0..10) {
+                0 => u32::MAX.into(),
+                _ => rng.random_range(1..=40),
             };
-            params(capacity, per_unit, unit)
+            params(limit, limit, UNITS[rng.random_range(0..UNITS.len())])
         }
+        Algorithm::Gcra => match rng.random_range(0..10) {
+            // A huge burst refilled once a year: arrival times far beyond 2^53 ms.
+            0 => params(u32::MAX.into(), rng.random_range(1..=3), YEAR_MS),
+            // Fast rates: intervals of a fraction of a millisecond.
+            1 => params(
+                rng.random_range(1..=100),
+                rng.random_range(1_000..=100_000),
+                1_000,
+            ),
+            _ => params(
+                rng.random_range(1..=60),
+                rng.random_range(1..=1_000),
+                UNITS[rng.random_range(0..3)],
+            ),
+        },
     }
 }
 
-fn random_demand(rng: &mut impl Rng, params: BucketParams) -> Demand {
+fn random_demand(rng: &mut impl Rng, algorithm: Algorithm, params: BucketParams) -> Demand {
+    let limit = match algorithm {
+        Algorithm::FixedWindow | Algorithm::SlidingWindow => params.requests_per_unit,
+        _ => params.capacity,
+    };
     let tokens = match rng.random_range(0..20) {
         0 => 0,
         1 => u64::MAX,
-        2 => params.capacity + rng.random_range(1..=3),
-        _ => rng.random_range(1..=params.capacity.min(5).max(params.capacity / 3)),
+        2 => limit + rng.random_range(1..=3),
+        _ => rng.random_range(1..=limit.min(5).max(limit / 3)),
     };
     Demand {
+        algorithm,
         params,
         tokens,
         refund: rng.random_bool(0.1),
@@ -412,13 +667,94 @@ fn random_demand(rng: &mut impl Rng, params: BucketParams) -> Demand {
     }
 }
 
-/// A time step in ms: mostly forward, sometimes a long idle, sometimes backwards.
-fn random_step(rng: &mut impl Rng) -> i64 {
-    match rng.random_range(0..10) {
-        0 => -rng.random_range(0..=3_000),
-        1 => rng.random_range(0..=(10 * YEAR_MS as i64)),
-        2 => 0,
-        _ => rng.random_range(1..=2_000),
+/// The next time: mostly forward, sometimes a long idle, sometimes backwards, sometimes onto
+/// (or just before) a second or minute boundary, where windows turn over.
+fn random_step(rng: &mut impl Rng, now: u64) -> u64 {
+    match rng.random_range(0..12) {
+        0 => now.saturating_sub(rng.random_range(0..=3_000)),
+        1 => now + rng.random_range(0..=10 * YEAR_MS),
+        2 => now,
+        3 | 4 => {
+            let unit = [1_000, 60_000][rng.random_range(0..2)];
+            (now / unit + 1) * unit - rng.random_range(0..=1)
+        }
+        _ => now + rng.random_range(1..=2_000),
+    }
+}
+
+/// A stored double, compared by its bits.
+fn bits(text: &str, context: &str) -> u64 {
+    text.parse::<f64>()
+        .unwrap_or_else(|_| panic!("{context}: {text:?} is not a number"))
+        .to_bits()
+}
+
+/// What Redis holds for `key`, checked against the model's state field by field.
+fn assert_stored(inspect: &mut redis::Connection, key: &str, state: &State, context: &str) {
+    let fields: &[&str] = match state {
+        State::TokenBucket(_) => &["t", "u"],
+        State::FixedWindow(_) => &["w", "c"],
+        State::SlidingWindow(_) => &["w", "c", "p"],
+        State::Gcra(_) => &["a", "f"],
+    };
+    let stored: Vec<String> = redis::cmd("HMGET")
+        .arg(key)
+        .arg(fields)
+        .query(inspect)
+        .unwrap_or_else(|e| panic!("{context}: HMGET {key}: {e}"));
+    let integer = |text: &str| -> u64 {
+        text.parse()
+            .unwrap_or_else(|_| panic!("{context}: {text:?} in {key}"))
+    };
+    match *state {
+        State::TokenBucket(s) => {
+            assert_eq!(
+                bits(&stored[0], context),
+                s.tokens.to_bits(),
+                "{context}: tokens of {key}: redis {}, model {}",
+                stored[0],
+                s.tokens
+            );
+            assert_eq!(
+                integer(&stored[1]),
+                s.updated_ms,
+                "{context}: refill mark of {key}"
+            );
+        }
+        State::FixedWindow(s) => {
+            assert_eq!(
+                (integer(&stored[0]), integer(&stored[1])),
+                (s.start_ms, s.count),
+                "{context}: window of {key}"
+            );
+        }
+        State::SlidingWindow(s) => {
+            assert_eq!(
+                (
+                    integer(&stored[0]),
+                    integer(&stored[1]),
+                    integer(&stored[2])
+                ),
+                (s.start_ms, s.current, s.previous),
+                "{context}: windows of {key}"
+            );
+        }
+        State::Gcra(s) => {
+            assert_eq!(
+                bits(&stored[0], context),
+                s.tat_ms.to_bits(),
+                "{context}: arrival time of {key}: redis {}, model {}",
+                stored[0],
+                s.tat_ms
+            );
+            assert_eq!(
+                bits(&stored[1], context),
+                s.tat_frac.to_bits(),
+                "{context}: arrival fraction of {key}: redis {}, model {}",
+                stored[1],
+                s.tat_frac
+            );
+        }
     }
 }
 
@@ -431,6 +767,7 @@ async fn redis_script_matches_pure_algorithm() {
         .expect("connect")
         .with_test_clock(Arc::new(clock.clone()));
     let mut inspect = server.conn();
+    let mut decided = [0usize; 4];
 
     for sequence in 0..SEQUENCES {
         let seed = BASE_SEED + sequence;
@@ -438,18 +775,23 @@ async fn redis_script_matches_pure_algorithm() {
         let keys: Vec<String> = (0..rng.random_range(1..=4))
             .map(|bucket| format!("diff:{{{seed}}}:{bucket}"))
             .collect();
-        let shapes: Vec<BucketParams> = keys.iter().map(|_| random_params(&mut rng)).collect();
-        let mut model: Vec<Option<BucketState>> = vec![None; keys.len()];
-        let mut now = T0;
+        let algorithms: Vec<Algorithm> = keys.iter().map(|_| random_algorithm(&mut rng)).collect();
+        let shapes: Vec<BucketParams> = algorithms
+            .iter()
+            .map(|&a| random_params(&mut rng, a))
+            .collect();
+        let mut model: Vec<Option<State>> = vec![None; keys.len()];
+        let mut now = T0 + rng.random_range(0..60_000);
 
         for step in 0..STEPS {
-            now = now.saturating_add_signed(random_step(&mut rng));
+            now = random_step(&mut rng, now);
             clock.set(now);
             // Every key in every step keeps each key's TTL fresh while the test clock and the
             // real clock drift apart, so expiry never decides anything here.
-            let demands: Vec<Demand> = shapes
+            let demands: Vec<Demand> = algorithms
                 .iter()
-                .map(|&shape| random_demand(&mut rng, shape))
+                .zip(&shapes)
+                .map(|(&a, &shape)| random_demand(&mut rng, a, shape))
                 .collect();
             let hits: Vec<Hit> = keys
                 .iter()
@@ -460,35 +802,27 @@ async fn redis_script_matches_pure_algorithm() {
                     rule: None,
                 })
                 .collect();
-            let expected = token_bucket::decide(now, &demands, &mut model);
+            let expected = algorithm::decide(now, &demands, &mut model);
             let got = backend.check(&hits).await.expect("check");
             assert_eq!(
                 got, expected,
                 "seed {seed}, step {step}, now {now}: demands {demands:#?}"
             );
+            for a in &algorithms {
+                decided[usize::from(a.wire_code()) - 1] += 1;
+            }
         }
 
         for (key, state) in keys.iter().zip(&model) {
-            let (tokens, updated): (String, u64) = redis::cmd("HMGET")
-                .arg(key)
-                .arg("t")
-                .arg("u")
-                .query(&mut inspect)
-                .expect("HMGET");
-            let state = state.expect("every key was touched");
-            assert_eq!(
-                tokens
-                    .parse::<f64>()
-                    .expect("stored tokens parse")
-                    .to_bits(),
-                state.tokens.to_bits(),
-                "seed {seed}: stored tokens of {key}: redis {tokens}, model {}",
-                state.tokens
-            );
-            assert_eq!(
-                updated, state.updated_ms,
-                "seed {seed}: refill mark of {key}"
-            );
+            let state = state.as_ref().expect("every key was touched");
+            assert_stored(&mut inspect, key, state, &format!("seed {seed}"));
         }
     }
+    println!(
+        "differential: decisions per algorithm (token bucket, fixed, sliding, gcra): {decided:?}"
+    );
+    assert!(
+        decided.iter().all(|&n| n > 500),
+        "every algorithm is exercised: {decided:?}"
+    );
 }

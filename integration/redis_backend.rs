@@ -4,11 +4,13 @@
 mod harness;
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
-use sluice::algorithm::{BucketParams, Verdict};
+use sluice::algorithm::{Algorithm, BucketParams, Verdict};
 use sluice::backend::redis::{RedisBackend, RedisMode, RedisOptions};
 use sluice::backend::{Backend, BackendError, Hit};
+use sluice::clock::ManualClock;
 use sluice::key::{RuleTag, bucket_key};
 use sluice::request::Entry;
 
@@ -259,6 +261,165 @@ async fn keys_expire_once_the_bucket_would_be_full() {
     assert_eq!((verdict.remaining, verdict.until_full_ms), (2, 0));
 }
 
+/// 1 per hour, 3 at once (GCRA's burst); windows of an hour.
+const HOURLY: BucketParams = BucketParams {
+    capacity: 3,
+    requests_per_unit: 3,
+    unit_ms: 3_600_000,
+};
+
+/// Every algorithm's key expires when its state settles (window over, arrival time passed) plus
+/// the 1 s margin, plus a jitter below `--expiry-jitter-max` drawn per call.
+#[tokio::test]
+async fn every_algorithm_expires_when_it_settles_plus_jitter() {
+    let server = RedisServer::start();
+    // An hour boundary plus 10 minutes.
+    let now = 1_699_999_200_000 + 600_000;
+    let clock = ManualClock::new(now);
+    let jitter_max = 10_000i64;
+    let backend = RedisBackend::connect(RedisOptions {
+        expiry_jitter_max: Duration::from_millis(jitter_max as u64),
+        ..options(vec![server.url()], RedisMode::Standalone)
+    })
+    .await
+    .expect("connect")
+    .with_test_clock(Arc::new(clock.clone()));
+    let cases = [
+        // The window ends 50 minutes from now.
+        (Algorithm::FixedWindow, 3_000_000),
+        // The count ages out of the next window: 110 minutes.
+        (Algorithm::SlidingWindow, 6_600_000),
+        // One hit at one per 20 minutes: the arrival time is 20 minutes ahead.
+        (Algorithm::Gcra, 1_200_000),
+    ];
+    for (algorithm, settles_in) in cases {
+        let mut jitters = Vec::new();
+        for i in 0..20 {
+            let k = key("jitter", &format!("{algorithm}-{i}"));
+            let v = backend
+                .check(&[Hit::new(&k, HOURLY, 1).using(algorithm)])
+                .await
+                .expect("check");
+            assert!(v[0].allowed);
+            let pttl: i64 = server.cmd(&["PTTL", &k]);
+            let jitter = pttl - settles_in - 1_000;
+            // PTTL runs on the real clock: allow a generous second of elapsed test time.
+            assert!(
+                (-1_000..jitter_max).contains(&jitter),
+                "{algorithm}: PTTL {pttl}, jitter {jitter}"
+            );
+            jitters.push(jitter);
+        }
+        let spread = jitters.iter().max().unwrap() - jitters.iter().min().unwrap();
+        assert!(spread > 1_000, "{algorithm}: jitters {jitters:?}");
+    }
+    // Without jitter the TTL is exact.
+    let exact = standalone(&server)
+        .await
+        .with_test_clock(Arc::new(clock.clone()));
+    let k = key("jitter", "none");
+    exact
+        .check(&[Hit::new(&k, HOURLY, 1).using(Algorithm::FixedWindow)])
+        .await
+        .expect("check");
+    let pttl: i64 = server.cmd(&["PTTL", &k]);
+    assert!(
+        (3_000_000..=3_001_000).contains(&pttl),
+        "PTTL {pttl} without jitter"
+    );
+}
+
+/// A bucket written before the algorithms existed (the same key, the same `t`/`u` fields) is
+/// read as it is: upgrading sluice resets no bucket. Keys of the other algorithms sit beside it.
+#[tokio::test]
+async fn token_buckets_stored_before_the_upgrade_are_kept() {
+    let server = RedisServer::start();
+    let now = 1_700_000_000_000u64;
+    let backend = standalone(&server)
+        .await
+        .with_test_clock(Arc::new(ManualClock::new(now)));
+    let entries = [Entry::new("tenant", "acme")];
+    let bucket = bucket_key(
+        "sluice:",
+        "api",
+        &entries,
+        RuleTag::Configured,
+        Algorithm::TokenBucket,
+    );
+    assert_eq!(bucket, "sluice:{api|tenant=acme}");
+    let _: i64 = server.cmd(&["HSET", &bucket, "t", "3", "u", &now.to_string()]);
+    let v = backend
+        .check(&[Hit::new(&bucket, ONE_PER_MINUTE, 1)])
+        .await
+        .expect("check");
+    assert_eq!(
+        (v[0].allowed, v[0].remaining),
+        (true, 2),
+        "kept its 3 tokens"
+    );
+    let fields: Vec<String> = server.cmd(&["HKEYS", &bucket]);
+    assert_eq!(fields, ["t", "u"]);
+
+    // The same descriptor under another algorithm is another key, with its own fields.
+    for (algorithm, expected) in [
+        (Algorithm::FixedWindow, vec!["w", "c"]),
+        (Algorithm::SlidingWindow, vec!["w", "c", "p"]),
+        (Algorithm::Gcra, vec!["a", "f"]),
+    ] {
+        let k = bucket_key("sluice:", "api", &entries, RuleTag::Configured, algorithm);
+        assert_ne!(k, bucket);
+        let v = backend
+            .check(&[Hit::new(&k, ONE_PER_MINUTE, 1).using(algorithm)])
+            .await
+            .expect("check");
+        assert!(v[0].allowed, "{algorithm} starts empty");
+        let fields: Vec<String> = server.cmd(&["HKEYS", &k]);
+        assert_eq!(fields, expected, "{algorithm}");
+    }
+    let fields: Vec<String> = server.cmd(&["HMGET", &bucket, "t", "u"]);
+    assert_eq!(fields[0], "2", "the bucket was not touched by the others");
+}
+
+/// Measures what one key of each algorithm costs Redis (`MEMORY USAGE key SAMPLES 0`) for a
+/// realistic two-entry descriptor, and prints the figures quoted in the README.
+#[tokio::test]
+async fn memory_usage_per_key_by_algorithm() {
+    let server = RedisServer::start();
+    let backend = standalone(&server).await;
+    let entries = [
+        Entry::new("tenant", "acme-corp"),
+        Entry::new("route", "/api/v1/export"),
+    ];
+    let mut figures = Vec::new();
+    for algorithm in Algorithm::ALL {
+        let k = bucket_key("sluice:", "edge", &entries, RuleTag::Configured, algorithm);
+        // Mid-window, mid-refill, a fractional arrival time: the state a busy key holds.
+        let params = BucketParams {
+            capacity: 100,
+            requests_per_unit: 30,
+            unit_ms: 60_000,
+        };
+        backend
+            .check(&[Hit::new(&k, params, 7).using(algorithm)])
+            .await
+            .expect("check");
+        let kind: String = server.cmd(&["TYPE", &k]);
+        assert_eq!(kind, "hash", "{algorithm}");
+        let bytes: i64 = server.cmd(&["MEMORY", "USAGE", &k, "SAMPLES", "0"]);
+        assert!(bytes > 0 && bytes < 256, "{algorithm}: {bytes} bytes");
+        figures.push(format!("{algorithm}: {bytes} bytes ({} byte key)", k.len()));
+    }
+    let version = server
+        .info("server")
+        .get("redis_version")
+        .cloned()
+        .unwrap_or_default();
+    println!(
+        "MEMORY USAGE per key, redis {version}: {}",
+        figures.join(", ")
+    );
+}
+
 #[tokio::test]
 async fn stalled_server_gives_timeout_then_recovers() {
     let server = RedisServer::start();
@@ -330,7 +491,7 @@ async fn cluster_one_call_per_slot_in_hit_order_and_follows_moved() {
         .expect("connect");
 
     // The script was loaded on every master.
-    let sha = sha1_smol::Sha1::from(include_str!("../lua/token_bucket.lua"))
+    let sha = sha1_smol::Sha1::from(include_str!("../lua/limit.lua"))
         .digest()
         .to_string();
     for master in cluster.masters() {
@@ -345,7 +506,15 @@ async fn cluster_one_call_per_slot_in_hit_order_and_follows_moved() {
         vec![tenant.clone(), Entry::new("route", "export")],
     ]
     .iter()
-    .map(|entries| bucket_key("sluice:", "api", entries, RuleTag::Configured))
+    .map(|entries| {
+        bucket_key(
+            "sluice:",
+            "api",
+            entries,
+            RuleTag::Configured,
+            Algorithm::TokenBucket,
+        )
+    })
     .collect();
     let slots: HashSet<u16> = same_tag.iter().map(|key| cluster.keyslot(key)).collect();
     assert_eq!(slots.len(), 1, "{same_tag:?}");

@@ -5,9 +5,11 @@ use std::process::ExitCode;
 
 use clap::{Args, ValueEnum};
 
+use crate::algorithm::Algorithm;
 use crate::config::args::LoadArgs;
 use crate::config::{Config, ConfigErrors, load_path_with};
 use crate::explain::{ExplainOptions, explain as explain_descriptor, parse_descriptor};
+use crate::rule::Limit;
 use crate::settings::FailureModeArg;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -95,12 +97,21 @@ pub fn check_config(args: &CheckConfigArgs) -> ExitCode {
     }
 }
 
-/// `ok: 2 domains (api, edge), 9 rules, digest 1a2b3c4d[, 3 warnings]`.
+/// `ok: 2 domains (api, edge), 9 rules, digest 1a2b3c4d[, 3 warnings]`; when any rule counts
+/// with another algorithm than the token bucket, the rules are broken down by algorithm:
+/// `9 rules (7 token_bucket, 2 fixed_window)`.
 fn check_summary(config: &Config) -> String {
     let plural = |n: usize, word: &str| format!("{n} {word}{}", if n == 1 { "" } else { "s" });
     let names: Vec<&str> = config.domains().map(|d| &*d.name).collect();
+    let counts = algorithm_counts(config);
+    let by_algorithm = if counts.iter().all(|(a, _)| *a == Algorithm::TokenBucket) {
+        String::new()
+    } else {
+        let parts: Vec<String> = counts.iter().map(|(a, n)| format!("{n} {a}")).collect();
+        format!(" ({})", parts.join(", "))
+    };
     let mut line = format!(
-        "ok: {} ({}), {}, digest {}",
+        "ok: {} ({}), {}{by_algorithm}, digest {}",
         plural(names.len(), "domain"),
         names.join(", "),
         plural(config.rule_count(), "rule"),
@@ -112,6 +123,22 @@ fn check_summary(config: &Config) -> String {
     line
 }
 
+/// Rules that keep state (not `unlimited`) per algorithm, in [`Algorithm::ALL`] order, leaving
+/// out algorithms no rule uses.
+fn algorithm_counts(config: &Config) -> Vec<(Algorithm, usize)> {
+    Algorithm::ALL
+        .into_iter()
+        .map(|a| {
+            let n = config
+                .rules()
+                .filter(|r| matches!(r.limit, Limit::Bucket(_)) && r.algorithm == a)
+                .count();
+            (a, n)
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
 fn check_json(result: &Result<Config, ConfigErrors>) -> serde_json::Value {
     match result {
         Ok(config) => serde_json::json!({
@@ -120,9 +147,18 @@ fn check_json(result: &Result<Config, ConfigErrors>) -> serde_json::Value {
             "warnings": config.warnings(),
             "domains": config
                 .domains()
-                .map(|d| serde_json::json!({"name": d.name, "file": d.file(), "rules": d.rules().len()}))
+                .map(|d| serde_json::json!({
+                    "name": d.name,
+                    "file": d.file(),
+                    "rules": d.rules().len(),
+                    "algorithm": d.algorithm,
+                }))
                 .collect::<Vec<_>>(),
             "rules": config.rule_count(),
+            "algorithms": algorithm_counts(config)
+                .into_iter()
+                .map(|(a, n)| (a.as_str().to_owned(), serde_json::json!(n)))
+                .collect::<serde_json::Map<_, _>>(),
             "digest": config.digest(),
         }),
         Err(errors) => serde_json::json!({
@@ -131,6 +167,7 @@ fn check_json(result: &Result<Config, ConfigErrors>) -> serde_json::Value {
             "warnings": [],
             "domains": [],
             "rules": 0,
+            "algorithms": {},
             "digest": null,
         }),
     }
@@ -195,6 +232,36 @@ mod tests {
         assert_eq!(json["rules"], 1);
         assert_eq!(json["domains"][1]["name"], "b");
         assert_eq!(json["warnings"][0]["line"], 3);
+        assert_eq!(json["algorithms"], serde_json::json!({"token_bucket": 1}));
+        assert_eq!(json["domains"][0]["algorithm"], "token_bucket");
+    }
+
+    #[test]
+    fn the_summary_breaks_rules_down_by_algorithm_once_another_is_used() {
+        let a = "domain: a
+algorithm: fixed_window
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: j
+    rate_limit: {unit: second, requests_per_unit: 1, algorithm: token_bucket}
+  - key: h
+    rate_limit: {unlimited: true}
+";
+        let config = load_sources(&[("a.yaml".into(), a.into())]).unwrap();
+        assert_eq!(
+            check_summary(&config),
+            format!(
+                "ok: 1 domain (a), 3 rules (1 token_bucket, 1 fixed_window), digest {}",
+                &config.digest()[..8]
+            )
+        );
+        let json = check_json(&Ok(config));
+        assert_eq!(
+            json["algorithms"],
+            serde_json::json!({"token_bucket": 1, "fixed_window": 1})
+        );
+        assert_eq!(json["domains"][0]["algorithm"], "fixed_window");
     }
 
     #[test]

@@ -6,27 +6,35 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-/// Milliseconds on a monotonic timeline. Only differences matter.
+/// Milliseconds on a monotonic timeline. The token bucket and GCRA only use differences; the
+/// windows align to multiples of their unit on it, so production clocks count from the Unix
+/// epoch (as Redis `TIME` does).
 pub trait Clock: Send + Sync + 'static {
     fn now_ms(&self) -> u64;
 }
 
-/// Monotonic process time (never steps back when the wall clock does).
+/// Wall-clock milliseconds since the Unix epoch at start, then monotonic process time: a minute
+/// window starts at :00 as it does against Redis `TIME`, and a wall clock stepping back after
+/// start (NTP) never moves this clock back.
 #[derive(Debug, Clone)]
 pub struct MonotonicClock {
     origin: Instant,
-    /// Added to every reading so the timeline does not start at 0 (0 reads as "never touched").
+    /// The wall clock at `origin`; never 0 (0 would read as "never touched").
     base_ms: u64,
 }
 
 impl MonotonicClock {
     #[allow(clippy::disallowed_methods)]
     pub fn new() -> Self {
+        let wall_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX / 2));
         MonotonicClock {
             origin: Instant::now(),
-            base_ms: 1_000_000,
+            // A machine whose clock says it is before 1970 still gets a non-zero timeline.
+            base_ms: wall_ms.max(1_000_000),
         }
     }
 }
@@ -39,7 +47,8 @@ impl Default for MonotonicClock {
 
 impl Clock for MonotonicClock {
     fn now_ms(&self) -> u64 {
-        self.base_ms + self.origin.elapsed().as_millis() as u64
+        self.base_ms
+            .saturating_add(self.origin.elapsed().as_millis() as u64)
     }
 }
 
@@ -85,5 +94,19 @@ impl Stopwatch {
 
     pub fn elapsed(&self) -> std::time::Duration {
         self.0.elapsed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_monotonic_clock_counts_from_the_unix_epoch() {
+        let clock = MonotonicClock::new();
+        let first = clock.now_ms();
+        // 2023-11-14 onwards: the clock reads the wall clock's epoch milliseconds.
+        assert!(first > 1_700_000_000_000, "{first}");
+        assert!(clock.now_ms() >= first);
     }
 }

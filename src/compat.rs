@@ -142,14 +142,9 @@ const UNSUPPORTED: &[(&str, Neutral, &str)] = &[
         "xDS reconnect delays always carry jitter",
     ),
     (
-        "EXPIRATION_JITTER_MAX_SECONDS",
-        Neutral::Never,
-        "bucket keys expire when the bucket would be full again; no jitter is added",
-    ),
-    (
         "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
         Neutral::True,
-        "a token bucket never takes tokens for a rejected request; it always behaves as if this were true",
+        "sluice never counts a rejected request, whatever the rule's algorithm; it always behaves as if this were true",
     ),
     ("QUOTA_MODE", Neutral::False, "quota mode is not supported"),
     (
@@ -514,6 +509,19 @@ impl Tr<'_> {
                     .out
                     .errors
                     .push(format!("{FROM}: `{size}` is not a number of bytes")),
+            }
+        }
+        // A whole number of seconds, as envoyproxy/ratelimit parses it (0 or unset: no jitter).
+        if let Some(jitter) = self.get("EXPIRATION_JITTER_MAX_SECONDS").map(str::to_owned) {
+            match jitter.trim().parse::<u64>() {
+                Ok(seconds) => self.set(
+                    "SLUICE_EXPIRY_JITTER_MAX",
+                    format!("{seconds}s"),
+                    "EXPIRATION_JITTER_MAX_SECONDS",
+                ),
+                Err(_) => self.out.errors.push(format!(
+                    "EXPIRATION_JITTER_MAX_SECONDS: `{jitter}` is not a whole number of seconds"
+                )),
             }
         }
         if let Some(ratio) = self.get("NEAR_LIMIT_RATIO").map(str::to_owned) {
@@ -1095,6 +1103,7 @@ mod tests {
             ("LOG_FORMAT", "JSON"),
             ("CACHE_KEY_PREFIX", "rl_"),
             ("NEAR_LIMIT_RATIO", "0.9"),
+            ("EXPIRATION_JITTER_MAX_SECONDS", "300"),
             ("SHADOW_MODE", "True"),
             ("MERGE_DOMAIN_CONFIG", "1"),
             ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
@@ -1105,6 +1114,7 @@ mod tests {
             ("SLUICE_LOG_FORMAT", "json"),
             ("SLUICE_KEY_PREFIX", "rl_"),
             ("SLUICE_NEAR_LIMIT_RATIO", "0.9"),
+            ("SLUICE_EXPIRY_JITTER_MAX", "300s"),
             ("SLUICE_SHADOW_MODE", "true"),
             ("SLUICE_MERGE_DOMAINS", "true"),
             ("SLUICE_RESPONSE_HEADERS", "true"),
@@ -1120,8 +1130,9 @@ mod tests {
             ("LOG_LEVEL", "loud"),
             ("NEAR_LIMIT_RATIO", "2"),
             ("SHADOW_MODE", "yes"),
+            ("EXPIRATION_JITTER_MAX_SECONDS", "-1"),
         ]));
-        assert_eq!(bad.errors.len(), 3, "{:?}", bad.errors);
+        assert_eq!(bad.errors.len(), 4, "{:?}", bad.errors);
     }
 
     #[test]

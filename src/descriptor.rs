@@ -249,7 +249,8 @@ impl Level {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rule::{Limit, RateLimit, RuleId, Unit};
+    use crate::algorithm::Algorithm;
+    use crate::rule::{Limit, Origin, RateLimit, RuleId, Unit};
 
     fn rule(id: u32, path: &str) -> Arc<Rule> {
         Arc::new(Rule {
@@ -262,6 +263,8 @@ mod tests {
                 unit: Unit::Second,
                 burst: None,
             }),
+            algorithm: Algorithm::TokenBucket,
+            algorithm_from: Origin::Default,
             shadow_mode: false,
             detailed_metric: false,
             cost: 1,

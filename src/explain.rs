@@ -16,6 +16,7 @@ use axum::routing::get;
 use percent_encoding::percent_decode_str;
 use serde::{Deserialize, Serialize};
 
+use crate::algorithm::Algorithm;
 use crate::config::{Config, ConfigStore};
 use crate::descriptor::{Miss, Selected};
 use crate::key::{RuleTag, bucket_key};
@@ -120,7 +121,13 @@ pub struct RuleView {
     /// `file:line` of the descriptor.
     pub source: String,
     pub unlimited: bool,
-    /// The token bucket; absent for `unlimited: true`.
+    /// How hits are counted; absent for `unlimited: true`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub algorithm: Option<Algorithm>,
+    /// `rule` (its `rate_limit.algorithm`), `domain` or `default` (`--default-algorithm`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub algorithm_from: Option<&'static str>,
+    /// The limit's shape; absent for `unlimited: true`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bucket: Option<BucketView>,
     pub shadow: bool,
@@ -138,8 +145,10 @@ pub struct RuleView {
 pub struct BucketView {
     pub requests_per_unit: u32,
     pub unit: Unit,
-    /// Most tokens the bucket holds: `burst`, else `requests_per_unit`.
+    /// Most hits allowed at once: the token bucket's capacity and GCRA's burst (`burst`, else
+    /// `requests_per_unit`); a window's `requests_per_unit`.
     pub capacity: u64,
+    /// The token bucket's refill and GCRA's rate (hits per second); for a window, its average.
     pub refill_per_second: f64,
     /// Tokens one hit takes (before `hits_addend`).
     pub cost: u64,
@@ -238,13 +247,20 @@ pub fn explain(
                 refill_per_second: params.rate_per_ms() * 1_000.0,
                 cost: rule.cost,
             };
-            let key = bucket_key(&options.key_prefix, domain, entries, RuleTag::Configured);
+            let key = bucket_key(
+                &options.key_prefix,
+                domain,
+                entries,
+                RuleTag::Configured,
+                rule.algorithm,
+            );
             let outcome = if rule.shadow_mode {
-                "OK always: the rule is in shadow mode; the bucket is counted but never rejects"
+                "OK always: the rule is in shadow mode; hits are counted but never reject"
+                    .to_owned()
             } else {
-                "OK while the bucket holds the hit's tokens, OVER_LIMIT otherwise"
+                outcome(rule.algorithm, &bucket)
             };
-            (Some(bucket), Some(key), outcome.to_owned())
+            (Some(bucket), Some(key), outcome)
         }
     };
     Report {
@@ -259,6 +275,8 @@ pub fn explain(
             name: rule.name.as_deref().map(str::to_owned),
             source: rule.source.to_string(),
             unlimited: matches!(rule.limit, Limit::Unlimited),
+            algorithm: bucket.as_ref().map(|_| rule.algorithm),
+            algorithm_from: bucket.as_ref().map(|_| rule.algorithm_from.as_str()),
             bucket,
             shadow: rule.shadow_mode,
             failure_mode,
@@ -267,6 +285,28 @@ pub fn explain(
             key,
         }),
         outcome,
+    }
+}
+
+/// When a hit passes, in words, by algorithm.
+fn outcome(algorithm: Algorithm, b: &BucketView) -> String {
+    match algorithm {
+        Algorithm::TokenBucket => {
+            "OK while the bucket holds the hit's tokens, OVER_LIMIT otherwise".to_owned()
+        }
+        Algorithm::FixedWindow => format!(
+            "OK while this {}'s count plus the hit stays within {}, OVER_LIMIT otherwise; the count starts again at the next {} on the clock",
+            b.unit, b.requests_per_unit, b.unit
+        ),
+        Algorithm::SlidingWindow => format!(
+            "OK while this {}'s count plus the previous {}'s, weighted by its overlap with the last {}, plus the hit stays within {}, OVER_LIMIT otherwise",
+            b.unit, b.unit, b.unit, b.requests_per_unit
+        ),
+        Algorithm::Gcra => format!(
+            "OK while the hit keeps to the schedule (one every {} ms, up to {} at once), OVER_LIMIT otherwise",
+            trim_float(1_000.0 / b.refill_per_second),
+            b.capacity
+        ),
     }
 }
 
@@ -354,13 +394,10 @@ impl Report {
                 }
                 Some(b) => {
                     let _ = writeln!(out, "limit:       {} per {}", b.requests_per_unit, b.unit);
-                    let _ = writeln!(
-                        out,
-                        "bucket:      capacity {} tokens, refill {} tokens/s, cost {} per hit",
-                        b.capacity,
-                        trim_float(b.refill_per_second),
-                        b.cost
-                    );
+                    if let (Some(algorithm), Some(from)) = (rule.algorithm, rule.algorithm_from) {
+                        let _ = writeln!(out, "algorithm:   {algorithm} (from {from})");
+                        let _ = writeln!(out, "{}", shape_line(algorithm, b));
+                    }
                 }
             }
             let _ = writeln!(
@@ -425,6 +462,32 @@ async fn explain_handler(
     let (store, options) = &*state;
     let config = store.active().load();
     Json(explain(&config, &domain, &entries, options)).into_response()
+}
+
+/// The limit's shape as the algorithm sees it, as one aligned line.
+fn shape_line(algorithm: Algorithm, b: &BucketView) -> String {
+    match algorithm {
+        Algorithm::TokenBucket => format!(
+            "bucket:      capacity {} tokens, refill {} tokens/s, cost {} per hit",
+            b.capacity,
+            trim_float(b.refill_per_second),
+            b.cost
+        ),
+        Algorithm::FixedWindow => format!(
+            "window:      {} hits per {} aligned to the clock, cost {} per hit",
+            b.requests_per_unit, b.unit, b.cost
+        ),
+        Algorithm::SlidingWindow => format!(
+            "window:      {} hits per sliding {} (this {} + the previous one, weighted), cost {} per hit",
+            b.requests_per_unit, b.unit, b.unit, b.cost
+        ),
+        Algorithm::Gcra => format!(
+            "schedule:    one hit every {} ms, burst {}, cost {} per hit",
+            trim_float(1_000.0 / b.refill_per_second),
+            b.capacity,
+            b.cost
+        ),
+    }
 }
 
 /// `5`, `0.5`, `0.0011574` — no trailing zeros, at most 7 decimals.
@@ -534,6 +597,7 @@ descriptors:
         for line in [
             "rule:        api.tenant.route_export (name `export`)",
             "source:      api.yaml:7",
+            "algorithm:   token_bucket (from default)",
             "bucket:      capacity 50 tokens, refill 5 tokens/s, cost 10 per hit",
             "on failure:  local (from config)",
             "key:         sluice:{api|tenant=acme}|route=export",
@@ -560,6 +624,8 @@ descriptors:
         let report = run("api", "health=x");
         let rule = report.rule.as_ref().unwrap();
         assert!(rule.unlimited && rule.bucket.is_none() && rule.key.is_none());
+        assert!(rule.algorithm.is_none());
+        assert!(!report.to_text().contains("algorithm:"));
         assert!(report.to_text().contains("limit:       unlimited"));
     }
 
@@ -595,6 +661,74 @@ descriptors:
         let json = serde_json::to_value(&partial).unwrap();
         assert_eq!(json["matched"], false);
         assert!(json.get("rule").is_none());
+    }
+
+    #[test]
+    fn each_algorithm_is_named_with_its_origin_shape_and_key() {
+        let text = r#"domain: w
+algorithm: fixed_window
+descriptors:
+  - key: fixed
+    rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: sliding
+    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: sliding_window}
+  - key: gcra
+    cost: 2
+    rate_limit: {unit: second, requests_per_unit: 4, algorithm: gcra, burst: 8}
+  - key: bucket
+    rate_limit: {unit: second, requests_per_unit: 4, algorithm: token_bucket}
+"#;
+        let config = load_sources(&[("w.yaml".into(), text.into())]).unwrap();
+        let report = |key: &str| explain(&config, "w", &[Entry::new(key, "x")], &options());
+        let cases = [
+            (
+                "fixed",
+                Algorithm::FixedWindow,
+                "domain",
+                "window:      60 hits per minute aligned to the clock, cost 1 per hit",
+                "sluice:{w|fixed=x}~fw",
+                "the count starts again at the next minute on the clock",
+            ),
+            (
+                "sliding",
+                Algorithm::SlidingWindow,
+                "rule",
+                "window:      100 hits per sliding hour (this hour + the previous one, weighted), cost 1 per hit",
+                "sluice:{w|sliding=x}~sw",
+                "plus the previous hour's, weighted by its overlap",
+            ),
+            (
+                "gcra",
+                Algorithm::Gcra,
+                "rule",
+                "schedule:    one hit every 250 ms, burst 8, cost 2 per hit",
+                "sluice:{w|gcra=x}~gcra",
+                "one every 250 ms, up to 8 at once",
+            ),
+            (
+                "bucket",
+                Algorithm::TokenBucket,
+                "rule",
+                "bucket:      capacity 4 tokens, refill 4 tokens/s, cost 1 per hit",
+                "sluice:{w|bucket=x}",
+                "while the bucket holds the hit's tokens",
+            ),
+        ];
+        for (key, algorithm, from, shape, storage, outcome) in cases {
+            let r = report(key);
+            let rule = r.rule.as_ref().unwrap();
+            assert_eq!(rule.algorithm, Some(algorithm), "{key}");
+            assert_eq!(rule.algorithm_from, Some(from), "{key}");
+            assert_eq!(rule.key.as_deref(), Some(storage), "{key}");
+            assert!(r.outcome.contains(outcome), "{key}: {}", r.outcome);
+            let text = r.to_text();
+            let named = format!("algorithm:   {algorithm} (from {from})");
+            for line in [named.as_str(), shape] {
+                assert!(text.contains(line), "{line}\nin\n{text}");
+            }
+            let json = serde_json::to_value(&r).unwrap();
+            assert_eq!(json["rule"]["algorithm"], algorithm.as_str());
+        }
     }
 
     #[test]

@@ -1,18 +1,26 @@
-//! Storage keys: `<prefix>{<domain>|<k1>=<v1>}|<k2>=<v2>...<tag>`, injective and hash-tagged.
+//! Storage keys: `<prefix>{<domain>|<k1>=<v1>}|<k2>=<v2>...<tags>`, injective and hash-tagged.
 //!
 //! Every user-supplied component (domain, entry keys and values) is escaped: bytes outside
 //! `[A-Za-z0-9._:/@+*-]` become `%XX`, so input can never open or close the hash tag or fake a
 //! separator (`{ } | = ~ #` are always escaped). A component whose escaped form is longer than
 //! [`MAX_COMPONENT`] bytes becomes `#` + the 40-hex SHA-1 of its raw bytes; `#` never appears in
 //! escaped text, so a hashed component cannot equal an escaped one. The key therefore parses back
-//! into (domain, entries, tag) unambiguously: distinct inputs give distinct keys.
+//! into (domain, entries, tags) unambiguously: distinct inputs give distinct keys.
+//!
+//! Tags follow the entries, each after a `~` (which escaped text never holds): `~o<n>/<unit>`
+//! for a request's `limit` override, then `~fw`, `~sw` or `~gcra` for a rule counted by the fixed
+//! window, sliding window or GCRA. A token bucket has no algorithm tag: its keys are the ones
+//! sluice always wrote, so upgrading keeps every bucket, and a rule whose algorithm changes on a
+//! reload starts afresh under another key instead of misreading the other algorithm's state.
 //!
 //! The hash tag is `<domain>|<first entry>`, so every descriptor of a request that shares domain
 //! and first entry lives in one Redis Cluster slot and is decided by one script call. The prefix
 //! is operator configuration, written as is; it must not contain `{` or `}`.
 //!
-//! Example: `sluice:{edge|tenant=acme}|route=export~o10/second`.
+//! Examples: `sluice:{edge|tenant=acme}|route=export` (a token bucket),
+//! `sluice:{edge|tenant=acme}|route=export~o10/second~fw` (an override, fixed window).
 
+use crate::algorithm::Algorithm;
 use crate::request::{Entry, LimitOverride};
 
 /// Escaped components longer than this are replaced by their hash (keeps keys short; Redis keys
@@ -32,10 +40,16 @@ pub enum RuleTag {
     Override(LimitOverride),
 }
 
-/// The storage key of one bucket.
-pub fn bucket_key(prefix: &str, domain: &str, entries: &[Entry], tag: RuleTag) -> String {
+/// The storage key of one bucket (or window counter, or arrival time).
+pub fn bucket_key(
+    prefix: &str,
+    domain: &str,
+    entries: &[Entry],
+    tag: RuleTag,
+    algorithm: Algorithm,
+) -> String {
     let mut out = String::new();
-    write_bucket_key(&mut out, prefix, domain, entries, tag);
+    write_bucket_key(&mut out, prefix, domain, entries, tag, algorithm);
     out
 }
 
@@ -47,6 +61,7 @@ pub fn write_bucket_key(
     domain: &str,
     entries: &[Entry],
     tag: RuleTag,
+    algorithm: Algorithm,
 ) {
     debug_assert!(
         !prefix.contains(['{', '}']),
@@ -60,6 +75,10 @@ pub fn write_bucket_key(
     if let RuleTag::Override(_) = tag {
         // "~o" + u32 digits + "/" + the longest unit name.
         len += 2 + 10 + 1 + 6;
+    }
+    let algorithm_tag = algorithm.key_tag();
+    if let Some(t) = algorithm_tag {
+        len += 1 + t.len();
     }
     out.reserve(len);
 
@@ -85,6 +104,10 @@ pub fn write_bucket_key(
         use std::fmt::Write;
         // Writing to a String cannot fail.
         let _ = write!(out, "~o{}/{}", o.requests_per_unit, o.unit.as_str());
+    }
+    if let Some(t) = algorithm_tag {
+        out.push('~');
+        out.push_str(t);
     }
 }
 
@@ -179,6 +202,11 @@ mod tests {
     use super::*;
     use crate::rule::Unit;
 
+    /// A token bucket's key: the layout every release wrote.
+    fn tb_key(prefix: &str, domain: &str, entries: &[Entry], tag: RuleTag) -> String {
+        bucket_key(prefix, domain, entries, tag, Algorithm::TokenBucket)
+    }
+
     fn entries(pairs: &[(&str, &str)]) -> Vec<Entry> {
         pairs.iter().map(|(k, v)| Entry::new(*k, *v)).collect()
     }
@@ -194,19 +222,19 @@ mod tests {
     fn readable_examples() {
         let e = entries(&[("tenant", "acme"), ("route", "export")]);
         assert_eq!(
-            bucket_key("sluice:", "edge", &e, RuleTag::Configured),
+            tb_key("sluice:", "edge", &e, RuleTag::Configured),
             "sluice:{edge|tenant=acme}|route=export"
         );
         assert_eq!(
-            bucket_key("sluice:", "edge", &e, over(10, Unit::Second)),
+            tb_key("sluice:", "edge", &e, over(10, Unit::Second)),
             "sluice:{edge|tenant=acme}|route=export~o10/second"
         );
         assert_eq!(
-            bucket_key("", "edge", &e[..1], RuleTag::Configured),
+            tb_key("", "edge", &e[..1], RuleTag::Configured),
             "{edge|tenant=acme}"
         );
         assert_eq!(
-            bucket_key(
+            tb_key(
                 "p:",
                 "d",
                 &entries(&[("a", "1"), ("b", "2"), ("c", "3")]),
@@ -215,7 +243,7 @@ mod tests {
             "p:{d|a=1}|b=2|c=3"
         );
         assert_eq!(
-            bucket_key(
+            tb_key(
                 "p:",
                 "api",
                 &entries(&[("remote_address", "10.0.0.1")]),
@@ -224,7 +252,7 @@ mod tests {
             "p:{api|remote_address=10.0.0.1}"
         );
         assert_eq!(
-            bucket_key(
+            tb_key(
                 "p:",
                 "api",
                 &entries(&[("path", "/v1/a b?x=1&y={z}")]),
@@ -232,26 +260,57 @@ mod tests {
             ),
             "p:{api|path=/v1/a%20b%3Fx%3D1%26y%3D%7Bz%7D}"
         );
-        assert_eq!(bucket_key("p:", "", &[], RuleTag::Configured), "p:{|}");
+        assert_eq!(tb_key("p:", "", &[], RuleTag::Configured), "p:{|}");
         assert_eq!(
-            bucket_key("p:", "d", &entries(&[("k", "é~#%|")]), RuleTag::Configured),
+            tb_key("p:", "d", &entries(&[("k", "é~#%|")]), RuleTag::Configured),
             "p:{d|k=%C3%A9%7E%23%25%7C}"
         );
     }
 
     #[test]
+    fn algorithms_other_than_the_token_bucket_are_tagged() {
+        let e = entries(&[("tenant", "acme"), ("route", "export")]);
+        let key = |tag, algorithm| bucket_key("sluice:", "edge", &e, tag, algorithm);
+        assert_eq!(
+            key(RuleTag::Configured, Algorithm::TokenBucket),
+            "sluice:{edge|tenant=acme}|route=export"
+        );
+        assert_eq!(
+            key(RuleTag::Configured, Algorithm::FixedWindow),
+            "sluice:{edge|tenant=acme}|route=export~fw"
+        );
+        assert_eq!(
+            key(RuleTag::Configured, Algorithm::SlidingWindow),
+            "sluice:{edge|tenant=acme}|route=export~sw"
+        );
+        assert_eq!(
+            key(over(10, Unit::Second), Algorithm::Gcra),
+            "sluice:{edge|tenant=acme}|route=export~o10/second~gcra"
+        );
+        let one = bucket_key(
+            "p:",
+            "d",
+            &e[..1],
+            RuleTag::Configured,
+            Algorithm::FixedWindow,
+        );
+        assert_eq!(one, "p:{d|tenant=acme}~fw");
+        assert_eq!(slot(&one), slot("p:{d|tenant=acme}"));
+    }
+
+    #[test]
     fn overlong_component_is_hashed_and_short_ones_are_not() {
         let at_limit = "a".repeat(MAX_COMPONENT);
-        let key = bucket_key("", "d", &entries(&[("k", &at_limit)]), RuleTag::Configured);
+        let key = tb_key("", "d", &entries(&[("k", &at_limit)]), RuleTag::Configured);
         assert_eq!(key, format!("{{d|k={at_limit}}}"));
 
         let long = "a".repeat(MAX_COMPONENT + 1);
-        let key = bucket_key("", "d", &entries(&[("k", &long)]), RuleTag::Configured);
+        let key = tb_key("", "d", &entries(&[("k", &long)]), RuleTag::Configured);
         let digest = sha1_smol::Sha1::from(long.as_bytes()).digest().to_string();
         assert_eq!(key, format!("{{d|k=#{digest}}}"));
         // Escaping counts: 43 spaces are 129 escaped bytes.
         let spaces = " ".repeat(43);
-        let key = bucket_key("", "d", &entries(&[(&spaces, "v")]), RuleTag::Configured);
+        let key = tb_key("", "d", &entries(&[(&spaces, "v")]), RuleTag::Configured);
         assert!(key.starts_with("{d|#") && key.ends_with("=v}"), "{key}");
     }
 
@@ -259,7 +318,14 @@ mod tests {
     fn write_appends_and_reserves_exactly_once() {
         let e = entries(&[("tenant", "a\u{0}b"), ("long", &"x".repeat(500))]);
         let mut buf = String::from("keep|");
-        write_bucket_key(&mut buf, "p:", "dom ain", &e, over(u32::MAX, Unit::Minute));
+        write_bucket_key(
+            &mut buf,
+            "p:",
+            "dom ain",
+            &e,
+            over(u32::MAX, Unit::Minute),
+            Algorithm::TokenBucket,
+        );
         let expected = format!(
             "keep|p:{{dom%20ain|tenant=a%00b}}|long=#{}~o4294967295/minute",
             sha1_smol::Sha1::from("x".repeat(500).as_bytes()).digest()
@@ -269,10 +335,29 @@ mod tests {
         // Reserving on an empty String allocates exactly the estimate; any later growth would at
         // least double it. Without an override tag the estimate is exact.
         let mut fresh = String::new();
-        write_bucket_key(&mut fresh, "p:", "dom ain", &e, RuleTag::Configured);
+        write_bucket_key(
+            &mut fresh,
+            "p:",
+            "dom ain",
+            &e,
+            RuleTag::Configured,
+            Algorithm::TokenBucket,
+        );
         assert_eq!(fresh.capacity(), fresh.len());
+        for algorithm in Algorithm::ALL {
+            let mut fresh = String::new();
+            write_bucket_key(&mut fresh, "p:", "d", &e, RuleTag::Configured, algorithm);
+            assert_eq!(fresh.capacity(), fresh.len(), "{algorithm}");
+        }
         let mut tagged = String::new();
-        write_bucket_key(&mut tagged, "p:", "d", &e[..1], over(7, Unit::Second));
+        write_bucket_key(
+            &mut tagged,
+            "p:",
+            "d",
+            &e[..1],
+            over(7, Unit::Second),
+            Algorithm::Gcra,
+        );
         assert!(
             tagged.capacity() < tagged.len() + 20,
             "{}",
@@ -285,6 +370,7 @@ mod tests {
             "d",
             &e[..1],
             over(u32::MAX, Unit::Minute),
+            Algorithm::TokenBucket,
         );
         assert_eq!(widest.capacity(), widest.len());
     }
@@ -342,15 +428,14 @@ mod tests {
         }
     }
 
-    /// Splits a key back into (domain, [(key, value)], tag) using only the format's separators.
-    fn parse(key: &str, prefix: &str) -> (String, Vec<(String, String)>, Option<String>) {
+    /// Splits a key back into (domain, [(key, value)], tags) using only the format's separators.
+    fn parse(key: &str, prefix: &str) -> (String, Vec<(String, String)>, Vec<String>) {
         let rest = key.strip_prefix(prefix).expect("prefix");
         let rest = rest.strip_prefix('{').expect("tag opens after the prefix");
         let (inside, after) = rest.split_once('}').expect("tag closes");
-        let (body, tag) = match after.split_once('~') {
-            Some((body, tag)) => (body, Some(tag.to_string())),
-            None => (after, None),
-        };
+        let mut parts = after.split('~');
+        let body = parts.next().expect("split yields at least one part");
+        let tags: Vec<String> = parts.map(str::to_string).collect();
         let (domain, first) = inside.split_once('|').expect("domain separator");
         let mut pairs = Vec::new();
         let split = |s: &str| {
@@ -364,7 +449,7 @@ mod tests {
             let body = body.strip_prefix('|').expect("entry separator");
             pairs.extend(body.split('|').map(split));
         }
-        (domain.to_string(), pairs, tag)
+        (domain.to_string(), pairs, tags)
     }
 
     /// Strings rich in separators, escapes and awkward bytes, plus arbitrary unicode.
@@ -397,49 +482,63 @@ mod tests {
         ]
     }
 
-    type Input = (String, Vec<Entry>, RuleTag);
+    fn algorithm() -> impl Strategy<Value = Algorithm> {
+        prop::sample::select(Algorithm::ALL.to_vec())
+    }
+
+    type Input = (String, Vec<Entry>, RuleTag, Algorithm);
 
     fn input() -> impl Strategy<Value = Input> {
-        (component(), entry_list(), rule_tag())
+        (component(), entry_list(), rule_tag(), algorithm())
     }
 
     /// A second input that differs from the first in one small, separator-shaped way.
     fn near_miss(a: &Input) -> Vec<Input> {
-        let (d, e, t) = a.clone();
+        let (d, e, t, al) = a.clone();
         let mut out = vec![
-            (d.clone(), e.clone(), RuleTag::Configured),
-            (d.clone(), e.clone(), over(1, Unit::Second)),
-            (format!("{d}|"), e.clone(), t),
+            (d.clone(), e.clone(), RuleTag::Configured, al),
+            (d.clone(), e.clone(), over(1, Unit::Second), al),
+            (format!("{d}|"), e.clone(), t, al),
         ];
+        for other in Algorithm::ALL {
+            out.push((d.clone(), e.clone(), t, other));
+        }
         if let Some(first) = e.first() {
             // Move the first entry into the domain, merge two entries, split a value.
             out.push((
                 format!("{d}|{}={}", first.key, first.value),
                 e[1..].to_vec(),
                 t,
+                al,
             ));
             let mut merged = e.clone();
             merged[0].value.push('|');
-            out.push((d.clone(), merged, t));
+            out.push((d.clone(), merged, t, al));
             let mut moved = e.clone();
             moved[0].key = format!("{}={}", first.key, first.value);
             moved[0].value.clear();
-            out.push((d.clone(), moved, t));
-            out.push((d.clone(), e[..e.len() - 1].to_vec(), t));
+            out.push((d.clone(), moved, t, al));
+            out.push((d.clone(), e[..e.len() - 1].to_vec(), t, al));
+            // An algorithm's tag spelled into the last value.
+            let mut spelled = e.clone();
+            if let Some(last) = spelled.last_mut() {
+                last.value.push_str("~fw");
+            }
+            out.push((d.clone(), spelled, t, Algorithm::TokenBucket));
         }
         out.into_iter().filter(|b| b != a).collect()
     }
 
-    fn key_of((d, e, t): &Input) -> String {
-        bucket_key("sl:", d, e, *t)
+    fn key_of((d, e, t, a): &Input) -> String {
+        bucket_key("sl:", d, e, *t, *a)
     }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(1_000))]
 
         #[test]
-        fn key_parses_back_to_its_input((domain, entries, tag) in input()) {
-            let key = bucket_key("sl:", &domain, &entries, tag);
+        fn key_parses_back_to_its_input((domain, entries, tag, algorithm) in input()) {
+            let key = bucket_key("sl:", &domain, &entries, tag, algorithm);
             prop_assert_eq!(key.matches('{').count(), 1, "{}", key);
             prop_assert_eq!(key.matches('}').count(), 1, "{}", key);
             prop_assert!(key.is_ascii());
@@ -451,11 +550,12 @@ mod tests {
                 prop_assert!(decoded_matches(k, &entry.key));
                 prop_assert!(decoded_matches(v, &entry.value));
             }
-            let expected_tag = match tag {
-                RuleTag::Configured => None,
-                RuleTag::Override(o) => Some(format!("o{}/{}", o.requests_per_unit, o.unit)),
+            let mut expected_tags: Vec<String> = match tag {
+                RuleTag::Configured => Vec::new(),
+                RuleTag::Override(o) => vec![format!("o{}/{}", o.requests_per_unit, o.unit)],
             };
-            prop_assert_eq!(t, expected_tag);
+            expected_tags.extend(algorithm.key_tag().map(str::to_string));
+            prop_assert_eq!(t, expected_tags);
         }
 
         #[test]
@@ -476,6 +576,8 @@ mod tests {
             rest_b in entry_list(),
             tag_a in rule_tag(),
             tag_b in rule_tag(),
+            algorithm_a in algorithm(),
+            algorithm_b in algorithm(),
         ) {
             let first = Entry::new(first.0, first.1);
             let with = |rest: &[Entry]| {
@@ -483,9 +585,9 @@ mod tests {
                 e.extend_from_slice(rest);
                 e
             };
-            let ka = bucket_key("sl:", &domain, &with(&rest_a), tag_a);
-            let kb = bucket_key("other:", &domain, &with(&rest_b), tag_b);
-            let alone = bucket_key("", &domain, std::slice::from_ref(&first), RuleTag::Configured);
+            let ka = bucket_key("sl:", &domain, &with(&rest_a), tag_a, algorithm_a);
+            let kb = bucket_key("other:", &domain, &with(&rest_b), tag_b, algorithm_b);
+            let alone = tb_key("", &domain, std::slice::from_ref(&first), RuleTag::Configured);
             prop_assert_eq!(hash_tag(&ka), hash_tag(&kb));
             prop_assert_eq!(hash_tag(&ka), &alone[1..alone.len() - 1]);
             prop_assert_eq!(slot(&ka), slot(&kb));

@@ -12,8 +12,10 @@
 //! - [`config`]: YAML model, validation with file:line errors, loading a file or directory.
 //! - [`descriptor`]: compiled descriptor tree; request entries → the rule they reach.
 //! - [`explain`]: which rule a descriptor reaches (or why none), its bucket and storage key.
-//! - [`key`]: the storage key of a bucket: injective, hash-tagged for Redis Cluster.
-//! - [`algorithm`]: pure token-bucket arithmetic; time is an argument.
+//! - [`key`]: the storage key of a bucket: injective, hash-tagged for Redis Cluster, tagged by
+//!   algorithm.
+//! - [`algorithm`]: pure arithmetic of the per-rule algorithms (token bucket, fixed window,
+//!   sliding window, GCRA); time is an argument. `lua/limit.lua` mirrors it.
 //! - [`clock`]: injected time, so tests step it.
 //! - [`backend`]: the `Backend` trait; `memory` and `redis` implementations.
 //! - [`limiter`]: request → rules → one backend call → [`limiter::Decision`].

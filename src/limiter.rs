@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::algorithm::{BucketParams, Demand, Verdict};
+use crate::algorithm::{Algorithm, BucketParams, Demand, Verdict};
 use crate::backend::{Backend, BackendError, Hit};
 use crate::config::{Config, Domain};
 use crate::key::{RuleTag, write_bucket_key};
@@ -174,6 +174,8 @@ impl Default for LimiterOptions {
 struct Target {
     rule: Option<Arc<Rule>>,
     rate: RateLimit,
+    /// The rule's algorithm; for an override without a rule, the domain's.
+    algorithm: Algorithm,
     name: Option<Arc<str>>,
     shadow: bool,
     failure_mode: FailureMode,
@@ -294,10 +296,12 @@ impl<B: Backend> Limiter<B> {
                         &request.domain,
                         &descriptor.entries,
                         tag,
+                        target.algorithm,
                     );
                     let cost = target.rule.as_ref().map_or(1, |r| r.cost);
                     let hits_each = descriptor.hits(request.hits_addend);
                     let demand = Demand {
+                        algorithm: target.algorithm,
                         params: target.rate.bucket(),
                         tokens: hits_each.saturating_mul(cost),
                         refund: descriptor.is_negative_hits,
@@ -449,13 +453,15 @@ impl<B: Backend> Limiter<B> {
             .unwrap_or(self.options.default_failure_mode);
         if let Some(o) = descriptor.limit_override {
             // As in envoyproxy/ratelimit: an override needs only a known domain, carries no name
-            // and is never in shadow mode; the matched rule still prices the hit (cost).
+            // and is never in shadow mode; the matched rule still prices the hit (cost) and
+            // chooses the algorithm.
             let rate = RateLimit {
                 requests_per_unit: o.requests_per_unit,
                 unit: o.unit,
                 burst: None,
             };
             let target = Target {
+                algorithm: rule.as_ref().map_or(domain.algorithm, |r| r.algorithm),
                 rule,
                 rate,
                 name: None,
@@ -481,6 +487,7 @@ impl<B: Backend> Limiter<B> {
             name: rule.name.clone(),
             shadow: rule.shadow_mode,
             rate,
+            algorithm: rule.algorithm,
             failure_mode,
             rule: Some(rule),
             hit: 0,

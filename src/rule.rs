@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::algorithm::BucketParams;
+use crate::algorithm::{Algorithm, BucketParams};
 
 /// A rate-limit time unit, with envoyproxy/ratelimit's lengths (a month is 30 days, a year 365).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -176,6 +176,28 @@ impl FailureMode {
     }
 }
 
+/// Where a setting that falls back from rule to domain to a global default came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Origin {
+    /// The rule's own `rate_limit`.
+    Rule,
+    /// The domain file's top level.
+    Domain,
+    /// The global default (a command-line flag or its environment variable).
+    Default,
+}
+
+impl Origin {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Origin::Rule => "rule",
+            Origin::Domain => "domain",
+            Origin::Default => "default",
+        }
+    }
+}
+
 /// Dense index of a rule within one loaded config (stable for the life of that config only).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct RuleId(pub u32);
@@ -192,6 +214,10 @@ pub struct Rule {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<Arc<str>>,
     pub limit: Limit,
+    /// How hits are counted: `rate_limit.algorithm`, else the domain's `algorithm`, else
+    /// `--default-algorithm`. Resolved at load time, so validation knows it.
+    pub algorithm: Algorithm,
+    pub algorithm_from: Origin,
     pub shadow_mode: bool,
     pub detailed_metric: bool,
     /// Tokens per hit (weighted endpoints); at least 1.

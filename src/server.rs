@@ -592,6 +592,7 @@ fn redis_options(settings: &Settings) -> RedisOptions {
             failure_threshold: settings.breaker_failures,
             cooldown: settings.breaker_cooldown,
         },
+        expiry_jitter_max: settings.expiry_jitter_max,
     }
 }
 

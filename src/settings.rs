@@ -115,6 +115,12 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_REDIS_CONNECT_TIMEOUT", value_parser = parse_duration, default_value = "250ms")]
     pub redis_connect_timeout: Duration,
 
+    /// Upper bound of a random delay added to the expiry of every Redis key a call writes, so
+    /// keys written together (fixed-window counters) do not all expire together. Never changes
+    /// a decision. envoyproxy/ratelimit's EXPIRATION_JITTER_MAX_SECONDS.
+    #[arg(long, env = "SLUICE_EXPIRY_JITTER_MAX", value_parser = parse_duration, default_value = "0s")]
+    pub expiry_jitter_max: Duration,
+
     /// Prefix of every bucket key (must not contain `{` or `}`).
     #[arg(long, env = "SLUICE_KEY_PREFIX", default_value = "sluice:")]
     pub key_prefix: String,
@@ -303,6 +309,35 @@ mod tests {
         assert!(s.over_limit_cache);
         assert_eq!(s.max_in_flight, 4096);
         assert_eq!(s.header_degraded, "x-ratelimit-degraded");
+        assert_eq!(s.expiry_jitter_max, Duration::ZERO);
+        assert_eq!(
+            s.config_ops.load.default_algorithm,
+            crate::algorithm::Algorithm::TokenBucket
+        );
+    }
+
+    #[test]
+    fn algorithm_and_jitter_flags_parse() {
+        let cli = Cli::try_parse_from([
+            "sluice",
+            "serve",
+            "--config",
+            "c",
+            "--default-algorithm",
+            "Sliding_Window",
+            "--expiry-jitter-max",
+            "30s",
+        ])
+        .unwrap();
+        let Command::Serve(s) = cli.command else {
+            panic!("serve")
+        };
+        assert_eq!(
+            s.config_ops.load.default_algorithm,
+            crate::algorithm::Algorithm::SlidingWindow
+        );
+        assert_eq!(s.expiry_jitter_max, Duration::from_secs(30));
+        assert!(Cli::try_parse_from(["sluice", "serve", "--default-algorithm", "leaky"]).is_err());
     }
 
     #[test]

@@ -54,6 +54,65 @@ fn check_config_reports_file_and_line_and_exits_1() {
     );
 }
 
+/// The default algorithm decides whether `burst` means anything, so `check-config` takes it as
+/// `serve` does: flag or `SLUICE_DEFAULT_ALGORITHM`; an unknown one is refused by name.
+#[test]
+fn check_config_takes_the_default_algorithm() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("api.yaml");
+    std::fs::write(
+        &file,
+        "domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5, burst: 9}\n",
+    )
+    .unwrap();
+    let ok = sluice().args(["check-config"]).arg(&file).output().unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+
+    let flag = sluice()
+        .args(["check-config", "--default-algorithm", "fixed_window"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(flag.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&flag.stderr);
+    assert!(
+        stderr.contains(
+            "api.yaml:4:54: `burst` does not apply to `fixed_window` (from --default-algorithm)"
+        ),
+        "{stderr}"
+    );
+
+    let env = sluice()
+        .args(["check-config", "--format", "json"])
+        .arg(&file)
+        .env("SLUICE_DEFAULT_ALGORITHM", "GCRA")
+        .output()
+        .unwrap();
+    assert!(
+        env.status.success(),
+        "{}",
+        String::from_utf8_lossy(&env.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&env.stdout).unwrap();
+    assert_eq!(json["algorithms"], serde_json::json!({"gcra": 1}));
+
+    let unknown = sluice()
+        .args(["check-config", "--default-algorithm", "leaky_bucket"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(unknown.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&unknown.stderr);
+    assert!(
+        stderr.contains("unknown algorithm `leaky_bucket` (expected one of: token_bucket, fixed_window, sliding_window, gcra)"),
+        "{stderr}"
+    );
+}
+
 #[cfg(unix)]
 #[test]
 fn serve_prints_addresses_and_exits_cleanly_on_sigterm() {

@@ -22,7 +22,10 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(config.digest(), other.digest());
             assert_eq!(config.summary(), other.summary());
             let json = config.to_json();
-            assert_eq!(json["rule_count"].as_u64(), Some(config.rule_count() as u64));
+            assert_eq!(
+                json["rule_count"].as_u64(),
+                Some(config.rule_count() as u64)
+            );
             for (i, rule) in config.rules().enumerate() {
                 assert_eq!(rule.id.0 as usize, i);
                 assert!(rule.cost >= 1);

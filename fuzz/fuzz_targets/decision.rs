@@ -6,7 +6,7 @@
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
-use sluice_fuzz_support::{Harness, Policy, to_proto, FuzzRequest};
+use sluice_fuzz_support::{FuzzRequest, Harness, Policy, to_proto};
 
 #[path = "support.rs"]
 mod sluice_fuzz_support;

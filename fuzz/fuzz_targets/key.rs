@@ -1,10 +1,11 @@
 //! Bucket keys: every key parses back into its inputs (so distinct inputs give distinct keys),
 //! the hash tag covers exactly the domain and first entry, and two inputs share a key only if
-//! they are equal.
+//! they are equal — the algorithm included, so two algorithms never share a key.
 #![no_main]
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
+use sluice::algorithm::Algorithm;
 use sluice::key::{RuleTag, bucket_key, hash_tag, slot};
 use sluice::request::{Entry, LimitOverride};
 use sluice::rule::Unit;
@@ -14,6 +15,7 @@ struct KeyInput {
     domain: String,
     entries: Vec<(String, String)>,
     override_rate: Option<(u32, u8)>,
+    algorithm: u8,
 }
 
 impl KeyInput {
@@ -34,8 +36,18 @@ impl KeyInput {
         }
     }
 
+    fn algorithm(&self) -> Algorithm {
+        Algorithm::ALL[usize::from(self.algorithm) % Algorithm::ALL.len()]
+    }
+
     fn key(&self) -> String {
-        bucket_key(PREFIX, &self.domain, &self.entries(), self.tag())
+        bucket_key(
+            PREFIX,
+            &self.domain,
+            &self.entries(),
+            self.tag(),
+            self.algorithm(),
+        )
     }
 }
 
@@ -78,15 +90,14 @@ fn stands_for(encoded: &str, raw: &str) -> bool {
     out == raw.as_bytes()
 }
 
-/// Splits a key back into (domain, [(key, value)], tag) using only the separators.
-fn parse(key: &str) -> (&str, Vec<(&str, &str)>, Option<&str>) {
+/// Splits a key back into (domain, [(key, value)], tags) using only the separators.
+fn parse(key: &str) -> (&str, Vec<(&str, &str)>, Vec<&str>) {
     let rest = key.strip_prefix(PREFIX).expect("prefix");
     let rest = rest.strip_prefix('{').expect("tag opens after the prefix");
     let (inside, after) = rest.split_once('}').expect("tag closes");
-    let (body, tag) = match after.split_once('~') {
-        Some((body, tag)) => (body, Some(tag)),
-        None => (after, None),
-    };
+    let mut parts = after.split('~');
+    let body = parts.next().expect("split yields at least one part");
+    let tags: Vec<&str> = parts.collect();
     let (domain, first) = inside.split_once('|').expect("domain separator");
     let mut pairs = Vec::new();
     if !first.is_empty() {
@@ -94,9 +105,12 @@ fn parse(key: &str) -> (&str, Vec<(&str, &str)>, Option<&str>) {
     }
     if !body.is_empty() {
         let body = body.strip_prefix('|').expect("entry separator");
-        pairs.extend(body.split('|').map(|p| p.split_once('=').expect("pair separator")));
+        pairs.extend(
+            body.split('|')
+                .map(|p| p.split_once('=').expect("pair separator")),
+        );
     }
-    (domain, pairs, tag)
+    (domain, pairs, tags)
 }
 
 fn check_round_trip(input: &KeyInput) -> String {
@@ -104,23 +118,28 @@ fn check_round_trip(input: &KeyInput) -> String {
     assert!(key.is_ascii(), "{key:?}");
     assert_eq!(key.matches('{').count(), 1, "{key:?}");
     assert_eq!(key.matches('}').count(), 1, "{key:?}");
-    assert!(!key.bytes().any(|b| b.is_ascii_control() || b == b' '), "{key:?}");
-    let (domain, pairs, tag) = parse(&key);
+    assert!(
+        !key.bytes().any(|b| b.is_ascii_control() || b == b' '),
+        "{key:?}"
+    );
+    let (domain, pairs, tags) = parse(&key);
     assert!(stands_for(domain, &input.domain), "{key:?} vs {input:?}");
     assert_eq!(pairs.len(), input.entries.len(), "{key:?}");
     for ((k, v), (rk, rv)) in pairs.iter().zip(&input.entries) {
         assert!(stands_for(k, rk), "{key:?} vs {input:?}");
         assert!(stands_for(v, rv), "{key:?} vs {input:?}");
     }
-    let expected_tag = match input.tag() {
-        RuleTag::Configured => None,
-        RuleTag::Override(o) => Some(format!("o{}/{}", o.requests_per_unit, o.unit)),
+    let mut expected_tags: Vec<String> = match input.tag() {
+        RuleTag::Configured => Vec::new(),
+        RuleTag::Override(o) => vec![format!("o{}/{}", o.requests_per_unit, o.unit)],
     };
-    assert_eq!(tag.map(str::to_string), expected_tag, "{key:?}");
+    expected_tags.extend(input.algorithm().key_tag().map(str::to_string));
+    assert_eq!(tags, expected_tags, "{key:?}");
     // The Cluster hash tag: the domain and first entry only.
     let first_only = KeyInput {
         entries: input.entries.iter().take(1).cloned().collect(),
         override_rate: None,
+        algorithm: 0,
         ..input.clone()
     };
     let alone = first_only.key();
@@ -132,7 +151,7 @@ fn check_round_trip(input: &KeyInput) -> String {
 fuzz_target!(|pair: (KeyInput, KeyInput)| {
     let (a, b) = pair;
     let (ka, kb) = (check_round_trip(&a), check_round_trip(&b));
-    let meaning = |i: &KeyInput| (i.domain.clone(), i.entries.clone(), i.tag());
+    let meaning = |i: &KeyInput| (i.domain.clone(), i.entries.clone(), i.tag(), i.algorithm());
     if meaning(&a) != meaning(&b) {
         assert_ne!(ka, kb, "{a:?} and {b:?} share a key");
     } else {

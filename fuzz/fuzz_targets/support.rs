@@ -51,8 +51,26 @@ pub enum Word {
 }
 
 const VOCABULARY: &[&str] = &[
-    "tenant", "route", "export", "login", "internal-billing", "remote_address", "plan", "free",
-    "acme", "10.0.0.1", "service", "api", "internal", "", "*", "{", "}", "|", "=", "%",
+    "tenant",
+    "route",
+    "export",
+    "login",
+    "internal-billing",
+    "remote_address",
+    "plan",
+    "free",
+    "acme",
+    "10.0.0.1",
+    "service",
+    "api",
+    "internal",
+    "",
+    "*",
+    "{",
+    "}",
+    "|",
+    "=",
+    "%",
 ];
 
 impl Word {

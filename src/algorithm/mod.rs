@@ -1,15 +1,114 @@
-//! Pure rate-limit arithmetic: `(state, now, params, demand) -> (state, verdict)`.
+//! Pure rate-limit arithmetic: `(state, now, params, demand) -> (state, verdict)`, for four
+//! algorithms chosen per rule.
 //!
 //! Nothing here reads a clock or touches I/O, so every edge case is a unit test with time as an
-//! argument. The memory backend calls [`token_bucket::decide`] directly; `lua/token_bucket.lua`
-//! performs the same floating-point operations in the same order, so both backends give
-//! bit-identical answers (checked by the conformance suite).
+//! argument. The memory backend calls [`decide`] directly; `lua/limit.lua` performs the same
+//! operations in the same order (the same doubles where the arithmetic is fractional), so both
+//! backends give bit-identical answers (checked by the conformance suite's differential test).
+//!
+//! Every algorithm is decided in two phases so that one request over several keys is
+//! all-or-nothing whatever the keys' algorithms: first each key's state is brought to `now` and
+//! asked whether its demand fits; then, only if every non-shadow demand fits, the takes are
+//! applied. Refunds are always applied.
+//!
+//! | algorithm | state | limit | `burst` |
+//! | --- | --- | --- | --- |
+//! | [`token_bucket`] | tokens, refill time | `capacity` tokens, refilled at `requests_per_unit / unit` | capacity |
+//! | [`fixed_window`] | window start, count | `requests_per_unit` per clock-aligned window | not allowed |
+//! | [`sliding_window`] | window start, count, previous count | `requests_per_unit` per sliding window (estimated) | not allowed |
+//! | [`gcra`] | theoretical arrival time | one request per `unit / requests_per_unit`, `capacity` at once | tolerance |
 
+pub mod fixed_window;
+pub mod gcra;
+pub mod sliding_window;
 pub mod token_bucket;
 
-use serde::Serialize;
+use std::fmt;
 
-/// A bucket's shape: holds at most `capacity` tokens, refills `requests_per_unit` per `unit_ms`.
+use serde::{Deserialize, Serialize};
+
+pub use fixed_window::WindowState;
+pub use gcra::GcraState;
+pub use sliding_window::SlidingState;
+
+/// How a rule counts hits. The default is the token bucket.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    #[default]
+    TokenBucket,
+    FixedWindow,
+    SlidingWindow,
+    Gcra,
+}
+
+impl Algorithm {
+    pub const ALL: [Algorithm; 4] = [
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::Gcra,
+    ];
+
+    /// The config and command-line spelling.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::Gcra => "gcra",
+        }
+    }
+
+    /// Parses a config spelling, any case (as units and failure modes are).
+    pub fn parse(s: &str) -> Option<Algorithm> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.as_str().eq_ignore_ascii_case(s))
+    }
+
+    /// `token_bucket, fixed_window, sliding_window, gcra`, for messages.
+    pub fn names() -> String {
+        Algorithm::ALL.map(Algorithm::as_str).join(", ")
+    }
+
+    /// The number `lua/limit.lua` dispatches on.
+    pub const fn wire_code(self) -> u8 {
+        match self {
+            Algorithm::TokenBucket => 1,
+            Algorithm::FixedWindow => 2,
+            Algorithm::SlidingWindow => 3,
+            Algorithm::Gcra => 4,
+        }
+    }
+
+    /// What the storage key carries after `~` to keep this algorithm's state apart from the
+    /// others' (`None` for the token bucket, whose keys predate the other algorithms and stay as
+    /// they were so an upgrade keeps every bucket).
+    pub const fn key_tag(self) -> Option<&'static str> {
+        match self {
+            Algorithm::TokenBucket => None,
+            Algorithm::FixedWindow => Some("fw"),
+            Algorithm::SlidingWindow => Some("sw"),
+            Algorithm::Gcra => Some("gcra"),
+        }
+    }
+
+    /// Whether `burst` means something: the bucket's capacity, GCRA's tolerance. A window
+    /// admits `requests_per_unit` per window and has nothing a burst could set.
+    pub const fn takes_burst(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A limit's shape: `requests_per_unit` per `unit_ms`, and `capacity` — the token bucket's size
+/// and GCRA's burst (`burst`, else `requests_per_unit`). Windows use `requests_per_unit` only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 pub struct BucketParams {
     pub capacity: u64,
@@ -24,7 +123,7 @@ impl BucketParams {
     }
 }
 
-/// Stored state of one bucket. A bucket with no state is full.
+/// Stored state of one token bucket. A bucket with no state is full.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BucketState {
     /// Fractional tokens are kept so slow refill rates are exact over time.
@@ -33,33 +132,384 @@ pub struct BucketState {
     pub updated_ms: u64,
 }
 
-/// What one request asks of one bucket.
+/// Stored state of one key, of whichever algorithm owns it. No state means nothing counted.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum State {
+    TokenBucket(BucketState),
+    FixedWindow(WindowState),
+    SlidingWindow(SlidingState),
+    Gcra(GcraState),
+}
+
+impl State {
+    /// From this time on (ms) the state is indistinguishable from no state at all (the bucket is
+    /// full, the windows are over, the arrival time has passed), so it may be dropped.
+    pub fn settled_at_ms(&self, params: &BucketParams) -> u64 {
+        match self {
+            State::TokenBucket(s) => token_bucket::settled_at_ms(s, params),
+            State::FixedWindow(s) => fixed_window::settled_at_ms(s, params),
+            State::SlidingWindow(s) => sliding_window::settled_at_ms(s, params),
+            State::Gcra(s) => gcra::settled_at_ms(s),
+        }
+    }
+}
+
+/// What one request asks of one key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Demand {
+    pub algorithm: Algorithm,
     pub params: BucketParams,
-    /// Tokens to take (or give back when `refund`). 0 checks without taking: allowed while the
-    /// bucket holds at least one token.
+    /// Hits to count (tokens to take), or to give back when `refund`. 0 checks without
+    /// counting: allowed while one more hit would be.
     pub tokens: u64,
-    /// Give `tokens` back (capped at capacity) instead of taking them. Never rejected.
+    /// Give `tokens` back (never below an empty count) instead of counting them. Never rejected.
     pub refund: bool,
     /// Shadow-mode rule: reported, never the reason a request is rejected.
     pub shadow: bool,
 }
 
-/// The answer for one bucket.
+/// The answer for one key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Verdict {
-    /// This bucket alone had enough tokens (always true for a refund). The request as a whole is
-    /// allowed when every non-shadow bucket's verdict is.
+    /// This key alone could take the demand (always true for a refund). The request as a whole
+    /// is allowed when every non-shadow key's verdict is.
     pub allowed: bool,
-    /// Whole tokens left after this request (rounded down).
+    /// Hits that would still be allowed right now, after this request (whole, rounded down).
     pub remaining: u64,
-    /// 0 when allowed; otherwise ms until enough tokens exist (rounded up); `None` when the
-    /// demand exceeds the capacity and never can be met.
+    /// 0 when allowed; otherwise ms until the demand would be allowed (rounded up, the exact
+    /// first millisecond); `None` when the demand exceeds the limit and never can be met.
     pub retry_after_ms: Option<u64>,
-    /// ms until the bucket is full again (rounded up).
+    /// ms until the limit resets (Envoy's `duration_until_reset`): the bucket is full again, the
+    /// fixed window ends (in whole seconds, as envoyproxy/ratelimit reports it), nothing is left
+    /// in the sliding windows, the arrival time has passed.
     pub until_full_ms: u64,
 }
 
 /// `retry_after_ms` value the backends use on the wire for "never" (cost above capacity).
 pub const NEVER: u64 = u64::MAX;
+
+/// Decides one request over its keys (distinct), whatever their algorithms, and updates
+/// `states` in place: `states[i]` belongs to `demands[i]`, and on return every entry is `Some`
+/// (the state to store). A state of another algorithm than its demand's is read as no state.
+pub fn decide(now_ms: u64, demands: &[Demand], states: &mut [Option<State>]) -> Vec<Verdict> {
+    assert_eq!(demands.len(), states.len(), "one state per demand");
+    let current: Vec<(Current, bool)> = demands
+        .iter()
+        .zip(states.iter())
+        .map(|(demand, state)| refresh(*state, now_ms, demand))
+        .collect();
+    let all_allowed = demands
+        .iter()
+        .zip(&current)
+        .all(|(demand, (_, fits))| demand.shadow || *fits);
+    demands
+        .iter()
+        .zip(states.iter_mut())
+        .zip(current)
+        .map(|((demand, slot), (state, fits))| {
+            let take = all_allowed && fits && !demand.refund;
+            let (after, verdict) = settle(state, now_ms, demand, fits, take);
+            *slot = Some(after);
+            verdict
+        })
+        .collect()
+}
+
+/// A key's state brought to `now`, between the two phases.
+enum Current {
+    TokenBucket(BucketState),
+    FixedWindow(WindowState),
+    SlidingWindow(SlidingState),
+    /// GCRA's backlog: how far the theoretical arrival time is ahead of now, in ms.
+    Gcra(f64),
+}
+
+/// Phase one: the state as of `now`, and whether the demand fits it.
+fn refresh(state: Option<State>, now_ms: u64, demand: &Demand) -> (Current, bool) {
+    let p = &demand.params;
+    match demand.algorithm {
+        Algorithm::TokenBucket => {
+            let own = match state {
+                Some(State::TokenBucket(s)) => Some(s),
+                _ => None,
+            };
+            let (tokens, updated_ms) = token_bucket::refill(own, now_ms, p);
+            let s = BucketState { tokens, updated_ms };
+            (Current::TokenBucket(s), token_bucket::fits(&s, demand))
+        }
+        Algorithm::FixedWindow => {
+            let own = match state {
+                Some(State::FixedWindow(s)) => Some(s),
+                _ => None,
+            };
+            let s = fixed_window::current(own, now_ms, p);
+            (Current::FixedWindow(s), fixed_window::fits(&s, demand))
+        }
+        Algorithm::SlidingWindow => {
+            let own = match state {
+                Some(State::SlidingWindow(s)) => Some(s),
+                _ => None,
+            };
+            let s = sliding_window::current(own, now_ms, p);
+            let fits = sliding_window::fits(&s, now_ms, demand);
+            (Current::SlidingWindow(s), fits)
+        }
+        Algorithm::Gcra => {
+            let own = match state {
+                Some(State::Gcra(s)) => Some(s),
+                _ => None,
+            };
+            let backlog = gcra::backlog(own, now_ms);
+            (Current::Gcra(backlog), gcra::fits(backlog, demand))
+        }
+    }
+}
+
+/// Phase two: apply the demand (`take` only when the whole request is allowed) and answer.
+fn settle(
+    current: Current,
+    now_ms: u64,
+    demand: &Demand,
+    fits: bool,
+    take: bool,
+) -> (State, Verdict) {
+    match current {
+        Current::TokenBucket(s) => {
+            let (s, v) = token_bucket::settle(s, demand, fits, take);
+            (State::TokenBucket(s), v)
+        }
+        Current::FixedWindow(s) => {
+            let (s, v) = fixed_window::settle(s, now_ms, demand, fits, take);
+            (State::FixedWindow(s), v)
+        }
+        Current::SlidingWindow(s) => {
+            let (s, v) = sliding_window::settle(s, now_ms, demand, fits, take);
+            (State::SlidingWindow(s), v)
+        }
+        Current::Gcra(backlog) => {
+            let (s, v) = gcra::settle(backlog, now_ms, demand, fits, take);
+            (State::Gcra(s), v)
+        }
+    }
+}
+
+/// Hits a demand needs to fit: what it takes, and at least one (a check-only demand asks whether
+/// one more hit would be allowed). A double, as the Lua computes it.
+fn need(demand: &Demand) -> f64 {
+    demand.tokens.max(1) as f64
+}
+
+/// Steps a search takes from its estimate. Estimates are off by at most one or two ms or hits
+/// (the rounding of the doubles they are computed with), so four steps each way always reach
+/// the exact answer; the bound only keeps the loop finite where doubles stop counting (values
+/// beyond 2^53, where the answer saturates anyway).
+const SEARCH_STEPS: usize = 4;
+
+/// The smallest `d >= 1` near `guess` with `ok(d)`, for a monotone `ok` (false, then true
+/// forever): the exact first millisecond at which a rejected demand fits. The same search runs in
+/// `lua/limit.lua`.
+fn first_fit(guess: f64, ok: impl Fn(f64) -> bool) -> f64 {
+    let mut d = if guess >= 1.0 { guess } else { 1.0 };
+    for _ in 0..SEARCH_STEPS {
+        if ok(d) {
+            break;
+        }
+        d += 1.0;
+    }
+    for _ in 0..SEARCH_STEPS {
+        if d > 1.0 && ok(d - 1.0) {
+            d -= 1.0;
+        } else {
+            break;
+        }
+    }
+    d
+}
+
+/// The largest `n` in `0..=cap` near `guess` with `ok(n)`, for an `ok` that holds up to some `n`
+/// and not beyond: how many hits would still fit right now.
+fn most_that_fit(guess: f64, cap: f64, ok: impl Fn(f64) -> bool) -> f64 {
+    let mut n = guess.floor();
+    if n.is_nan() || n < 0.0 {
+        n = 0.0;
+    }
+    if n > cap {
+        n = cap;
+    }
+    for _ in 0..SEARCH_STEPS {
+        if n > 0.0 && !ok(n) {
+            n -= 1.0;
+        } else {
+            break;
+        }
+    }
+    for _ in 0..SEARCH_STEPS {
+        if n < cap && ok(n + 1.0) {
+            n += 1.0;
+        } else {
+            break;
+        }
+    }
+    n
+}
+
+/// What the algorithms' unit tests share: demands and one-key decisions through [`decide`].
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// A take of `tokens` hits by `algorithm`.
+    pub fn take(algorithm: Algorithm, params: BucketParams, tokens: u64) -> Demand {
+        Demand {
+            algorithm,
+            params,
+            tokens,
+            refund: false,
+            shadow: false,
+        }
+    }
+
+    /// An algorithm's own state, as [`State`] holds it.
+    pub trait Stored: Copy + std::fmt::Debug {
+        fn wrap(self) -> State;
+        fn unwrap(state: State) -> Option<Self>;
+    }
+
+    macro_rules! stored {
+        ($($ty:ty => $variant:ident),* $(,)?) => {$(
+            impl Stored for $ty {
+                fn wrap(self) -> State {
+                    State::$variant(self)
+                }
+                fn unwrap(state: State) -> Option<Self> {
+                    match state {
+                        State::$variant(s) => Some(s),
+                        _ => None,
+                    }
+                }
+            }
+        )*};
+    }
+
+    stored!(
+        BucketState => TokenBucket,
+        WindowState => FixedWindow,
+        SlidingState => SlidingWindow,
+        GcraState => Gcra,
+    );
+
+    /// Decides one demand against one state (the real two-phase [`decide`]); the verdict and the
+    /// state to store.
+    pub fn decide_one<S: Stored>(now_ms: u64, demand: Demand, state: Option<S>) -> (Verdict, S) {
+        let mut states = [state.map(S::wrap)];
+        let verdicts = decide(now_ms, &[demand], &mut states);
+        let stored = states[0]
+            .and_then(S::unwrap)
+            .unwrap_or_else(|| panic!("{demand:?} stored {:?}", states[0]));
+        (verdicts[0], stored)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: BucketParams = BucketParams {
+        capacity: 2,
+        requests_per_unit: 2,
+        unit_ms: 1_000,
+    };
+
+    fn demand(algorithm: Algorithm, tokens: u64) -> Demand {
+        Demand {
+            algorithm,
+            params: P,
+            tokens,
+            refund: false,
+            shadow: false,
+        }
+    }
+
+    #[test]
+    fn names_parse_in_any_case_and_tags_are_distinct() {
+        for a in Algorithm::ALL {
+            assert_eq!(Algorithm::parse(a.as_str()), Some(a));
+            assert_eq!(Algorithm::parse(&a.as_str().to_uppercase()), Some(a));
+            assert_eq!(
+                serde_json::to_value(a).unwrap(),
+                serde_json::json!(a.as_str())
+            );
+        }
+        assert_eq!(Algorithm::parse("leaky_bucket"), None);
+        assert_eq!(Algorithm::default(), Algorithm::TokenBucket);
+        let tags: Vec<_> = Algorithm::ALL.iter().map(|a| a.key_tag()).collect();
+        assert_eq!(tags, [None, Some("fw"), Some("sw"), Some("gcra")]);
+        let codes: Vec<_> = Algorithm::ALL.iter().map(|a| a.wire_code()).collect();
+        assert_eq!(codes, [1, 2, 3, 4]);
+    }
+
+    /// One request over one key of each algorithm: one short key rejects the request and
+    /// nothing is counted anywhere; then every key pays.
+    #[test]
+    fn a_request_is_all_or_nothing_across_algorithms() {
+        let now = 1_700_000_000_000;
+        let mut states = vec![None; 4];
+        let mut demands: Vec<Demand> = Algorithm::ALL.iter().map(|&a| demand(a, 1)).collect();
+        demands[2].tokens = 3; // more than the sliding window's 2
+        let verdicts = decide(now, &demands, &mut states);
+        assert_eq!(
+            verdicts.iter().map(|v| v.allowed).collect::<Vec<_>>(),
+            [true, true, false, true]
+        );
+        assert_eq!(verdicts[2].retry_after_ms, None);
+        // Nothing was counted: every key still has its whole limit.
+        let checks: Vec<Demand> = Algorithm::ALL.iter().map(|&a| demand(a, 0)).collect();
+        let verdicts = decide(now, &checks, &mut states);
+        assert!(verdicts.iter().all(|v| v.allowed && v.remaining == 2));
+
+        demands[2].tokens = 1;
+        let verdicts = decide(now, &demands, &mut states);
+        assert!(verdicts.iter().all(|v| v.allowed && v.remaining == 1));
+    }
+
+    #[test]
+    fn a_state_of_another_algorithm_reads_as_none() {
+        let now = 5_000;
+        let mut states = [Some(State::TokenBucket(BucketState {
+            tokens: 0.0,
+            updated_ms: now,
+        }))];
+        let v = decide(now, &[demand(Algorithm::FixedWindow, 1)], &mut states);
+        assert!(v[0].allowed);
+        assert_eq!(v[0].remaining, 1);
+        assert!(matches!(states[0], Some(State::FixedWindow(_))));
+    }
+
+    #[test]
+    fn searches_find_the_exact_boundary() {
+        for target in [1.0, 2.0, 7.0, 1_000.0] {
+            for guess in [
+                target - 3.0,
+                target - 1.0,
+                target,
+                target + 2.0,
+                target + 4.0,
+            ] {
+                assert_eq!(first_fit(guess, |d| d >= target), target, "guess {guess}");
+            }
+        }
+        assert_eq!(first_fit(-5.0, |_| true), 1.0);
+        assert_eq!(first_fit(f64::NAN, |d| d >= 3.0), 3.0);
+        for most in [0.0, 1.0, 5.0, 10.0] {
+            for guess in [most - 2.0, most, most + 3.0] {
+                assert_eq!(
+                    most_that_fit(guess, 10.0, |n| n <= most),
+                    most,
+                    "guess {guess}"
+                );
+            }
+        }
+        assert_eq!(most_that_fit(f64::NAN, 10.0, |n| n <= 2.0), 2.0);
+        assert_eq!(most_that_fit(99.0, 10.0, |_| true), 10.0);
+    }
+}

@@ -1,17 +1,20 @@
-//! Token bucket: refill against elapsed time, take only when every bucket of the request can pay.
+//! Token bucket: refill against elapsed time, take only when every key of the request can pay.
 //!
-//! The contract shared with `lua/token_bucket.lua` (keep them in step):
+//! The contract shared with `lua/limit.lua` (keep them in step):
 //! 1. `refill`: missing state is a full bucket; `elapsed = max(0, now - updated)`;
 //!    `tokens = min(capacity, tokens + elapsed * rate)`; the new `updated` is `max(updated, now)`
 //!    so a clock that steps back never refills twice.
-//! 2. `need = max(tokens_demanded, 1)` for takes; a take is allowed when `tokens >= need`.
-//! 3. The request is allowed when every non-shadow take is; only then are takes deducted (a shadow
-//!    take is deducted only when it alone can pay, so a bucket never goes negative). Refunds are
-//!    always applied, capped at capacity.
+//! 2. `need = max(tokens_demanded, 1)` for takes; a take fits when `tokens >= need`.
+//! 3. The request is allowed when every non-shadow key fits; only then are takes deducted (a
+//!    shadow take is deducted only when it alone can pay, so a bucket never goes negative).
+//!    Refunds are always applied, capped at capacity.
 //! 4. `remaining = floor(tokens_after)`; `retry_after = ceil((need - tokens) / rate)` for a
 //!    rejected take, `None` when `need > capacity`; `until_full = ceil((capacity - tokens_after) / rate)`.
+//!
+//! Stored as `HSET key t <tokens> u <updated_ms>` in Redis; this layout predates the other
+//! algorithms and is kept as it was, so upgrading sluice keeps every bucket.
 
-use super::{BucketParams, BucketState, Demand, Verdict};
+use super::{BucketParams, BucketState, Demand, Verdict, need};
 
 /// Tokens in the bucket at `now_ms`, and the refill timestamp to store.
 pub fn refill(state: Option<BucketState>, now_ms: u64, params: &BucketParams) -> (f64, u64) {
@@ -26,60 +29,53 @@ pub fn refill(state: Option<BucketState>, now_ms: u64, params: &BucketParams) ->
     }
 }
 
-/// Decides one request over its buckets (keys distinct) and updates `states` in place.
-///
-/// `states[i]` belongs to `demands[i]`; on return every entry is `Some` (the state to store).
-pub fn decide(now_ms: u64, demands: &[Demand], states: &mut [Option<BucketState>]) -> Vec<Verdict> {
-    assert_eq!(demands.len(), states.len(), "one state per demand");
-    let mut levels = Vec::with_capacity(demands.len());
-    let mut all_allowed = true;
-    for (demand, state) in demands.iter().zip(states.iter()) {
-        let (tokens, updated) = refill(*state, now_ms, &demand.params);
-        let fits = demand.refund || tokens >= need(demand);
-        if !fits && !demand.shadow {
-            all_allowed = false;
-        }
-        levels.push((tokens, updated, fits));
-    }
-
-    demands
-        .iter()
-        .zip(states.iter_mut())
-        .zip(levels)
-        .map(|((demand, state), (tokens, updated, fits))| {
-            let capacity = demand.params.capacity as f64;
-            let rate = demand.params.rate_per_ms();
-            let after = if demand.refund {
-                (tokens + demand.tokens as f64).min(capacity)
-            } else if all_allowed && fits {
-                tokens - demand.tokens as f64
-            } else {
-                tokens
-            };
-            *state = Some(BucketState {
-                tokens: after,
-                updated_ms: updated,
-            });
-            let needed = need(demand);
-            let retry_after_ms = if fits {
-                Some(0)
-            } else if needed > capacity {
-                None
-            } else {
-                Some(((needed - tokens) / rate).ceil() as u64)
-            };
-            Verdict {
-                allowed: fits,
-                remaining: after.floor() as u64,
-                retry_after_ms,
-                until_full_ms: ((capacity - after) / rate).ceil() as u64,
-            }
-        })
-        .collect()
+/// Whether the demand fits a bucket refilled to now.
+pub(super) fn fits(state: &BucketState, demand: &Demand) -> bool {
+    demand.refund || state.tokens >= need(demand)
 }
 
-fn need(demand: &Demand) -> f64 {
-    demand.tokens.max(1) as f64
+/// Applies the demand to a bucket refilled to now (`take` when the whole request is allowed).
+pub(super) fn settle(
+    state: BucketState,
+    demand: &Demand,
+    fits: bool,
+    take: bool,
+) -> (BucketState, Verdict) {
+    let capacity = demand.params.capacity as f64;
+    let rate = demand.params.rate_per_ms();
+    let tokens = state.tokens;
+    let after = if demand.refund {
+        (tokens + demand.tokens as f64).min(capacity)
+    } else if take {
+        tokens - demand.tokens as f64
+    } else {
+        tokens
+    };
+    let needed = need(demand);
+    let retry_after_ms = if fits {
+        Some(0)
+    } else if needed > capacity {
+        None
+    } else {
+        Some(((needed - tokens) / rate).ceil() as u64)
+    };
+    let verdict = Verdict {
+        allowed: fits,
+        remaining: after.floor() as u64,
+        retry_after_ms,
+        until_full_ms: ((capacity - after) / rate).ceil() as u64,
+    };
+    let state = BucketState {
+        tokens: after,
+        updated_ms: state.updated_ms,
+    };
+    (state, verdict)
+}
+
+/// When the bucket is full again.
+pub(super) fn settled_at_ms(state: &BucketState, params: &BucketParams) -> u64 {
+    let until_full = ((params.capacity as f64 - state.tokens) / params.rate_per_ms()).ceil() as u64;
+    state.updated_ms.saturating_add(until_full)
 }
 
 #[cfg(test)]
@@ -87,6 +83,21 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::algorithm::{Algorithm, State};
+
+    /// The real two-phase decision, over token buckets only.
+    fn decide(now_ms: u64, demands: &[Demand], states: &mut [Option<BucketState>]) -> Vec<Verdict> {
+        let mut wrapped: Vec<Option<State>> =
+            states.iter().map(|s| s.map(State::TokenBucket)).collect();
+        let verdicts = crate::algorithm::decide(now_ms, demands, &mut wrapped);
+        for (slot, state) in states.iter_mut().zip(wrapped) {
+            *slot = match state {
+                Some(State::TokenBucket(s)) => Some(s),
+                other => panic!("a token bucket demand stored {other:?}"),
+            };
+        }
+        verdicts
+    }
 
     /// `requests_per_unit` per `unit_ms`; tests pick rates that are exact binary fractions per ms
     /// so expected values can be written exactly.
@@ -99,12 +110,7 @@ mod tests {
     }
 
     fn take(params: BucketParams, tokens: u64) -> Demand {
-        Demand {
-            params,
-            tokens,
-            refund: false,
-            shadow: false,
-        }
+        crate::algorithm::testing::take(Algorithm::TokenBucket, params, tokens)
     }
 
     fn shadow(params: BucketParams, tokens: u64) -> Demand {
@@ -441,7 +447,7 @@ mod tests {
             let mut state = None;
             for (dt, tokens, is_refund, is_shadow) in steps {
                 now = now.saturating_add_signed(dt);
-                let demand = Demand { params: p, tokens, refund: is_refund, shadow: is_shadow };
+                let demand = Demand { algorithm: Algorithm::TokenBucket, params: p, tokens, refund: is_refund, shadow: is_shadow };
                 let (v, s) = decide_one(now, demand, state);
                 prop_assert!(s.tokens >= 0.0 && s.tokens <= p.capacity as f64, "{s:?}");
                 prop_assert!(v.remaining <= p.capacity);
@@ -489,7 +495,7 @@ mod tests {
             let now = 1_000_000 + dt;
             let demands: Vec<Demand> = buckets
                 .iter()
-                .map(|&(p, _, tokens, refund, shadow)| Demand { params: p, tokens, refund, shadow })
+                .map(|&(p, _, tokens, refund, shadow)| Demand { algorithm: Algorithm::TokenBucket, params: p, tokens, refund, shadow })
                 .collect();
             let mut states: Vec<Option<BucketState>> = buckets
                 .iter()

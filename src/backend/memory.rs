@@ -3,12 +3,13 @@
 //! Buckets live in `shards` maps, each behind its own mutex, so requests for different clients
 //! rarely contend and nothing global is locked per request. One request's buckets are decided
 //! atomically: the distinct shards it touches are locked in ascending index order (so two requests
-//! can never wait on each other in a cycle), [`token_bucket::decide`] runs, states are written
-//! back, and the locks are released.
+//! can never wait on each other in a cycle), [`algorithm::decide`] runs (each key by its own
+//! algorithm), states are written back, and the locks are released.
 //!
-//! Each stored bucket remembers when it will be full again. From then on it is indistinguishable
-//! from a missing bucket (a missing bucket is full), so it is treated as missing on lookup and may
-//! be dropped at any time: by [`MemoryBackend::sweep`], by the sweeper task, or when a shard needs
+//! Each stored key remembers when its state settles: the bucket is full again, the window is
+//! over, the arrival time has passed ([`State::settled_at_ms`]). From then on it is
+//! indistinguishable from a missing key (a missing key has nothing counted), so it is treated as
+//! missing on lookup and may be dropped at any time: by [`MemoryBackend::sweep`], by the sweeper task, or when a shard needs
 //! room. A request that leaves its bucket full stores nothing at all.
 //!
 //! With [`MemoryOptions::max_buckets_per_rule`], each rule (the [`Hit::rule`] that created a
@@ -25,7 +26,7 @@ use std::time::Duration;
 
 use indexmap::{IndexMap, IndexSet};
 
-use crate::algorithm::{BucketState, Demand, Verdict, token_bucket};
+use crate::algorithm::{self, Demand, State, Verdict};
 use crate::backend::{Backend, BackendError, Hit};
 use crate::clock::SharedClock;
 use crate::rule::RuleId;
@@ -57,11 +58,11 @@ impl Default for MemoryOptions {
     }
 }
 
-/// One stored bucket.
+/// One stored key.
 #[derive(Clone, Copy, Debug)]
 struct Slot {
-    state: BucketState,
-    /// From this time on the bucket is full again (`updated + until_full`).
+    state: State,
+    /// From this time on the state is as good as missing ([`State::settled_at_ms`]).
     full_at_ms: u64,
     /// The rule that created the bucket.
     rule: Option<RuleId>,
@@ -162,8 +163,8 @@ impl Shard {
         }
     }
 
-    /// The stored state of `key` as of `now_ms`; `None` (a full bucket) when missing or full again.
-    fn state(&self, key: &str, now_ms: u64) -> Option<BucketState> {
+    /// The stored state of `key` as of `now_ms`; `None` (nothing counted) when missing or settled.
+    fn state(&self, key: &str, now_ms: u64) -> Option<State> {
         self.buckets
             .get(key)
             .filter(|slot| slot.full_at_ms > now_ms)
@@ -261,7 +262,7 @@ impl Shard {
     }
 }
 
-/// Token buckets in this process's memory, with the same semantics as the Redis backend.
+/// Rate-limit state in this process's memory, with the same semantics as the Redis backend.
 pub struct MemoryBackend {
     clock: SharedClock,
     shards: Box<[Mutex<Shard>]>,
@@ -360,23 +361,19 @@ impl MemoryBackend {
         // Read the clock under the locks, so a bucket's updates are stamped in the order they
         // were applied.
         let now_ms = self.clock.now_ms();
-        let mut states: Vec<Option<BucketState>> = hits
+        let mut states: Vec<Option<State>> = hits
             .iter()
             .zip(&shard_of)
             .map(|(hit, &s)| guards[guard_of(s)].state(&hit.key, now_ms))
             .collect();
         let demands: Vec<Demand> = hits.iter().map(|h| h.demand).collect();
-        let verdicts = token_bucket::decide(now_ms, &demands, &mut states);
+        let verdicts = algorithm::decide(now_ms, &demands, &mut states);
 
-        for ((hit, &s), (state, verdict)) in hits
-            .iter()
-            .zip(&shard_of)
-            .zip(states.into_iter().zip(&verdicts))
-        {
-            let state = state.expect("decide returns a state for every bucket");
+        for ((hit, &s), state) in hits.iter().zip(&shard_of).zip(states) {
+            let state = state.expect("decide returns a state for every key");
             let slot = Slot {
                 state,
-                full_at_ms: state.updated_ms.saturating_add(verdict.until_full_ms),
+                full_at_ms: state.settled_at_ms(&hit.demand.params),
                 rule: hit.rule,
             };
             guards[guard_of(s)].store(&hit.key, slot, now_ms, hits);
@@ -499,6 +496,52 @@ mod tests {
         assert_eq!(level(&b, "a", TEN).await, 5);
         clock.set(1_000_150);
         assert_eq!(level(&b, "a", TEN).await, 5);
+    }
+
+    /// Each algorithm's key is kept exactly while it holds anything and then swept: a fixed
+    /// window until it ends, a sliding window until its count has aged out of the next window,
+    /// a GCRA key until its arrival time.
+    #[tokio::test]
+    async fn every_algorithm_is_dropped_once_its_state_settles() {
+        use crate::algorithm::Algorithm;
+
+        let (b, clock) = backend(small(1_000, 4));
+        // The clock starts 1_000_000 ms after the epoch: on a second boundary.
+        let hit = |key: &str, algorithm| Hit::new(key, TEN, 4).using(algorithm);
+        let v = check(
+            &b,
+            &[
+                hit("fw", Algorithm::FixedWindow),
+                hit("sw", Algorithm::SlidingWindow),
+                hit("gcra", Algorithm::Gcra),
+            ],
+        )
+        .await;
+        assert!(v.iter().all(|v| v.allowed && v.remaining == 6), "{v:?}");
+        assert_eq!(b.live_buckets(), 3);
+        // GCRA: 4 hits at one per 100 ms are paid off after 400 ms.
+        clock.advance(400);
+        assert_eq!(b.sweep(), 1);
+        // The fixed window ends after 1000 ms.
+        clock.advance(600);
+        assert_eq!(b.sweep(), 1);
+        let again = check(&b, &[Hit::new("fw", TEN, 0).using(Algorithm::FixedWindow)]).await;
+        assert_eq!(again[0].remaining, 10, "a new window");
+        // The sliding window still weighs the 4 over the next window, then forgets them.
+        let sliding = check(
+            &b,
+            &[Hit::new("sw", TEN, 0).using(Algorithm::SlidingWindow)],
+        )
+        .await;
+        assert_eq!(sliding[0].remaining, 6);
+        clock.advance(999);
+        assert_eq!(b.sweep(), 0);
+        clock.advance(1);
+        assert_eq!(b.sweep(), 1);
+        assert_eq!(b.live_buckets(), 0);
+        // A check on an empty window stores nothing.
+        check(&b, &[Hit::new("fw", TEN, 0).using(Algorithm::FixedWindow)]).await;
+        assert_eq!(b.live_buckets(), 0);
     }
 
     #[tokio::test]

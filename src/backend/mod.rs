@@ -1,8 +1,8 @@
 //! Where bucket state lives: one trait, an in-process [`memory`] backend and a shared [`redis`] one.
 //!
-//! Both evaluate every bucket of one request in one atomic step with the arithmetic of
-//! [`crate::algorithm::token_bucket`]; `integration/conformance.rs` runs one suite against each so they
-//! cannot drift.
+//! Both evaluate every key of one request in one atomic step with the arithmetic of
+//! [`crate::algorithm`] (each key by its own algorithm); `integration/conformance.rs` runs one
+//! suite against each so they cannot drift.
 
 pub mod memory;
 pub mod redis;
@@ -10,7 +10,7 @@ pub mod redis;
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::algorithm::{BucketParams, Demand, Verdict};
+use crate::algorithm::{Algorithm, BucketParams, Demand, Verdict};
 use crate::resilience::breaker::BreakerSet;
 use crate::rule::RuleId;
 
@@ -26,10 +26,12 @@ pub struct Hit {
 }
 
 impl Hit {
+    /// A token-bucket take of `tokens`; see [`Hit::using`] for the other algorithms.
     pub fn new(key: impl Into<String>, params: BucketParams, tokens: u64) -> Self {
         Hit {
             key: key.into(),
             demand: Demand {
+                algorithm: Algorithm::TokenBucket,
                 params,
                 tokens,
                 refund: false,
@@ -37,6 +39,12 @@ impl Hit {
             },
             rule: None,
         }
+    }
+
+    /// The same hit, counted by `algorithm`.
+    pub fn using(mut self, algorithm: Algorithm) -> Self {
+        self.demand.algorithm = algorithm;
+        self
     }
 }
 
@@ -69,7 +77,7 @@ impl BackendError {
     }
 }
 
-/// A store of token buckets.
+/// A store of rate-limit state (token buckets, window counters, arrival times).
 pub trait Backend: Send + Sync + 'static {
     /// Decides all `hits` of one request. Keys are distinct. Atomic for hits that share a storage
     /// shard (all of them in memory and standalone Redis; those of one slot in Redis Cluster).

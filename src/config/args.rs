@@ -6,6 +6,7 @@ use clap::{ArgAction, Args};
 
 use super::LoadOptions;
 use super::reload::ReloadOptions;
+use crate::algorithm::Algorithm;
 use crate::settings::parse_duration;
 
 /// How files become a config (the same for `serve`, `check-config` and `explain`, so a check
@@ -25,6 +26,20 @@ pub struct LoadArgs {
     /// overrides still do). envoyproxy/ratelimit's SHADOW_MODE.
     #[arg(long, env = "SLUICE_SHADOW_MODE", default_value_t = false, action = ArgAction::Set)]
     pub shadow_mode: bool,
+
+    /// Algorithm of rules whose `rate_limit` and domain name none: token_bucket, fixed_window,
+    /// sliding_window or gcra. fixed_window counts as envoyproxy/ratelimit does.
+    #[arg(long, env = "SLUICE_DEFAULT_ALGORITHM", value_parser = parse_algorithm, default_value = "token_bucket")]
+    pub default_algorithm: Algorithm,
+}
+
+fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
+    Algorithm::parse(s).ok_or_else(|| {
+        format!(
+            "unknown algorithm `{s}` (expected one of: {})",
+            Algorithm::names()
+        )
+    })
 }
 
 impl LoadArgs {
@@ -35,6 +50,7 @@ impl LoadArgs {
             dotfiles: self.config_dotfiles,
             shadow_all: self.shadow_mode,
             max_entries,
+            default_algorithm: self.default_algorithm,
         }
     }
 }

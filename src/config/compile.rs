@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use super::validate::{DescriptorSpec, DomainSpec};
 use super::{Config, Domain};
+use crate::algorithm::Algorithm;
 use crate::descriptor::{Level, Node, Pattern};
-use crate::rule::{FailureMode, Rule, RuleId};
+use crate::rule::{FailureMode, Origin, Rule, RuleId};
 
 /// One file's share of a domain: all of it, unless several files are merged into one domain.
 pub(crate) struct Part {
@@ -16,8 +17,14 @@ pub(crate) struct Part {
 }
 
 /// Builds the config from checked domains in load order, each from one or more parts (merged in
-/// order). `shadow_all` puts every rule in shadow mode.
-pub(crate) fn config(domains_parts: Vec<Vec<Part>>, digest: String, shadow_all: bool) -> Config {
+/// order). `shadow_all` puts every rule in shadow mode; `default_algorithm` counts the rules
+/// whose rule and domain name no algorithm.
+pub(crate) fn config(
+    domains_parts: Vec<Vec<Part>>,
+    digest: String,
+    shadow_all: bool,
+    default_algorithm: Algorithm,
+) -> Config {
     let mut rules = Vec::new();
     let mut domains = Vec::with_capacity(domains_parts.len());
     for parts in domains_parts {
@@ -28,6 +35,11 @@ pub(crate) fn config(domains_parts: Vec<Vec<Part>>, digest: String, shadow_all: 
         let file = first.file.clone();
         // Merging checked that the parts agree on the failure mode.
         let failure_mode = parts.iter().find_map(|p| p.spec.failure_mode);
+        let (algorithm, algorithm_from) = match parts.iter().find_map(|p| p.spec.algorithm.as_ref())
+        {
+            Some(own) => (own.value, Origin::Domain),
+            None => (default_algorithm, Origin::Default),
+        };
         let first_rule = rules.len();
         let mut tree = Level::default();
         for part in &parts {
@@ -35,6 +47,7 @@ pub(crate) fn config(domains_parts: Vec<Vec<Part>>, digest: String, shadow_all: 
                 file: &part.file,
                 domain: &name,
                 failure_mode,
+                algorithm: (algorithm, algorithm_from),
                 shadow_all,
                 rules: &mut rules,
             };
@@ -43,6 +56,8 @@ pub(crate) fn config(domains_parts: Vec<Vec<Part>>, digest: String, shadow_all: 
         domains.push(Domain {
             name,
             failure_mode,
+            algorithm,
+            algorithm_from,
             file,
             tree,
             rules: rules[first_rule..].to_vec(),
@@ -66,6 +81,8 @@ struct Builder<'a> {
     file: &'a str,
     domain: &'a Arc<str>,
     failure_mode: Option<FailureMode>,
+    /// The domain's algorithm for rules that name none, and where it came from.
+    algorithm: (Algorithm, Origin),
     shadow_all: bool,
     rules: &'a mut Vec<Arc<Rule>>,
 }
@@ -80,12 +97,18 @@ impl Builder<'_> {
                 None => format!("{parent_path}.{}", spec.key),
             };
             let rule = spec.rule.as_ref().map(|r| {
+                let (algorithm, algorithm_from) = match &r.algorithm {
+                    Some(own) => (own.value, Origin::Rule),
+                    None => self.algorithm,
+                };
                 let rule = Arc::new(Rule {
                     id: RuleId(self.rules.len() as u32),
                     domain: self.domain.clone(),
                     path: path.as_str().into(),
                     name: r.name.as_deref().map(Arc::from),
                     limit: r.limit,
+                    algorithm,
+                    algorithm_from,
                     shadow_mode: r.shadow_mode || self.shadow_all,
                     detailed_metric: r.detailed_metric,
                     cost: r.cost,

@@ -20,15 +20,18 @@ use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
+use crate::algorithm::Algorithm;
 use crate::descriptor::{Explanation, Level};
 use crate::request::Entry;
-use crate::rule::{FailureMode, Rule, RuleId};
+use crate::rule::{FailureMode, Origin, Rule, RuleId};
 
 pub use load::{load_path, load_path_with};
 pub use store::{ConfigStore, Rejected};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_algorithms;
 #[cfg(test)]
 mod tests_ops;
 
@@ -92,6 +95,8 @@ pub struct LoadOptions {
     /// Most entries a request descriptor may carry (`--max-entries`): deeper descriptors are
     /// reported as unreachable.
     pub max_entries: usize,
+    /// Algorithm of rules whose domain and `rate_limit` name none (`--default-algorithm`).
+    pub default_algorithm: Algorithm,
 }
 
 impl Default for LoadOptions {
@@ -101,6 +106,7 @@ impl Default for LoadOptions {
             dotfiles: false,
             shadow_all: false,
             max_entries: 32,
+            default_algorithm: Algorithm::TokenBucket,
         }
     }
 }
@@ -110,6 +116,10 @@ impl Default for LoadOptions {
 pub struct Domain {
     pub name: Arc<str>,
     pub failure_mode: Option<FailureMode>,
+    /// The algorithm of this domain's rules that name none, and of request `limit` overrides
+    /// that reach no rule: the domain's `algorithm`, else `--default-algorithm`.
+    pub algorithm: Algorithm,
+    pub algorithm_from: Origin,
     file: Arc<str>,
     tree: Level,
     rules: Vec<Arc<Rule>>,
@@ -118,7 +128,7 @@ pub struct Domain {
 impl Default for Config {
     /// No domains: every request is for an unknown domain.
     fn default() -> Self {
-        compile::config(Vec::new(), digest(&[]), false)
+        compile::config(Vec::new(), digest(&[]), false, Algorithm::default())
     }
 }
 
@@ -175,6 +185,8 @@ impl Config {
                     "domain": d.name,
                     "file": d.file,
                     "failure_mode": d.failure_mode,
+                    "algorithm": d.algorithm,
+                    "algorithm_from": d.algorithm_from,
                     "rules": d.rules,
                 })
             })
@@ -263,6 +275,24 @@ pub fn load_sources_with(
         if group.len() > 1 {
             check_merge(group, sources, &mut per_file);
         }
+        // The domain's algorithm, from whichever of its files sets it (merging checked that
+        // they agree), decides what `burst` means in all of them.
+        let domain = group.iter().find_map(|(index, spec)| {
+            spec.algorithm
+                .as_ref()
+                .map(|a| (a, sources[*index].0.as_str()))
+        });
+        let default = validate::AlgorithmDefault {
+            domain,
+            global: options.default_algorithm,
+        };
+        for (index, spec) in group {
+            let mut sink = Sink {
+                file: &sources[*index].0,
+                out: &mut per_file[*index],
+            };
+            validate::algorithm_fields(&spec.descriptors, default, &mut sink);
+        }
     }
 
     let mut diagnostics: Vec<Diagnostic> = per_file
@@ -290,13 +320,19 @@ pub fn load_sources_with(
         })
         .collect();
     let warnings = lint::domains(&domains, options.max_entries);
-    let mut config = compile::config(domains, digest(sources), options.shadow_all);
+    let mut config = compile::config(
+        domains,
+        digest(sources),
+        options.shadow_all,
+        options.default_algorithm,
+    );
     config.warnings = warnings;
     Ok(config)
 }
 
 /// The checks merging adds for the files of one domain: top-level descriptors and rule names
-/// must stay unique across the files, and the files must agree on the domain's failure mode.
+/// must stay unique across the files, and the files must agree on the domain's failure mode and
+/// algorithm.
 /// Problems are reported in the later file.
 fn check_merge(
     group: &[(usize, validate::DomainSpec)],
@@ -306,6 +342,7 @@ fn check_merge(
     let mut top: HashMap<(&str, Option<&str>), (usize, Pos)> = HashMap::new();
     let mut names: HashMap<&str, (usize, Pos)> = HashMap::new();
     let mut failure_mode: Option<(usize, FailureMode)> = None;
+    let mut algorithm: Option<(usize, Algorithm)> = None;
     for (index, spec) in group {
         let index = *index;
         let mut report = |at: Pos, message: String| {
@@ -329,6 +366,19 @@ fn check_merge(
                 ),
                 Some(_) => {}
                 None => failure_mode = Some((index, mode)),
+            }
+        }
+        if let Some(own) = &spec.algorithm {
+            match algorithm {
+                Some((first, earlier)) if earlier != own.value => report(
+                    own.at,
+                    format!(
+                        "domain `{}` has algorithm `{}` here but `{}` in {}",
+                        spec.name.value, own.value, earlier, sources[first].0
+                    ),
+                ),
+                Some(_) => {}
+                None => algorithm = Some((index, own.value)),
             }
         }
         for d in &spec.descriptors {

@@ -4,8 +4,8 @@
 //! integer, list or mapping as the schema says — and reports every problem it meets instead of
 //! stopping. What values mean (units, ranges, duplicates, references) is checked in `validate`.
 //!
-//! A new optional field (say `algorithm` or `shards` under `rate_limit`) is one struct member, one
-//! name in the mapping's field list and one line in its reader.
+//! A new optional field (say `shards` under `rate_limit`) is one struct member, one name in the
+//! mapping's field list and one line in its reader.
 
 use super::Sink;
 use super::yaml::{Kind, Node, Pos, Typed};
@@ -54,6 +54,7 @@ pub(crate) struct RawDomain {
     pub at: Pos,
     pub domain: Field<String>,
     pub failure_mode: Field<String>,
+    pub algorithm: Field<String>,
     pub descriptors: Vec<RawDescriptor>,
 }
 
@@ -75,6 +76,7 @@ pub(crate) struct RawRateLimit {
     pub unit: Field<String>,
     pub requests_per_unit: Field<i128>,
     pub burst: Field<i128>,
+    pub algorithm: Field<String>,
     pub name: Field<String>,
     pub unlimited: Field<bool>,
     pub replaces: Vec<RawReplace>,
@@ -86,7 +88,7 @@ pub(crate) struct RawReplace {
     pub name: Field<String>,
 }
 
-const DOMAIN_FIELDS: &[&str] = &["domain", "failure_mode", "descriptors"];
+const DOMAIN_FIELDS: &[&str] = &["domain", "failure_mode", "algorithm", "descriptors"];
 const DESCRIPTOR_FIELDS: &[&str] = &[
     "key",
     "value",
@@ -101,6 +103,7 @@ const RATE_LIMIT_FIELDS: &[&str] = &[
     "unit",
     "requests_per_unit",
     "burst",
+    "algorithm",
     "name",
     "unlimited",
     "replaces",
@@ -123,6 +126,7 @@ pub(crate) fn read_domain(doc: &Node, sink: &mut Sink) -> Option<RawDomain> {
         at: doc.at,
         domain: fields.string("domain", sink),
         failure_mode: fields.string("failure_mode", sink),
+        algorithm: fields.string("algorithm", sink),
         descriptors: fields.descriptors(sink),
     })
 }
@@ -147,6 +151,7 @@ fn read_rate_limit(fields: &Fields, sink: &mut Sink) -> RawRateLimit {
         unit: fields.string("unit", sink),
         requests_per_unit: fields.integer("requests_per_unit", sink),
         burst: fields.integer("burst", sink),
+        algorithm: fields.string("algorithm", sink),
         name: fields.string("name", sink),
         unlimited: fields.boolean("unlimited", sink),
         replaces: fields

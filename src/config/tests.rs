@@ -81,7 +81,7 @@ descriptors:
         errors(src),
         [
             "2:15: invalid failure_mode `sometimes`; expected one of: open, closed, local, error",
-            "3:1: unknown field `extra` in the config file; expected one of: domain, failure_mode, descriptors",
+            "3:1: unknown field `extra` in the config file; expected one of: domain, failure_mode, algorithm, descriptors",
             "5:5: descriptor is missing required field `key`",
             "7:13: invalid unit `fortnight`; expected one of: second, minute, hour, day, week, month, year",
             "8:26: `requests_per_unit` must be an integer from 1 to 4294967295, got 0",
@@ -94,7 +94,7 @@ descriptors:
             "18:5: `rate_limit` is missing `unit` (or `unlimited: true`)",
             "19:26: `requests_per_unit` must be an integer from 1 to 4294967295, got -1",
             "20:14: `burst` must be an integer from 1 to 4294967295, got 0",
-            "21:7: unknown field `shards` in `rate_limit`; expected one of: unit, requests_per_unit, burst, name, unlimited, replaces",
+            "21:7: unknown field `shards` in `rate_limit`; expected one of: unit, requests_per_unit, burst, algorithm, name, unlimited, replaces",
             "24:17: rule `n` cannot replace itself",
             "25:11: `replaces` entry is missing `name`",
             "26:17: `replaces` entry has an empty `name`",
@@ -237,7 +237,7 @@ descriptors:
     assert_eq!(
         errors(src),
         [
-            "1:1: unknown field `domian` in the config file; expected one of: domain, failure_mode, descriptors",
+            "1:1: unknown field `domian` in the config file; expected one of: domain, failure_mode, algorithm, descriptors",
             "1:1: missing required field `domain`",
             "4:5: unknown field `rate_limt` in a descriptor; expected one of: key, value, rate_limit, descriptors, shadow_mode, detailed_metric, cost, failure_mode",
             "6:5: field `quota_mode` of envoyproxy/ratelimit is not supported by sluice (in a descriptor)",

@@ -9,6 +9,7 @@ use std::collections::hash_map::Entry;
 use super::Sink;
 use super::raw::{Field, RawDescriptor, RawDomain, RawRateLimit, Sp};
 use super::yaml::Pos;
+use crate::algorithm::Algorithm;
 use crate::rule::{FailureMode, Limit, RateLimit, Unit};
 
 /// One domain whose every field is known good.
@@ -16,6 +17,8 @@ use crate::rule::{FailureMode, Limit, RateLimit, Unit};
 pub(crate) struct DomainSpec {
     pub name: Sp<String>,
     pub failure_mode: Option<FailureMode>,
+    /// The domain's default algorithm, where its value is written.
+    pub algorithm: Option<Sp<Algorithm>>,
     pub descriptors: Vec<DescriptorSpec>,
 }
 
@@ -38,6 +41,11 @@ pub(crate) struct RuleSpec {
     pub detailed_metric: bool,
     pub cost: u64,
     pub failure_mode: Option<FailureMode>,
+    /// The rule's own `rate_limit.algorithm`, where its value is written.
+    pub algorithm: Option<Sp<Algorithm>>,
+    /// Where `burst` is written, if it is: whether it means anything depends on the algorithm,
+    /// known only once the domain (and, when merging, its other files) has been read.
+    pub burst_at: Option<Pos>,
 }
 
 /// Limits for `requests_per_unit`, `burst` and `cost`: bucket sizes are `u32` on the wire
@@ -47,6 +55,7 @@ const COUNT_MAX: i128 = u32::MAX as i128;
 /// Checks one file. `None` when the domain itself is unusable; problems are in `sink` either way.
 pub(crate) fn domain(raw: &RawDomain, sink: &mut Sink) -> Option<DomainSpec> {
     let failure_mode = failure_mode(&raw.failure_mode, sink);
+    let algorithm = algorithm(&raw.algorithm, sink);
     let name = match &raw.domain {
         Field::Absent => {
             sink.error(raw.at, "missing required field `domain`");
@@ -64,6 +73,7 @@ pub(crate) fn domain(raw: &RawDomain, sink: &mut Sink) -> Option<DomainSpec> {
     Some(DomainSpec {
         name: name?,
         failure_mode,
+        algorithm,
         descriptors,
     })
 }
@@ -199,6 +209,7 @@ fn rule(
             Field::Given(target) => replaces.push(target.value.clone()),
         }
     }
+    let algorithm = algorithm(&rate_limit.value.algorithm, sink);
     Some(RuleSpec {
         limit: limit?,
         name,
@@ -207,6 +218,8 @@ fn rule(
         detailed_metric: flag(&raw.detailed_metric),
         cost: cost.map_or(1, u64::from),
         failure_mode,
+        algorithm,
+        burst_at: rate_limit.value.burst.given().map(|b| b.key_at),
     })
 }
 
@@ -221,6 +234,7 @@ fn limit(rate_limit: &Sp<RawRateLimit>, sink: &mut Sink) -> Option<Limit> {
                 raw.requests_per_unit.given().map(|f| f.key_at),
             ),
             ("burst", raw.burst.given().map(|f| f.key_at)),
+            ("algorithm", raw.algorithm.given().map(|f| f.key_at)),
         ] {
             if let Some(at) = given {
                 sink.error(
@@ -304,6 +318,75 @@ fn failure_mode(field: &Field<String>, sink: &mut Sink) -> Option<FailureMode> {
         );
     }
     parsed
+}
+
+/// `rate_limit.algorithm` or a domain's `algorithm`, any case.
+fn algorithm(field: &Field<String>, sink: &mut Sink) -> Option<Sp<Algorithm>> {
+    let given = field.given()?;
+    match Algorithm::parse(&given.value) {
+        Some(algorithm) => Some(Sp {
+            value: algorithm,
+            at: given.at,
+            key_at: given.key_at,
+        }),
+        None => {
+            sink.error(
+                given.at,
+                format!(
+                    "invalid algorithm `{}`; expected one of: {}",
+                    given.value,
+                    Algorithm::names()
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// Where a domain's rules get their algorithm when they name none.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AlgorithmDefault<'a> {
+    /// The domain's `algorithm` and the file it is written in.
+    pub domain: Option<(&'a Sp<Algorithm>, &'a str)>,
+    /// `--default-algorithm`.
+    pub global: Algorithm,
+}
+
+/// Fields that mean nothing for the algorithm a rule ends up with: `burst` with a window. Run once
+/// the domain's default is known (after merging the files of a domain).
+pub(crate) fn algorithm_fields(
+    descriptors: &[DescriptorSpec],
+    default: AlgorithmDefault<'_>,
+    sink: &mut Sink,
+) {
+    for d in descriptors {
+        if let Some(rule) = &d.rule
+            && let Some(burst_at) = rule.burst_at
+        {
+            let (algorithm, from) = match &rule.algorithm {
+                Some(own) => (own.value, "its `algorithm`".to_owned()),
+                None => match default.domain {
+                    Some((domain, file)) => (
+                        domain.value,
+                        format!(
+                            "the domain's `algorithm` at {file}:{}:{}",
+                            domain.at.line, domain.at.column
+                        ),
+                    ),
+                    None => (default.global, "--default-algorithm".to_owned()),
+                },
+            };
+            if !algorithm.takes_burst() {
+                sink.error(
+                    burst_at,
+                    format!(
+                        "`burst` does not apply to `{algorithm}` (from {from}): a window admits `requests_per_unit` per window; remove it, or use `token_bucket` or `gcra` for a burst"
+                    ),
+                );
+            }
+        }
+        algorithm_fields(&d.children, default, sink);
+    }
 }
 
 fn flag(field: &Field<bool>) -> bool {

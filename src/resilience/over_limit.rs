@@ -193,6 +193,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::Algorithm;
 
     const PARAMS: BucketParams = BucketParams {
         capacity: 10,
@@ -202,6 +203,7 @@ mod tests {
 
     fn take(tokens: u64) -> Demand {
         Demand {
+            algorithm: Algorithm::TokenBucket,
             params: PARAMS,
             tokens,
             refund: false,

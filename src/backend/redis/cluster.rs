@@ -155,7 +155,7 @@ impl ClusterLink {
     pub(super) async fn check_each(
         self: &Arc<Self>,
         hits: &[Hit],
-        now_ms: Option<u64>,
+        args: script::CallArgs,
         call: Call<'_>,
     ) -> Vec<Result<Verdict, BackendError>> {
         let view = self.view.load_full();
@@ -176,7 +176,7 @@ impl ClusterLink {
                         "no Redis Cluster master serves slot {slot}"
                     )));
                 };
-                let reply = self.run(node, &group, now_ms).await?;
+                let reply = self.run(node, &group, args).await?;
                 collect(&reply, group.len())
             })
         });
@@ -209,10 +209,10 @@ impl ClusterLink {
         self: &Arc<Self>,
         node: &Arc<Node>,
         group: &[&Hit],
-        now_ms: Option<u64>,
+        args: script::CallArgs,
     ) -> Result<Value, BackendError> {
         let hits = group.iter().copied();
-        let err = match script::run(&mut node.conn.clone(), hits.clone(), group.len(), now_ms).await
+        let err = match script::run(&mut node.conn.clone(), hits.clone(), group.len(), args).await
         {
             Ok(reply) => return Ok(reply),
             Err(err) => err,
@@ -222,14 +222,14 @@ impl ClusterLink {
         };
         let target = self.node(target);
         if err.kind() == ErrorKind::Server(ServerErrorKind::Ask) {
-            return script::run_asking(&mut target.conn.clone(), hits, group.len(), now_ms)
+            return script::run_asking(&mut target.conn.clone(), hits, group.len(), args)
                 .await
                 .map_err(classify);
         }
         // MOVED: the view is stale; follow now, correct the view in the background.
         self.fetched_at_ms.store(0, Ordering::Release);
         self.maybe_refresh(true);
-        script::run(&mut target.conn.clone(), hits, group.len(), now_ms)
+        script::run(&mut target.conn.clone(), hits, group.len(), args)
             .await
             .map_err(classify)
     }

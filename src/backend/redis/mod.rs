@@ -1,7 +1,8 @@
 //! The Redis backend: one atomic Lua script call per request (per slot in Cluster mode).
 //!
-//! Every replica runs `lua/token_bucket.lua`, which refills against Redis's own `TIME`, so the
-//! limit is one limit however many replicas share the server. The script is loaded with
+//! Every replica runs `lua/limit.lua`, which decides every key of a request (token buckets,
+//! windows, GCRA alike) against Redis's own `TIME`, so the limit is one limit however many
+//! replicas share the server. The script is loaded with
 //! `SCRIPT LOAD` at start (on every master in Cluster mode) and called with `EVALSHA`; a
 //! `NOSCRIPT` reply (restart, failover, `SCRIPT FLUSH`) costs one `EVAL`, which re-caches it.
 //!
@@ -100,6 +101,10 @@ pub struct RedisOptions {
     pub command_timeout: Duration,
     /// When an endpoint's circuit breaker opens and for how long.
     pub breaker: BreakerSettings,
+    /// Each call adds a random `0..expiry_jitter_max` to the TTL of the keys it writes, so keys
+    /// written together (a fixed window's counters) do not all expire at once. Expiry only
+    /// drops settled state, so the jitter never changes a decision. Zero: no jitter.
+    pub expiry_jitter_max: Duration,
 }
 
 impl std::fmt::Debug for RedisOptions {
@@ -112,6 +117,7 @@ impl std::fmt::Debug for RedisOptions {
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
             .field("breaker", &self.breaker)
+            .field("expiry_jitter_max", &self.expiry_jitter_max)
             .finish()
     }
 }
@@ -153,16 +159,19 @@ impl Default for RedisOptions {
             connect_timeout: Duration::from_millis(250),
             command_timeout: Duration::from_millis(15),
             breaker: BreakerSettings::default(),
+            expiry_jitter_max: Duration::ZERO,
         }
     }
 }
 
-/// Shared token buckets in Redis. Cheap to clone: clones share the connections.
+/// Shared rate-limit state in Redis. Cheap to clone: clones share the connections.
 #[derive(Clone)]
 pub struct RedisBackend {
     link: Link,
     command_timeout: Duration,
     breakers: Arc<BreakerSet>,
+    /// Exclusive upper bound of the per-call TTL jitter, ms (0: none).
+    jitter_max_ms: u64,
     /// Test-only override of Redis's clock (see [`RedisBackend::with_test_clock`]).
     test_clock: Option<SharedClock>,
     /// Latency and failures of every decision's calls (empty unless [`RedisBackend::with_metrics`]).
@@ -219,6 +228,7 @@ impl RedisBackend {
             link,
             command_timeout: opts.command_timeout,
             breakers,
+            jitter_max_ms: u64::try_from(opts.expiry_jitter_max.as_millis()).unwrap_or(u64::MAX),
             test_clock: None,
             calls: RedisCalls::default(),
         })
@@ -274,17 +284,23 @@ impl RedisBackend {
         if hits.is_empty() {
             return Vec::new();
         }
-        let now_ms = self.test_clock.as_ref().map(|clock| clock.now_ms());
         let call = Call {
             timeout: self.command_timeout,
             calls,
+        };
+        let args = script::CallArgs {
+            now_ms: self.test_clock.as_ref().map(|clock| clock.now_ms()),
+            jitter_ms: match self.jitter_max_ms {
+                0 => 0,
+                max => rand::random_range(0..max),
+            },
         };
         match &self.link {
             Link::Standalone(manager, endpoint) => {
                 let mut conn = manager.clone();
                 let result = call
                     .guarded(endpoint, hits.len(), None, async move {
-                        let reply = script::run(&mut conn, hits.iter(), hits.len(), now_ms)
+                        let reply = script::run(&mut conn, hits.iter(), hits.len(), args)
                             .await
                             .map_err(classify)?;
                         collect(&reply, hits.len())
@@ -292,8 +308,8 @@ impl RedisBackend {
                     .await;
                 spread(result, hits.len())
             }
-            Link::Sentinel(link) => spread(link.check(hits, now_ms, call).await, hits.len()),
-            Link::Cluster(link) => link.check_each(hits, now_ms, call).await,
+            Link::Sentinel(link) => spread(link.check(hits, args, call).await, hits.len()),
+            Link::Cluster(link) => link.check_each(hits, args, call).await,
         }
     }
 
@@ -367,6 +383,7 @@ impl std::fmt::Debug for RedisBackend {
             .field("mode", &mode)
             .field("command_timeout", &self.command_timeout)
             .field("breakers", &self.breakers)
+            .field("jitter_max_ms", &self.jitter_max_ms)
             .field("test_clock", &self.test_clock.is_some())
             .finish()
     }

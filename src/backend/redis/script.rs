@@ -1,5 +1,6 @@
-//! The Lua token bucket as a Redis command: encoding a request's hits, the EVALSHA → EVAL
-//! fallback, and decoding the flat integer reply. See `lua/token_bucket.lua` for the contract.
+//! The Lua limit script as a Redis command: encoding a request's hits (each with its algorithm),
+//! the EVALSHA → EVAL fallback, and decoding the flat integer reply. See `lua/limit.lua` for the
+//! contract.
 
 use std::sync::LazyLock;
 
@@ -10,7 +11,7 @@ use crate::algorithm::{Demand, Verdict};
 use crate::backend::{BackendError, Hit};
 
 /// The script source, sent with `SCRIPT LOAD` at start and with `EVAL` after a `NOSCRIPT`.
-pub(super) const SOURCE: &str = include_str!("../../../lua/token_bucket.lua");
+pub(super) const SOURCE: &str = include_str!("../../../lua/limit.lua");
 
 /// The SHA1 Redis files the script under.
 pub(super) static SHA: LazyLock<String> =
@@ -27,9 +28,17 @@ const WIRE_SATURATED: i64 = -2;
 const FLAG_REFUND: u8 = 1;
 const FLAG_SHADOW: u8 = 2;
 
+/// What a call passes besides the hits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct CallArgs {
+    /// The test-only clock override; production passes `None` so the script reads `TIME`.
+    pub now_ms: Option<u64>,
+    /// Added to every key's TTL (drawn per call from `0..expiry_jitter_max`).
+    pub jitter_ms: u64,
+}
+
 /// Builds `EVALSHA <sha> ...` (or `EVAL <source> ...`) for `hits`; `count` is their number.
-/// `now_ms` is the test-only clock override; production passes `None` so the script reads `TIME`.
-fn command<'a, I>(verb: &str, script: &str, hits: I, count: usize, now_ms: Option<u64>) -> Cmd
+fn command<'a, I>(verb: &str, script: &str, hits: I, count: usize, args: CallArgs) -> Cmd
 where
     I: Iterator<Item = &'a Hit> + Clone,
 {
@@ -38,19 +47,22 @@ where
     for hit in hits.clone() {
         cmd.arg(hit.key.as_str());
     }
-    match now_ms {
+    match args.now_ms {
         Some(ms) => cmd.arg(ms),
         None => cmd.arg(""),
     };
+    cmd.arg(args.jitter_ms);
     for hit in hits {
         let Demand {
+            algorithm,
             params,
             tokens,
             refund,
             shadow,
         } = hit.demand;
         let flags = if refund { FLAG_REFUND } else { 0 } | if shadow { FLAG_SHADOW } else { 0 };
-        cmd.arg(params.capacity)
+        cmd.arg(algorithm.wire_code())
+            .arg(params.capacity)
             .arg(params.requests_per_unit)
             .arg(params.unit_ms)
             .arg(tokens)
@@ -65,16 +77,16 @@ pub(super) async fn run<'a, C, I>(
     conn: &mut C,
     hits: I,
     count: usize,
-    now_ms: Option<u64>,
+    args: CallArgs,
 ) -> Result<Value, RedisError>
 where
     C: ConnectionLike,
     I: Iterator<Item = &'a Hit> + Clone,
 {
-    let evalsha = command("EVALSHA", &SHA, hits.clone(), count, now_ms);
+    let evalsha = command("EVALSHA", &SHA, hits.clone(), count, args);
     match evalsha.query_async::<Value>(conn).await {
         Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            command("EVAL", SOURCE, hits, count, now_ms)
+            command("EVAL", SOURCE, hits, count, args)
                 .query_async::<Value>(conn)
                 .await
         }
@@ -88,7 +100,7 @@ pub(super) async fn run_asking<'a, C, I>(
     conn: &mut C,
     hits: I,
     count: usize,
-    now_ms: Option<u64>,
+    args: CallArgs,
 ) -> Result<Value, RedisError>
 where
     C: ConnectionLike,
@@ -97,7 +109,7 @@ where
     let mut pipe = redis::pipe();
     pipe.cmd("ASKING")
         .ignore()
-        .add_command(command("EVAL", SOURCE, hits, count, now_ms));
+        .add_command(command("EVAL", SOURCE, hits, count, args));
     let mut replies: Vec<Value> = pipe.query_async(conn).await?;
     replies
         .pop()
@@ -197,7 +209,7 @@ fn describe(value: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::BucketParams;
+    use crate::algorithm::{Algorithm, BucketParams};
 
     const PARAMS: BucketParams = BucketParams {
         capacity: 10,
@@ -215,21 +227,35 @@ mod tests {
     }
 
     #[test]
-    fn command_lists_keys_then_now_then_five_values_per_key() {
-        let mut refund = Hit::new("{t}b", PARAMS, 3);
+    fn command_lists_keys_then_now_and_jitter_then_six_values_per_key() {
+        let mut refund = Hit::new("{t}b", PARAMS, 3).using(Algorithm::Gcra);
         refund.demand.refund = true;
         refund.demand.shadow = true;
         let hits = [Hit::new("{t}a", PARAMS, 2), refund];
-        let cmd = command("EVALSHA", &SHA, hits.iter(), hits.len(), None);
+        let cmd = command(
+            "EVALSHA",
+            &SHA,
+            hits.iter(),
+            hits.len(),
+            CallArgs::default(),
+        );
         assert_eq!(
             args(&cmd),
             [
-                "EVALSHA", &SHA, "2", "{t}a", "{t}b", "", "10", "5", "1000", "2", "0", "10", "5",
-                "1000", "3", "3"
+                "EVALSHA", &SHA, "2", "{t}a", "{t}b", "", "0", "1", "10", "5", "1000", "2", "0",
+                "4", "10", "5", "1000", "3", "3"
             ]
         );
-        let cmd = command("EVAL", SOURCE, hits[..1].iter(), 1, Some(42));
-        assert_eq!(args(&cmd)[3..], ["{t}a", "42", "10", "5", "1000", "2", "0"]);
+        let at = CallArgs {
+            now_ms: Some(42),
+            jitter_ms: 7,
+        };
+        let window = Hit::new("{t}a", PARAMS, 2).using(Algorithm::FixedWindow);
+        let cmd = command("EVAL", SOURCE, std::slice::from_ref(&window).iter(), 1, at);
+        assert_eq!(
+            args(&cmd)[3..],
+            ["{t}a", "42", "7", "2", "10", "5", "1000", "2", "0"]
+        );
     }
 
     #[test]

@@ -95,7 +95,7 @@ impl SentinelLink {
     pub(super) async fn check(
         self: &Arc<Self>,
         hits: &[Hit],
-        now_ms: Option<u64>,
+        args: script::CallArgs,
         call: Call<'_>,
     ) -> Result<Vec<Verdict>, BackendError> {
         let Some(master) = self.master.load_full() else {
@@ -107,7 +107,7 @@ impl SentinelLink {
         let mut conn = master.conn.clone();
         let result = call
             .guarded(&master.endpoint, hits.len(), None, async {
-                let reply = script::run(&mut conn, hits.iter(), hits.len(), now_ms)
+                let reply = script::run(&mut conn, hits.iter(), hits.len(), args)
                     .await
                     .map_err(classify)?;
                 collect(&reply, hits.len())

@@ -1,0 +1,208 @@
+//! `rate_limit.algorithm`, a domain's `algorithm`, `--default-algorithm`, and the fields that
+//! mean nothing for an algorithm.
+
+use super::*;
+
+fn src(name: &str, text: &str) -> (String, String) {
+    (name.to_owned(), text.to_owned())
+}
+
+fn with_default(default_algorithm: Algorithm) -> LoadOptions {
+    LoadOptions {
+        default_algorithm,
+        ..LoadOptions::default()
+    }
+}
+
+fn load_one(text: &str, options: &LoadOptions) -> Result<Config, ConfigErrors> {
+    load_sources_with(&[src("t.yaml", text)], options)
+}
+
+fn errors(result: Result<Config, ConfigErrors>) -> Vec<String> {
+    match result {
+        Ok(_) => panic!("config loaded, expected errors"),
+        Err(e) => e.0.iter().map(ToString::to_string).collect(),
+    }
+}
+
+/// (algorithm, where it came from) of the rule `key=v` reaches.
+fn algorithm_of(config: &Config, key: &str) -> (Algorithm, Origin) {
+    let rule = config
+        .domain("api")
+        .unwrap()
+        .find(&[Entry::new(key, "v")])
+        .unwrap_or_else(|| panic!("no rule for {key}"));
+    (rule.algorithm, rule.algorithm_from)
+}
+
+const MIXED: &str = r#"domain: api
+algorithm: sliding_window
+descriptors:
+  - key: own
+    rate_limit: {unit: minute, requests_per_unit: 60, algorithm: GCRA, burst: 5}
+  - key: inherited
+    rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: bucket
+    rate_limit: {unit: second, requests_per_unit: 5, algorithm: token_bucket, burst: 50}
+"#;
+
+#[test]
+fn a_rules_algorithm_comes_from_itself_then_its_domain_then_the_default() {
+    let config = load_one(MIXED, &LoadOptions::default()).unwrap();
+    assert_eq!(
+        algorithm_of(&config, "own"),
+        (Algorithm::Gcra, Origin::Rule)
+    );
+    assert_eq!(
+        algorithm_of(&config, "inherited"),
+        (Algorithm::SlidingWindow, Origin::Domain)
+    );
+    assert_eq!(
+        algorithm_of(&config, "bucket"),
+        (Algorithm::TokenBucket, Origin::Rule)
+    );
+    let domain = config.domain("api").unwrap();
+    assert_eq!(
+        (domain.algorithm, domain.algorithm_from),
+        (Algorithm::SlidingWindow, Origin::Domain)
+    );
+
+    let plain = "domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 9}\n";
+    for default in Algorithm::ALL {
+        let config = load_one(plain, &with_default(default)).unwrap();
+        assert_eq!(algorithm_of(&config, "k"), (default, Origin::Default));
+        let domain = config.domain("api").unwrap();
+        assert_eq!(
+            (domain.algorithm, domain.algorithm_from),
+            (default, Origin::Default)
+        );
+    }
+    // Without any setting: the token bucket.
+    let config = load_sources(&[src("t.yaml", plain)]).unwrap();
+    assert_eq!(
+        algorithm_of(&config, "k"),
+        (Algorithm::TokenBucket, Origin::Default)
+    );
+}
+
+#[test]
+fn unknown_algorithms_are_located() {
+    let text = "domain: api\nalgorithm: leaky_bucket\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 9, algorithm: fixed-window}\n";
+    assert_eq!(
+        errors(load_one(text, &LoadOptions::default())),
+        [
+            "t.yaml:2:12: invalid algorithm `leaky_bucket`; expected one of: token_bucket, fixed_window, sliding_window, gcra",
+            "t.yaml:5:63: invalid algorithm `fixed-window`; expected one of: token_bucket, fixed_window, sliding_window, gcra",
+        ]
+    );
+}
+
+#[test]
+fn burst_is_refused_for_a_window_wherever_the_algorithm_comes_from() {
+    let text = r#"domain: api
+algorithm: fixed_window
+descriptors:
+  - key: inherited
+    rate_limit: {unit: minute, requests_per_unit: 60, burst: 100}
+  - key: own
+    rate_limit:
+      unit: minute
+      requests_per_unit: 60
+      algorithm: sliding_window
+      burst: 100
+  - key: fine
+    rate_limit: {unit: minute, requests_per_unit: 60, algorithm: gcra, burst: 100}
+"#;
+    assert_eq!(
+        errors(load_one(text, &LoadOptions::default())),
+        [
+            "t.yaml:5:55: `burst` does not apply to `fixed_window` (from the domain's `algorithm` at t.yaml:2:12): a window admits `requests_per_unit` per window; remove it, or use `token_bucket` or `gcra` for a burst",
+            "t.yaml:11:7: `burst` does not apply to `sliding_window` (from its `algorithm`): a window admits `requests_per_unit` per window; remove it, or use `token_bucket` or `gcra` for a burst",
+        ]
+    );
+
+    let defaulted = "domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 9, burst: 20}\n";
+    assert!(load_one(defaulted, &LoadOptions::default()).is_ok());
+    assert!(load_one(defaulted, &with_default(Algorithm::Gcra)).is_ok());
+    assert_eq!(
+        errors(load_one(defaulted, &with_default(Algorithm::FixedWindow))),
+        [
+            "t.yaml:4:52: `burst` does not apply to `fixed_window` (from --default-algorithm): a window admits `requests_per_unit` per window; remove it, or use `token_bucket` or `gcra` for a burst"
+        ]
+    );
+    // A rule's own algorithm wins over a window default.
+    let own = "domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 9, burst: 20, algorithm: token_bucket}\n";
+    assert!(load_one(own, &with_default(Algorithm::SlidingWindow)).is_ok());
+}
+
+#[test]
+fn unlimited_takes_no_algorithm() {
+    let text = "domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, algorithm: gcra}\n";
+    assert_eq!(
+        errors(load_one(text, &LoadOptions::default())),
+        ["t.yaml:4:35: `algorithm` must not be given with `unlimited: true`"]
+    );
+}
+
+#[test]
+fn merged_files_agree_on_the_domain_algorithm_and_share_it() {
+    let merging = LoadOptions {
+        merge_domains: true,
+        ..LoadOptions::default()
+    };
+    let first = "domain: api\nalgorithm: fixed_window\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+    let second = "domain: api\ndescriptors:\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+    let config =
+        load_sources_with(&[src("1.yaml", first), src("2.yaml", second)], &merging).unwrap();
+    assert_eq!(
+        algorithm_of(&config, "b"),
+        (Algorithm::FixedWindow, Origin::Domain),
+        "the domain's algorithm reaches the rules of its other files"
+    );
+
+    let bursty = "domain: api\ndescriptors:\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 1, burst: 3}\n";
+    assert_eq!(
+        errors(load_sources_with(
+            &[src("1.yaml", first), src("2.yaml", bursty)],
+            &merging
+        )),
+        [
+            "2.yaml:4:54: `burst` does not apply to `fixed_window` (from the domain's `algorithm` at 1.yaml:2:12): a window admits `requests_per_unit` per window; remove it, or use `token_bucket` or `gcra` for a burst"
+        ]
+    );
+
+    let other = "domain: api\nalgorithm: gcra\ndescriptors:\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+    assert_eq!(
+        errors(load_sources_with(
+            &[src("1.yaml", first), src("2.yaml", other)],
+            &merging
+        )),
+        ["2.yaml:2:12: domain `api` has algorithm `gcra` here but `fixed_window` in 1.yaml"]
+    );
+}
+
+#[test]
+fn the_config_dump_shows_each_rules_algorithm() {
+    let json = load_one(MIXED, &LoadOptions::default()).unwrap().to_json();
+    let domain = &json["domains"][0];
+    assert_eq!(domain["algorithm"], "sliding_window");
+    assert_eq!(domain["algorithm_from"], "domain");
+    let rules = domain["rules"].as_array().unwrap();
+    let shown: Vec<(&str, &str)> = rules
+        .iter()
+        .map(|r| {
+            (
+                r["algorithm"].as_str().unwrap(),
+                r["algorithm_from"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("gcra", "rule"),
+            ("sliding_window", "domain"),
+            ("token_bucket", "rule")
+        ]
+    );
+}
