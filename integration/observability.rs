@@ -15,7 +15,6 @@ use std::time::Duration;
 use common::{OK, OVER_LIMIT, TestServer, desc, http_get, req};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use sluice::settings::BackendKind;
-use sluice::telemetry::{BreakerReading, BreakerState};
 
 use harness::{RedisServer, wait_until};
 
@@ -478,6 +477,70 @@ async fn redis_calls_errors_and_degraded_decisions_are_counted() {
     s.stop().await;
 }
 
+/// The resilience layer's own figures through the real path: rejections answered from the
+/// over-limit cache (no Redis call), and the breaker gauge following a stalled Redis open and
+/// closed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_cache_rejections_and_breaker_states_are_exported() {
+    let redis = RedisServer::start();
+    let mut s = redis_server(&redis).await;
+    let endpoint = redis.addr();
+    let client = |c: &str| vec![desc(&[("client", c)])];
+    let mut codes = Vec::new();
+    for _ in 0..6 {
+        codes.push(s.ok(req("open", client("cached"))).await.overall_code);
+    }
+    assert_eq!(codes, [OK, OK, OK, OVER_LIMIT, OVER_LIMIT, OVER_LIMIT]);
+    let m = scrape(s.admin_addr());
+    let rule = |m: &Scrape, name: &str| m.get(name, &[("domain", "open"), ("key", "client")]);
+    assert_eq!(rule(&m, "ratelimit_service_rate_limit_total_hits"), 6.0);
+    assert_eq!(rule(&m, "ratelimit_service_rate_limit_within_limit"), 3.0);
+    assert_eq!(rule(&m, "ratelimit_service_rate_limit_over_limit"), 3.0);
+    assert_eq!(
+        rule(&m, "ratelimit_service_rate_limit_over_limit_with_local_cache"),
+        2.0,
+        "the first rejection comes from Redis, the next two from the cache"
+    );
+    assert_eq!(
+        m.get("sluice_redis_call_duration_seconds_count", &[]),
+        4.0,
+        "cached rejections cost no Redis call"
+    );
+    let state = |m: &Scrape, state: &str| {
+        m.get(
+            "sluice_redis_breaker_state",
+            &[("endpoint", endpoint.as_str()), ("state", state)],
+        )
+    };
+    assert_eq!((state(&m, "closed"), state(&m, "open")), (1.0, 0.0));
+
+    // A stalled Redis: after --breaker-failures (5) timeouts the breaker opens and calls are
+    // skipped (policy `open` answers) instead of waiting out the deadline.
+    redis.pause();
+    for i in 0..8 {
+        let r = s.ok(req("open", client(&format!("stalled-{i}")))).await;
+        assert_eq!(r.overall_code, OK);
+    }
+    let m = scrape(s.admin_addr());
+    assert_eq!((state(&m, "closed"), state(&m, "open")), (0.0, 1.0));
+    assert_eq!(
+        m.get("sluice_redis_errors_total", &[("kind", "timeout")]),
+        5.0,
+        "once open, the breaker skips Redis: no more timeouts"
+    );
+    assert_eq!(
+        m.get(
+            "sluice_degraded_decisions_total",
+            &[("domain", "open"), ("policy", "open")]
+        ),
+        8.0
+    );
+    redis.resume();
+    // The health probe is the half-open call that closes it again, traffic or not.
+    poll_scrape(s.admin_addr(), |m| state(m, "closed") == 1.0).await;
+    s.stop().await;
+}
+
 /// Metric names (`ratelimit_*`, `sluice_*`) mentioned anywhere in `text`.
 fn metric_names_in(text: &str) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
@@ -514,8 +577,8 @@ async fn every_metric_the_dashboard_and_alerts_use_is_in_a_real_scrape() {
         .collect();
     assert!(used.len() >= 10, "{used:?}");
 
-    // Every family a deployment can show: the memory backend's and the Redis backend's, with
-    // traffic (histograms appear with their first sample) and a breaker source registered.
+    // Every family a deployment can show: the memory backend's and the Redis backend's (with its
+    // breaker), with traffic (histograms appear with their first sample).
     let mut memory = TestServer::start(&[("obs.yaml", OBS)]).await;
     memory
         .ok(req("obs", vec![desc(&[("tenant", "acme")])]))
@@ -523,18 +586,6 @@ async fn every_metric_the_dashboard_and_alerts_use_is_in_a_real_scrape() {
     let redis = RedisServer::start();
     let mut shared = redis_server(&redis).await;
     shared.ok(req("open", vec![desc(&[("client", "a")])])).await;
-    let endpoint = redis.addr();
-    shared
-        .running
-        .as_ref()
-        .unwrap()
-        .metrics
-        .observe_breakers(move || {
-            vec![BreakerReading {
-                endpoint: endpoint.clone(),
-                state: BreakerState::Closed,
-            }]
-        });
     let mut exported = scrape(memory.admin_addr()).names();
     let redis_scrape = scrape(shared.admin_addr());
     assert_eq!(
