@@ -1,0 +1,167 @@
+//! Micro-benchmarks of the per-request path without gRPC: matching, key building, the token
+//! bucket, and one whole decision on the memory backend (plus protobuf conversion).
+//!
+//! `cargo bench --bench hot_path` measures; under `cargo test --benches` or nextest each
+//! benchmark runs once as a smoke test (criterion's test mode), so the test suite stays fast.
+
+use std::hint::black_box;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry as PbEntry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use sluice::algorithm::{BucketParams, BucketState, Demand, token_bucket};
+use sluice::backend::memory::{MemoryBackend, MemoryOptions};
+use sluice::clock::ManualClock;
+use sluice::config::{Config, load_sources};
+use sluice::key::{RuleTag, write_bucket_key};
+use sluice::limiter::{Limiter, LimiterOptions};
+use sluice::request::{Entry, LimitRequest, RequestDescriptor};
+use sluice::service::{HeaderOptions, RequestBounds, to_limit_request, to_response};
+
+/// A domain `bench` with `n` exact-value rules (`k=v0..`) and, when `wildcards`, as many
+/// prefix wildcards (`w=p0*..`), which are tried in order.
+fn config(n: usize, wildcards: bool) -> Config {
+    let mut text = String::from("domain: bench\ndescriptors:\n");
+    for i in 0..n {
+        text.push_str(&format!(
+            "  - key: k\n    value: v{i}\n    rate_limit: {{unit: day, requests_per_unit: 1, burst: 1000000000}}\n"
+        ));
+        if wildcards {
+            text.push_str(&format!(
+                "  - key: w\n    value: p{i}x*\n    rate_limit: {{unit: second, requests_per_unit: 10}}\n"
+            ));
+        }
+    }
+    text.push_str("  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 600}\n    descriptors:\n      - key: route\n        value: export\n        rate_limit: {unit: second, requests_per_unit: 5}\n");
+    load_sources(&[("bench.yaml".into(), text)]).expect("generated config loads")
+}
+
+fn matching(c: &mut Criterion) {
+    let mut group = c.benchmark_group("match");
+    for n in [10, 1_000, 10_000] {
+        let cfg = config(n, false);
+        let domain = cfg.domain("bench").unwrap();
+        let entries = [Entry::new("k", format!("v{}", n / 2))];
+        group.bench_with_input(BenchmarkId::new("exact", n), &entries, |b, e| {
+            b.iter(|| black_box(domain.find(black_box(e))))
+        });
+    }
+    for n in [10, 1_000] {
+        let cfg = config(n, true);
+        let domain = cfg.domain("bench").unwrap();
+        // The last wildcard matches: a linear scan over all of them.
+        let entries = [Entry::new("w", format!("p{}x-tail", n - 1))];
+        group.bench_with_input(BenchmarkId::new("last_wildcard", n), &entries, |b, e| {
+            b.iter(|| black_box(domain.find(black_box(e))))
+        });
+    }
+    let cfg = config(10, false);
+    let domain = cfg.domain("bench").unwrap();
+    let nested = [Entry::new("tenant", "acme"), Entry::new("route", "export")];
+    group.bench_function("nested_2_entries", |b| {
+        b.iter(|| black_box(domain.find(black_box(&nested))))
+    });
+    group.finish();
+}
+
+fn key_building(c: &mut Criterion) {
+    let mut group = c.benchmark_group("key");
+    let one = [Entry::new("tenant", "acme-corp-1234")];
+    let two = [Entry::new("tenant", "acme-corp-1234"), Entry::new("route", "export")];
+    let escaped = [Entry::new("path", "/api/v1/items?id={42}&q=a b")];
+    let long = [Entry::new("ua", "x".repeat(300))];
+    for (name, entries) in [
+        ("1_entry", &one[..]),
+        ("2_entries", &two[..]),
+        ("escaped", &escaped[..]),
+        ("hashed_300B", &long[..]),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let mut key = String::new();
+                write_bucket_key(&mut key, "sluice:", "edge", black_box(entries), RuleTag::Configured);
+                black_box(key)
+            })
+        });
+    }
+    group.finish();
+}
+
+fn algorithm(c: &mut Criterion) {
+    let mut group = c.benchmark_group("token_bucket");
+    let params = BucketParams {
+        capacity: 100,
+        requests_per_unit: 600,
+        unit_ms: 60_000,
+    };
+    let demand = Demand {
+        params,
+        tokens: 1,
+        refund: false,
+        shadow: false,
+    };
+    let state = Some(BucketState {
+        tokens: 50.5,
+        updated_ms: 1_000,
+    });
+    for n in [1, 4] {
+        let demands = vec![demand; n];
+        group.bench_with_input(BenchmarkId::new("decide", n), &demands, |b, d| {
+            b.iter(|| {
+                let mut states = vec![state; d.len()];
+                black_box(token_bucket::decide(black_box(1_250), d, &mut states))
+            })
+        });
+    }
+    group.finish();
+}
+
+fn pb_request(value: &str) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "bench".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![PbEntry {
+                key: "k".into(),
+                value: value.into(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 1,
+    }
+}
+
+/// One request through everything but the network: protobuf → validated request → limiter on
+/// the memory backend → protobuf response with headers.
+fn decision(c: &mut Criterion) {
+    let mut group = c.benchmark_group("decision");
+    let limiter = Limiter::new(
+        Arc::new(ArcSwap::from_pointee(config(10, false))),
+        MemoryBackend::new(Arc::new(ManualClock::new(1_000_000)), MemoryOptions::default()),
+        LimiterOptions::default(),
+    );
+    let bounds = RequestBounds::default();
+    let headers = HeaderOptions::default();
+    let request = LimitRequest {
+        domain: "bench".into(),
+        descriptors: vec![RequestDescriptor::new(vec![Entry::new("k", "v3")])],
+        hits_addend: 0,
+    };
+    group.bench_function("limiter_memory", |b| {
+        b.iter(|| black_box(futures::executor::block_on(limiter.decide(black_box(&request)))))
+    });
+    let pb = pb_request("v3");
+    group.bench_function("grpc_adapter_memory", |b| {
+        b.iter(|| {
+            let request = to_limit_request(black_box(pb.clone()), &bounds).unwrap();
+            let decision = futures::executor::block_on(limiter.decide(&request)).unwrap();
+            black_box(to_response(&decision, &headers))
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, matching, key_building, algorithm, decision);
+criterion_main!(benches);

@@ -1,0 +1,178 @@
+//! The Redis floor: the production script (`lua/token_bucket.lua`) run by `redis-benchmark` with
+//! EVALSHA, the ARGV shape `src/backend/redis/script.rs` builds (one key, `""` for Redis's clock,
+//! capacity, requests_per_unit, unit_ms, tokens, flags), at a given number of calls in flight;
+//! and the same through redis-rs multiplexed connections (the client sluice uses), to choose the
+//! number of sockets.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::load::now;
+use crate::stats::RedisProbe;
+
+pub const SCRIPT: &str = include_str!("../../lua/token_bucket.lua");
+
+/// The bucket the floor uses: the bench config's ordinary rule (capacity 1e9, 1 token a day),
+/// so a key stays live (written) and never runs out during a run.
+pub const BUCKET_ARGS: [&str; 5] = ["1000000000", "1", "86400000", "1", "0"];
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FloorPoint {
+    /// `redis-benchmark` or `redis-rs`.
+    pub tool: String,
+    /// redis-benchmark: connections (-c); redis-rs: multiplexed sockets.
+    pub connections: usize,
+    /// Commands per connection sent before reading replies (-P); redis-rs: calls in flight in
+    /// total.
+    pub pipeline: usize,
+    pub in_flight: usize,
+    pub throughput_rps: f64,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+}
+
+/// Loads the script and returns its SHA.
+pub async fn load_script(probe: &mut RedisProbe) -> Result<String, String> {
+    let mut cmd = redis::cmd("SCRIPT");
+    cmd.arg("LOAD").arg(SCRIPT);
+    probe.query(&cmd).await
+}
+
+/// Runs `redis-benchmark` once; `in_flight` calls spread as `in_flight / pipeline` connections.
+pub fn redis_benchmark(
+    host: &str,
+    port: u16,
+    sha: &str,
+    in_flight: usize,
+    pipeline: usize,
+    requests: u64,
+    keys: u64,
+) -> Result<FloorPoint, String> {
+    let clients = (in_flight / pipeline.max(1)).max(1);
+    let output = std::process::Command::new("redis-benchmark")
+        .args(["-h", host, "-p", &port.to_string()])
+        .args(["-c", &clients.to_string(), "-P", &pipeline.to_string()])
+        .args(["-n", &requests.to_string(), "-r", &keys.to_string(), "--csv"])
+        .args(["EVALSHA", sha, "1", "sluice:{bench|k=v__rand_int__}", ""])
+        .args(BUCKET_ARGS)
+        .output()
+        .map_err(|e| format!("redis-benchmark: {e} (Debian package redis-tools)"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "redis-benchmark failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    let (rps, p50, p99) = parse_csv(&text)
+        .ok_or_else(|| format!("cannot read redis-benchmark output:\n{text}"))?;
+    Ok(FloorPoint {
+        tool: "redis-benchmark".into(),
+        connections: clients,
+        pipeline,
+        in_flight: clients * pipeline,
+        throughput_rps: rps,
+        p50_ms: Some(p50),
+        p99_ms: Some(p99),
+    })
+}
+
+/// `"test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms",
+/// "p99_latency_ms","max_latency_ms"` then one row: rps, p50, p99.
+pub fn parse_csv(text: &str) -> Option<(f64, f64, f64)> {
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let header: Vec<String> = split_csv(lines.next()?);
+    let row: Vec<String> = split_csv(lines.next()?);
+    let col = |name: &str| -> Option<f64> {
+        let i = header.iter().position(|h| h == name)?;
+        row.get(i)?.parse().ok()
+    };
+    Some((col("rps")?, col("p50_latency_ms")?, col("p99_latency_ms")?))
+}
+
+fn split_csv(line: &str) -> Vec<String> {
+    // redis-benchmark quotes every field and never embeds a quote in one.
+    line.split("\",\"")
+        .map(|f| f.trim().trim_matches('"').to_string())
+        .collect()
+}
+
+/// EVALSHA at `in_flight` calls spread over `sockets` redis-rs multiplexed connections, closed
+/// loop for `duration`: what one sluice process could get from Redis with that many sockets.
+pub async fn redis_rs(
+    url: &str,
+    sha: &str,
+    sockets: usize,
+    in_flight: usize,
+    duration: Duration,
+    keys: u64,
+) -> Result<FloorPoint, String> {
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    let mut conns = Vec::new();
+    for _ in 0..sockets.max(1) {
+        conns.push(
+            client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let sha: Arc<str> = sha.into();
+    let mut tasks = Vec::new();
+    for w in 0..in_flight.max(1) {
+        let mut conn = conns[w % conns.len()].clone();
+        let stop = stop.clone();
+        let sha = sha.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut rng = crate::mix::Rng::new(w as u64);
+            let mut done = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(&*sha)
+                    .arg(1)
+                    .arg(format!("sluice:{{bench|k=v{}}}", rng.below(keys)))
+                    .arg("");
+                for a in BUCKET_ARGS {
+                    cmd.arg(a);
+                }
+                if cmd.query_async::<redis::Value>(&mut conn).await.is_ok() {
+                    done += 1;
+                }
+            }
+            done
+        }));
+    }
+    let start = now();
+    tokio::time::sleep(duration).await;
+    stop.store(true, Ordering::Relaxed);
+    let elapsed = now().duration_since(start).as_secs_f64();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.map_err(|e| e.to_string())?;
+    }
+    Ok(FloorPoint {
+        tool: "redis-rs".into(),
+        connections: conns.len(),
+        pipeline: in_flight,
+        in_flight,
+        throughput_rps: total as f64 / elapsed,
+        p50_ms: None,
+        p99_ms: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_redis_benchmark_csv() {
+        let text = "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n\"EVALSHA abc 1 k  1 0\",\"58997.05\",\"0.784\",\"0.104\",\"0.735\",\"1.143\",\"3.287\",\"6.799\"\n";
+        assert_eq!(parse_csv(text), Some((58997.05, 0.735, 3.287)));
+        assert_eq!(parse_csv("garbage"), None);
+    }
+}
