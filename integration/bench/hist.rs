@@ -44,7 +44,7 @@ fn bounds(i: usize) -> (u64, u64) {
     }
     let shift = i / SUB - 1;
     let low = (i - shift * SUB) << shift;
-    (low, low + (1 << shift) - 1)
+    (low, low + ((1 << shift) - 1))
 }
 
 impl Histogram {
