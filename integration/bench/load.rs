@@ -89,6 +89,10 @@ pub struct Report {
     /// 1-minute load average at the end: other work on the machine shows here.
     #[serde(default)]
     pub loadavg_1m: Option<f64>,
+    /// Share of the last 10 s in which some runnable task waited for a CPU (/proc/pressure/cpu):
+    /// above a few percent, other work competed with the benchmark and tails are inflated.
+    #[serde(default)]
+    pub cpu_pressure_avg10: Option<f64>,
 }
 
 /// Per-worker results, merged at the end (no shared state on the hot path).
@@ -257,6 +261,10 @@ pub async fn run(spec: &LoadSpec, sampler: Arc<Sampler>) -> Result<Report, Strin
     let wall = measured_end.duration_since(measured_start).as_secs_f64();
     let completed = total.hist.count();
     let us = |ns: u64| ns as f64 / 1_000.0;
+    let mut cpu = cpu_after.since(&cpu_before, wall);
+    for use_ in cpu.values_mut() {
+        use_.us_per_request = (completed > 0).then(|| use_.seconds * 1e6 / completed as f64);
+    }
     Ok(Report {
         target: spec.target.clone(),
         mode: if spec.rate.is_some() { "open" } else { "closed" }.into(),
@@ -278,13 +286,21 @@ pub async fn run(spec: &LoadSpec, sampler: Arc<Sampler>) -> Result<Report, Strin
             mean_us: total.hist.mean() / 1_000.0,
         },
         outcomes: total.outcomes,
-        cpu: cpu_after.since(&cpu_before, wall),
+        cpu,
         redis: redis_before
             .zip(redis_after)
             .map(|(before, after)| after.since(&before, completed)),
         loadavg_1m: std::fs::read_to_string("/proc/loadavg")
             .ok()
             .and_then(|l| l.split_whitespace().next()?.parse().ok()),
+        cpu_pressure_avg10: std::fs::read_to_string("/proc/pressure/cpu").ok().and_then(|p| {
+            p.lines()
+                .find(|l| l.starts_with("some"))?
+                .split_whitespace()
+                .find_map(|f| f.strip_prefix("avg10="))?
+                .parse()
+                .ok()
+        }),
     })
 }
 

@@ -253,7 +253,7 @@ fn line(label: &str, r: &Report) -> String {
     let cpu: Vec<String> = r
         .cpu
         .iter()
-        .map(|(n, c)| format!("{n}={:.2}", c.cores))
+        .map(|(n, c)| format!("{n}={:.2}({:.1}us/req)", c.cores, c.us_per_request.unwrap_or(f64::NAN)))
         .collect();
     let redis = r.redis.as_ref().map_or(String::new(), |u| {
         format!(
@@ -262,7 +262,7 @@ fn line(label: &str, r: &Report) -> String {
         )
     });
     format!(
-        "{label}: offered={offered} throughput={:.0}/s p50={:.0}us p90={:.0}us p99={:.0}us p99.9={:.0}us ok={} over={} errors={:?} backlog={} cores[{}]{redis} load={:.2}",
+        "{label}: offered={offered} throughput={:.0}/s p50={:.0}us p90={:.0}us p99={:.0}us p99.9={:.0}us ok={} over={} errors={:?} backlog={} cores[{}]{redis} load={:.2} cpu_pressure={:.0}%",
         r.throughput_rps,
         r.latency.p50_us,
         r.latency.p90_us,
@@ -273,7 +273,8 @@ fn line(label: &str, r: &Report) -> String {
         r.outcomes.errors,
         r.backlog,
         cpu.join(" "),
-        r.loadavg_1m.unwrap_or(f64::NAN)
+        r.loadavg_1m.unwrap_or(f64::NAN),
+        r.cpu_pressure_avg10.unwrap_or(f64::NAN)
     )
 }
 
@@ -450,8 +451,8 @@ fn summarize(
 ) -> (String, serde_json::Value) {
     let mut out = String::new();
     out.push_str(&format!(
-        "{:<10} {:>12} {:>10} {:>10} {:>10} {:>14} {:>14} {:>11}\n",
-        "target", "peak req/s", "peak p50", "peak p99", "½peak p99", "server cores", "redis cores", "redis cmd/req"
+        "{:<8} {:>10} {:>9} {:>9} {:>10} {:>13} {:>13} {:>13} {:>13}\n",
+        "target", "peak req/s", "peak p50", "peak p99", "½peak p99", "server CPU", "redis CPU", "generator CPU", "redis cmd/req"
     ));
     let mut rows = serde_json::Map::new();
     for (name, s) in [("noop", noop), ("memory", memory), ("redis", redis)] {
@@ -461,18 +462,25 @@ fn summarize(
             .cpu
             .iter()
             .find(|(n, _)| n.as_str() != "generator" && n.as_str() != "redis")
-            .map(|(_, c)| c.cores);
-        let redis_cores = s.peak.cpu.get("redis").map(|c| c.cores);
+            .map(|(_, c)| c);
+        let redis_cpu = s.peak.cpu.get("redis");
+        let generator = s.peak.cpu.get("generator");
         let cmds = s.peak.redis.as_ref().map(|r| r.commands_per_request);
+        let cpu = |c: Option<&stats::CpuUse>| {
+            c.map_or("-".to_string(), |c| {
+                format!("{:.1}us/req", c.us_per_request.unwrap_or(f64::NAN))
+            })
+        };
         out.push_str(&format!(
-            "{:<10} {:>12.0} {:>8.0}us {:>8.0}us {:>8.0}us {:>14} {:>14} {:>11}\n",
+            "{:<8} {:>10.0} {:>7.0}us {:>7.0}us {:>8.0}us {:>13} {:>13} {:>13} {:>13}\n",
             name,
             s.peak.throughput_rps,
             s.peak.latency.p50_us,
             s.peak.latency.p99_us,
             half.map_or(f64::NAN, |h| h.latency.p99_us),
-            server.map_or("-".into(), |c| format!("{c:.2}")),
-            redis_cores.map_or("-".into(), |c| format!("{c:.2}")),
+            cpu(server),
+            cpu(redis_cpu),
+            cpu(generator),
             cmds.map_or("-".into(), |c| format!("{c:.2}")),
         ));
         rows.insert(
@@ -484,8 +492,11 @@ fn summarize(
                 "half_peak_offered_rps": half.and_then(|h| h.offered_rps),
                 "half_peak_p99_us": half.map(|h| h.latency.p99_us),
                 "half_peak_p999_us": half.map(|h| h.latency.p999_us),
-                "server_cores": server,
-                "redis_cores": redis_cores,
+                "server_cores": server.map(|c| c.cores),
+                "server_cpu_us_per_request": server.and_then(|c| c.us_per_request),
+                "redis_cores": redis_cpu.map(|c| c.cores),
+                "redis_cpu_us_per_request": redis_cpu.and_then(|c| c.us_per_request),
+                "generator_cpu_us_per_request": generator.and_then(|c| c.us_per_request),
                 "redis_commands_per_request": cmds,
                 "redis_script_calls_per_request": s.peak.redis.as_ref().map(|r| r.script_calls_per_request),
             }),
@@ -506,6 +517,16 @@ fn summarize(
         ratios.insert(name, serde_json::json!({"value": value, "target": target}));
     };
     add("memory / noop (peak throughput)".into(), ratio(memory.peak.throughput_rps, noop.peak.throughput_rps), Some(0.85));
+    let server_us = |s: &SweepFile| {
+        s.peak
+            .cpu
+            .iter()
+            .find(|(n, _)| n.as_str() != "generator" && n.as_str() != "redis")
+            .and_then(|(_, c)| c.us_per_request)
+            .unwrap_or(f64::NAN)
+    };
+    add("noop / memory (server CPU per request)".into(), ratio(server_us(noop), server_us(memory)), None);
+    add("noop / redis (server CPU per request)".into(), ratio(server_us(noop), server_us(redis)), None);
     add("redis / noop (peak throughput)".into(), ratio(redis.peak.throughput_rps, noop.peak.throughput_rps), Some(0.4));
     for p in &floor.points {
         let target = (p.tool == "redis-benchmark").then_some(0.7);

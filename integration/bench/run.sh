@@ -22,6 +22,7 @@ KEYS=${KEYS:-10000}
 DISTRIBUTION=${DISTRIBUTION:-zipf:1.0}
 SCALING=${SCALING:-0}
 SCALE_DURATION=${SCALE_DURATION:-5s}
+EQUAL_RATE=${EQUAL_RATE:-10000}
 FLOOR_REQUESTS=${FLOOR_REQUESTS:-500000}
 FLOOR_DURATION=${FLOOR_DURATION:-5s}
 
@@ -119,10 +120,22 @@ sweep() { # sweep LABEL ADDR ARGS...
     --point-duration "$POINT_DURATION" --json "$OUT/$label.json" "$@"
 }
 
-echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $(redis-server --version | cut -d' ' -f1-3)"
+echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), cpu pressure $(head -1 /proc/pressure/cpu 2>/dev/null); $(redis-server --version | cut -d' ' -f1-3)"
 sweep noop "127.0.0.1:$NOOP_PORT" --pid "noop=$NOOP_PID"
 sweep memory "$MEM_ADDR" --pid "sluice=$MEM_PID"
 sweep redis "$RED_ADDR" --pid "sluice=$RED_PID" --pid "redis=$REDIS_PID" --redis-url "$REDIS_URL"
+
+echo "== CPU per request at one offered load for all three (open loop, $EQUAL_RATE/s)"
+equal() { # equal LABEL ADDR ARGS...
+  local label=$1 addr=$2
+  shift 2
+  printf '%-7s' "$label"
+  $BENCH load --target "$addr" "${load_args[@]}" --duration "$POINT_DURATION" --rate "$EQUAL_RATE" \
+    --json "$OUT/equal-$label.json" "$@"
+}
+equal noop "127.0.0.1:$NOOP_PORT" --pid "noop=$NOOP_PID"
+equal memory "$MEM_ADDR" --pid "sluice=$MEM_PID"
+equal redis "$RED_ADDR" --pid "sluice=$RED_PID" --pid "redis=$REDIS_PID" --redis-url "$REDIS_URL"
 
 echo "== Redis floor: lua/token_bucket.lua by EVALSHA at $((CONNECTIONS * IN_FLIGHT)) in flight"
 $BENCH redis-floor --redis-url "$REDIS_URL" --in-flight "$((CONNECTIONS * IN_FLIGHT))" \

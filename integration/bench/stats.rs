@@ -81,6 +81,7 @@ impl CpuSnapshot {
                         pid: *pid,
                         seconds,
                         cores: if wall > 0.0 { seconds / wall } else { 0.0 },
+                        us_per_request: None,
                         rss_bytes: rss_bytes(*pid),
                     },
                 ))
@@ -95,6 +96,10 @@ pub struct CpuUse {
     pub seconds: f64,
     /// Average cores busy (seconds / wall time).
     pub cores: f64,
+    /// CPU microseconds per completed call: the cost of a call, much less sensitive than
+    /// throughput to other work on a shared machine. Filled in by the load run.
+    #[serde(default)]
+    pub us_per_request: Option<f64>,
     pub rss_bytes: Option<u64>,
 }
 
