@@ -169,5 +169,46 @@ fn decision(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, matching, key_building, algorithm, decision);
+/// One hit on the memory backend with 1 .. 1M live buckets (each populated first): the cost of
+/// a lookup once the store no longer fits in cache. Under `cargo test --benches`/nextest (no
+/// `--bench` argument) the largest store is 10k, so the smoke test stays quick.
+fn memory_backend(c: &mut Criterion) {
+    use sluice::backend::{Backend, Hit};
+    let measuring = std::env::args().any(|a| a == "--bench");
+    let sizes: [usize; 3] = if measuring {
+        [1, 10_000, 1_000_000]
+    } else {
+        [1, 100, 10_000]
+    };
+    let params = BucketParams {
+        capacity: 1_000_000_000,
+        requests_per_unit: 1,
+        unit_ms: 86_400_000,
+    };
+    let mut group = c.benchmark_group("memory_backend");
+    for live in sizes {
+        group.bench_function(BenchmarkId::new("live_buckets", live), |b| {
+            let opts = MemoryOptions {
+                max_buckets: 2_000_000,
+                ..MemoryOptions::default()
+            };
+            let backend = MemoryBackend::new(Arc::new(ManualClock::new(1_000_000)), opts);
+            let keys: Vec<String> = (0..live).map(|i| format!("sluice:{{bench|k=v{i}}}")).collect();
+            for key in &keys {
+                futures::executor::block_on(backend.check(&[Hit::new(key.as_str(), params, 1)])).unwrap();
+            }
+            assert_eq!(backend.live_buckets(), live);
+            let mut i = 0usize;
+            b.iter(|| {
+                // A multiplicative stride visits the keys in a cache-unfriendly order.
+                i = (i + 7_919) % keys.len();
+                let hit = [Hit::new(keys[i].as_str(), params, 1)];
+                black_box(futures::executor::block_on(backend.check(&hit)).unwrap())
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, matching, key_building, algorithm, decision, memory_backend);
 criterion_main!(benches);

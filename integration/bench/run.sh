@@ -3,6 +3,7 @@
 #
 #   integration/bench/run.sh            # peaks, ½-peak p99, sweeps, Redis floor, plot, summary
 #   SCALING=1 integration/bench/run.sh  # also config size, live keys, memory per bucket
+#   MAIN=0 SCALING=1 integration/bench/run.sh   # only the scaling part
 #
 # Starts its own redis-server on a free loopback port (never 6379), the no-op RLS server, and
 # sluice twice (memory backend, Redis backend), all on 127.0.0.1; drives each with
@@ -21,8 +22,12 @@ FRACTIONS=${FRACTIONS:-0.1,0.25,0.5,0.75,0.9,1.0,1.2}
 KEYS=${KEYS:-10000}
 DISTRIBUTION=${DISTRIBUTION:-zipf:1.0}
 SCALING=${SCALING:-0}
+MAIN=${MAIN:-1} # 0: only the scaling part
 SCALE_DURATION=${SCALE_DURATION:-5s}
 EQUAL_RATE=${EQUAL_RATE:-10000}
+# sluice's default is 15ms; at 512 calls in flight on a shared 2-core machine queueing alone can
+# exceed it, and a closed loop would then measure fast failures instead of decisions.
+REDIS_TIMEOUT=${REDIS_TIMEOUT:-200ms}
 FLOOR_REQUESTS=${FLOOR_REQUESTS:-500000}
 FLOOR_DURATION=${FLOOR_DURATION:-5s}
 
@@ -107,7 +112,8 @@ wait_ready "$TMP/noop.out" "noop ready" "$NOOP_PID"
 
 start_sluice memory --config "$CONFIG" --backend memory
 MEM_PID=$SLUICE_PID MEM_ADDR=$SLUICE_ADDR
-start_sluice redis --config "$CONFIG" --backend redis --redis-url "$REDIS_URL"
+start_sluice redis --config "$CONFIG" --backend redis --redis-url "$REDIS_URL" \
+  --redis-timeout "$REDIS_TIMEOUT"
 RED_PID=$SLUICE_PID RED_ADDR=$SLUICE_ADDR
 
 load_args=(--connections "$CONNECTIONS" --in-flight "$IN_FLIGHT" --duration "$DURATION"
@@ -121,6 +127,7 @@ sweep() { # sweep LABEL ADDR ARGS...
 }
 
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), cpu pressure $(head -1 /proc/pressure/cpu 2>/dev/null); $(redis-server --version | cut -d' ' -f1-3)"
+if [ "$MAIN" = 1 ]; then
 sweep noop "127.0.0.1:$NOOP_PORT" --pid "noop=$NOOP_PID"
 sweep memory "$MEM_ADDR" --pid "sluice=$MEM_PID"
 sweep redis "$RED_ADDR" --pid "sluice=$RED_PID" --pid "redis=$REDIS_PID" --redis-url "$REDIS_URL"
@@ -145,6 +152,7 @@ $BENCH plot --out "$OUT/sweep.svg" noop="$OUT/noop.json" memory="$OUT/memory.jso
 echo "== summary ($OUT/summary.json, plot $OUT/sweep.svg)"
 $BENCH summary --noop "$OUT/noop.json" --memory "$OUT/memory.json" --redis "$OUT/redis.json" \
   --floor "$OUT/floor.json" --json "$OUT/summary.json"
+fi
 
 [ "$SCALING" = 1 ] || exit 0
 
@@ -168,6 +176,9 @@ done
 echo "== throughput vs live keys (memory backend; every key populated first)"
 for keys in 1 100 10000 1000000; do
   start_sluice "keys-$keys" --config "$CONFIG" --backend memory --memory-max-buckets 2000000
+  # Baseline after connections and buffers exist (one key touched), so the delta is buckets.
+  $BENCH load --target "$SLUICE_ADDR" --connections "$CONNECTIONS" --in-flight "$IN_FLIGHT" \
+    --warmup 0s --requests 20000 --keys 1 --value-prefix base >/dev/null
   base=$(rss "$SLUICE_PID")
   $BENCH load --target "$SLUICE_ADDR" --connections "$CONNECTIONS" --in-flight "$IN_FLIGHT" \
     --warmup 0s --requests "$keys" --keys "$keys" --distribution sequential >/dev/null
@@ -180,7 +191,8 @@ for keys in 1 100 10000 1000000; do
 done
 
 echo "== throughput vs live keys (Redis backend)"
-start_sluice redis-keys --config "$CONFIG" --backend redis --redis-url "$REDIS_URL"
+start_sluice redis-keys --config "$CONFIG" --backend redis --redis-url "$REDIS_URL" \
+  --redis-timeout "$REDIS_TIMEOUT"
 for keys in 1 100 10000 1000000; do
   redis-cli -p "$REDIS_PORT" flushall >/dev/null
   before=$(redis-cli -p "$REDIS_PORT" info memory | awk -F: '/^used_memory:/ {print $2+0}')
@@ -192,7 +204,7 @@ for keys in 1 100 10000 1000000; do
     --pid "sluice=$SLUICE_PID" --pid "redis=$REDIS_PID" --redis-url "$REDIS_URL" \
     --json "$OUT/scaling/redis-keys-$keys.json"
   live=$(redis-cli -p "$REDIS_PORT" dbsize)
-  sample=$(redis-cli -p "$REDIS_PORT" --scan --count 1000 | head -100)
+  sample=$(redis-cli -p "$REDIS_PORT" --scan | head -100)
   total=0 n=0
   for key in $sample; do
     total=$((total + $(redis-cli -p "$REDIS_PORT" memory usage "$key" samples 0)))
