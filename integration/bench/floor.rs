@@ -32,6 +32,55 @@ pub struct FloorPoint {
     pub throughput_rps: f64,
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
+    /// CPU of the client (redis-benchmark, or this process for redis-rs) per call, µs.
+    #[serde(default)]
+    pub client_cpu_us_per_call: Option<f64>,
+    /// CPU of redis-server per call (INFO cpu), µs: the script's own cost.
+    #[serde(default)]
+    pub redis_cpu_us_per_call: Option<f64>,
+}
+
+/// CPU seconds of this process's reaped children (cutime + cstime in /proc/self/stat).
+fn children_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let cutime: f64 = fields.get(13)?.parse().ok()?;
+    let cstime: f64 = fields.get(14)?.parse().ok()?;
+    Some((cutime + cstime) / 100.0)
+}
+
+/// Fills in the CPU per call of a floor point from readings before and after it.
+pub fn with_cpu(
+    mut point: FloorPoint,
+    calls: f64,
+    client_seconds: Option<f64>,
+    redis_seconds: f64,
+) -> FloorPoint {
+    if calls > 0.0 {
+        point.client_cpu_us_per_call = client_seconds.map(|s| s * 1e6 / calls);
+        point.redis_cpu_us_per_call = Some(redis_seconds * 1e6 / calls);
+    }
+    point
+}
+
+/// [`redis_benchmark`] with the CPU of redis-benchmark and of Redis per call.
+pub async fn redis_benchmark_measured(
+    probe: &mut RedisProbe,
+    host: &str,
+    port: u16,
+    sha: &str,
+    in_flight: usize,
+    pipeline: usize,
+    requests: u64,
+    keys: u64,
+) -> Result<FloorPoint, String> {
+    let redis_before = probe.snapshot().await?;
+    let children_before = children_cpu_seconds();
+    let point = redis_benchmark(host, port, sha, in_flight, pipeline, requests, keys)?;
+    let client = children_cpu_seconds().zip(children_before).map(|(a, b)| a - b);
+    let redis = probe.snapshot().await?.since(&redis_before, requests);
+    Ok(with_cpu(point, requests as f64, client, redis.cpu_seconds))
 }
 
 /// Loads the script and returns its SHA.
@@ -77,6 +126,8 @@ pub fn redis_benchmark(
         throughput_rps: rps,
         p50_ms: Some(p50),
         p99_ms: Some(p99),
+        client_cpu_us_per_call: None,
+        redis_cpu_us_per_call: None,
     })
 }
 
@@ -146,6 +197,10 @@ pub async fn redis_rs(
             done
         }));
     }
+    let mut probe = RedisProbe::connect(url).await?;
+    let redis_before = probe.snapshot().await?;
+    let me = std::process::id();
+    let cpu_before = crate::stats::cpu_seconds(me);
     let start = now();
     tokio::time::sleep(duration).await;
     stop.store(true, Ordering::Relaxed);
@@ -154,7 +209,9 @@ pub async fn redis_rs(
     for t in tasks {
         total += t.await.map_err(|e| e.to_string())?;
     }
-    Ok(FloorPoint {
+    let client = crate::stats::cpu_seconds(me).zip(cpu_before).map(|(a, b)| a - b);
+    let redis = probe.snapshot().await?.since(&redis_before, total);
+    let point = FloorPoint {
         tool: "redis-rs".into(),
         connections: conns.len(),
         pipeline: in_flight,
@@ -162,7 +219,10 @@ pub async fn redis_rs(
         throughput_rps: total as f64 / elapsed,
         p50_ms: None,
         p99_ms: None,
-    })
+        client_cpu_us_per_call: None,
+        redis_cpu_us_per_call: None,
+    };
+    Ok(with_cpu(point, total as f64, client, redis.cpu_seconds))
 }
 
 #[cfg(test)]

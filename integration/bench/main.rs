@@ -367,22 +367,31 @@ async fn run(command: Command) -> Result<(), String> {
             let sha = floor::load_script(&mut probe).await?;
             let mut points = Vec::new();
             for p in pipelines {
-                let point = floor::redis_benchmark(&host, port, &sha, in_flight, p, requests, keys)?;
+                let point = floor::redis_benchmark_measured(
+                    &mut probe, &host, port, &sha, in_flight, p, requests, keys,
+                )
+                .await?;
                 println!(
-                    "redis-benchmark EVALSHA -c {} -P {}: {:.0}/s p50={}ms p99={}ms",
+                    "redis-benchmark EVALSHA -c {} -P {}: {:.0}/s p50={}ms p99={}ms; CPU per call: redis-benchmark {:.1}us, redis-server {:.1}us",
                     point.connections,
                     point.pipeline,
                     point.throughput_rps,
                     point.p50_ms.unwrap_or(f64::NAN),
-                    point.p99_ms.unwrap_or(f64::NAN)
+                    point.p99_ms.unwrap_or(f64::NAN),
+                    point.client_cpu_us_per_call.unwrap_or(f64::NAN),
+                    point.redis_cpu_us_per_call.unwrap_or(f64::NAN)
                 );
                 points.push(point);
             }
             for s in sockets {
                 let point = floor::redis_rs(&redis_url, &sha, s, in_flight, duration, keys).await?;
                 println!(
-                    "redis-rs EVALSHA, {} multiplexed socket(s), {} in flight: {:.0}/s",
-                    point.connections, point.in_flight, point.throughput_rps
+                    "redis-rs EVALSHA, {} multiplexed socket(s), {} in flight: {:.0}/s; CPU per call: client {:.1}us, redis-server {:.1}us",
+                    point.connections,
+                    point.in_flight,
+                    point.throughput_rps,
+                    point.client_cpu_us_per_call.unwrap_or(f64::NAN),
+                    point.redis_cpu_us_per_call.unwrap_or(f64::NAN)
                 );
                 points.push(point);
             }
@@ -503,7 +512,13 @@ fn summarize(
         );
     }
     for p in &floor.points {
-        out.push_str(&format!("floor      {:>12.0}   {}\n", p.throughput_rps, floor_name(p)));
+        out.push_str(&format!(
+            "floor    {:>10.0}   {} (CPU/call: client {:.1}us, redis {:.1}us)\n",
+            p.throughput_rps,
+            floor_name(p),
+            p.client_cpu_us_per_call.unwrap_or(f64::NAN),
+            p.redis_cpu_us_per_call.unwrap_or(f64::NAN)
+        ));
     }
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
     let mut ratios = serde_json::Map::new();

@@ -116,8 +116,9 @@ start_sluice redis --config "$CONFIG" --backend redis --redis-url "$REDIS_URL" \
   --redis-timeout "$REDIS_TIMEOUT"
 RED_PID=$SLUICE_PID RED_ADDR=$SLUICE_ADDR
 
-load_args=(--connections "$CONNECTIONS" --in-flight "$IN_FLIGHT" --duration "$DURATION"
-  --warmup "$WARMUP" --keys "$KEYS" --distribution "$DISTRIBUTION")
+mix_args=(--connections "$CONNECTIONS" --in-flight "$IN_FLIGHT" --warmup "$WARMUP" --keys "$KEYS"
+  --distribution "$DISTRIBUTION")
+load_args=("${mix_args[@]}" --duration "$DURATION")
 sweep() { # sweep LABEL ADDR ARGS...
   local label=$1 addr=$2
   shift 2
@@ -137,7 +138,7 @@ equal() { # equal LABEL ADDR ARGS...
   local label=$1 addr=$2
   shift 2
   printf '%-7s' "$label"
-  $BENCH load --target "$addr" "${load_args[@]}" --duration "$POINT_DURATION" --rate "$EQUAL_RATE" \
+  $BENCH load --target "$addr" "${mix_args[@]}" --duration "$POINT_DURATION" --rate "$EQUAL_RATE" \
     --json "$OUT/equal-$label.json" "$@"
 }
 equal noop "127.0.0.1:$NOOP_PORT" --pid "noop=$NOOP_PID"
