@@ -24,6 +24,8 @@ DISTRIBUTION=${DISTRIBUTION:-zipf:1.0}
 SCALING=${SCALING:-0}
 MAIN=${MAIN:-1} # 0: only the scaling part
 SCALE_DURATION=${SCALE_DURATION:-5s}
+SCALE_RULES=${SCALE_RULES:-10 100 1000 10000}
+SCALE_KEYS=${SCALE_KEYS:-1 100 10000 1000000}
 EQUAL_RATE=${EQUAL_RATE:-10000}
 # sluice's default is 15ms; at 512 calls in flight on a shared 2-core machine queueing alone can
 # exceed it, and a closed loop would then measure fast failures instead of decisions.
@@ -35,59 +37,10 @@ for tool in redis-server redis-cli redis-benchmark; do
   command -v "$tool" >/dev/null || { echo "error: $tool not found (apt-get install redis-server)" >&2; exit 1; }
 done
 
-cargo build --release --locked --bin sluice --bin sluice-bench
-SLUICE=target/release/sluice
-BENCH=target/release/sluice-bench
+source integration/bench/common.sh
 CONFIG=integration/bench/config
 mkdir -p "$OUT"
-TMP=$(mktemp -d)
-
-started=()
-cleanup() {
-  local status=$?
-  for pid in "${started[@]}"; do
-    kill "$pid" 2>/dev/null || true
-  done
-  for pid in "${started[@]}"; do
-    wait "$pid" 2>/dev/null || true
-  done
-  rm -rf "$TMP"
-  exit "$status"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-stop() { # stop PID: ends one process this script started and forgets it
-  kill "$1" 2>/dev/null || true
-  wait "$1" 2>/dev/null || true
-  local kept=() pid
-  for pid in "${started[@]}"; do
-    [ "$pid" = "$1" ] || kept+=("$pid")
-  done
-  started=("${kept[@]}")
-}
-
-# wait_ready FILE PATTERN PID: until the process printed its ready line (10 s at most).
-wait_ready() {
-  for _ in $(seq 100); do
-    grep -q "$2" "$1" 2>/dev/null && return 0
-    kill -0 "$3" 2>/dev/null || { echo "error: process $3 exited; see $1" >&2; cat "$1" "$1.err" >&2 2>/dev/null; exit 1; }
-    sleep 0.1
-  done
-  echo "error: no ready line in $1" >&2
-  exit 1
-}
-
-REDIS_PORT=$($BENCH free-port)
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$TMP" \
-  --logfile "$TMP/redis.log" &
-REDIS_PID=$!
-started+=("$REDIS_PID")
-for _ in $(seq 100); do
-  redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG && break
-  sleep 0.1
-done
-REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
+start_redis
 
 # start_sluice NAME ARGS...: sets SLUICE_PID and SLUICE_ADDR.
 start_sluice() {
@@ -165,7 +118,7 @@ rss() { awk '/VmRSS/ {print $2 * 1024}' "/proc/$1/status"; }
 scale_args=(--connections "$CONNECTIONS" --in-flight "$IN_FLIGHT" --duration "$SCALE_DURATION" --warmup 1s)
 
 echo "== throughput vs config size (memory backend, uniform over the rules)"
-for rules in 10 100 1000 10000; do
+for rules in $SCALE_RULES; do
   $BENCH gen-config --rules "$rules" --out "$TMP/rules-$rules.yaml"
   start_sluice "rules-$rules" --config "$TMP/rules-$rules.yaml" --backend memory
   printf 'rules=%-6s ' "$rules"
@@ -175,7 +128,7 @@ for rules in 10 100 1000 10000; do
 done
 
 echo "== throughput vs live keys (memory backend; every key populated first)"
-for keys in 1 100 10000 1000000; do
+for keys in $SCALE_KEYS; do
   start_sluice "keys-$keys" --config "$CONFIG" --backend memory --memory-max-buckets 2000000
   # Baseline after connections and buffers exist (one key touched), so the delta is buckets.
   $BENCH load --target "$SLUICE_ADDR" --connections "$CONNECTIONS" --in-flight "$IN_FLIGHT" \
@@ -194,7 +147,7 @@ done
 echo "== throughput vs live keys (Redis backend)"
 start_sluice redis-keys --config "$CONFIG" --backend redis --redis-url "$REDIS_URL" \
   --redis-timeout "$REDIS_TIMEOUT"
-for keys in 1 100 10000 1000000; do
+for keys in $SCALE_KEYS; do
   redis-cli -p "$REDIS_PORT" flushall >/dev/null
   before=$(redis-cli -p "$REDIS_PORT" info memory | awk -F: '/^used_memory:/ {print $2+0}')
   $BENCH load --target "$SLUICE_ADDR" --connections "$CONNECTIONS" --in-flight "$IN_FLIGHT" \
@@ -205,7 +158,7 @@ for keys in 1 100 10000 1000000; do
     --pid "sluice=$SLUICE_PID" --pid "redis=$REDIS_PID" --redis-url "$REDIS_URL" \
     --json "$OUT/scaling/redis-keys-$keys.json"
   live=$(redis-cli -p "$REDIS_PORT" dbsize)
-  sample=$(redis-cli -p "$REDIS_PORT" --scan | head -100)
+  sample=$(redis-cli -p "$REDIS_PORT" --scan | head -100 || true)
   total=0 n=0
   for key in $sample; do
     total=$((total + $(redis-cli -p "$REDIS_PORT" memory usage "$key" samples 0)))
