@@ -72,7 +72,10 @@ fn matching(c: &mut Criterion) {
 fn key_building(c: &mut Criterion) {
     let mut group = c.benchmark_group("key");
     let one = [Entry::new("tenant", "acme-corp-1234")];
-    let two = [Entry::new("tenant", "acme-corp-1234"), Entry::new("route", "export")];
+    let two = [
+        Entry::new("tenant", "acme-corp-1234"),
+        Entry::new("route", "export"),
+    ];
     let escaped = [Entry::new("path", "/api/v1/items?id={42}&q=a b")];
     let long = [Entry::new("ua", "x".repeat(300))];
     for (name, entries) in [
@@ -84,7 +87,13 @@ fn key_building(c: &mut Criterion) {
         group.bench_function(name, |b| {
             b.iter(|| {
                 let mut key = String::new();
-                write_bucket_key(&mut key, "sluice:", "edge", black_box(entries), RuleTag::Configured);
+                write_bucket_key(
+                    &mut key,
+                    "sluice:",
+                    "edge",
+                    black_box(entries),
+                    RuleTag::Configured,
+                );
                 black_box(key)
             })
         });
@@ -142,7 +151,10 @@ fn decision(c: &mut Criterion) {
     let limiter = || {
         Limiter::new(
             Arc::new(ArcSwap::from_pointee(config(10, false))),
-            MemoryBackend::new(Arc::new(ManualClock::new(1_000_000)), MemoryOptions::default()),
+            MemoryBackend::new(
+                Arc::new(ManualClock::new(1_000_000)),
+                MemoryOptions::default(),
+            ),
             LimiterOptions::default(),
         )
     };
@@ -153,7 +165,11 @@ fn decision(c: &mut Criterion) {
             descriptors: vec![RequestDescriptor::new(vec![Entry::new("k", "v3")])],
             hits_addend: 0,
         };
-        b.iter(|| black_box(futures::executor::block_on(limiter.decide(black_box(&request)))))
+        b.iter(|| {
+            black_box(futures::executor::block_on(
+                limiter.decide(black_box(&request)),
+            ))
+        })
     });
     group.bench_function("grpc_adapter_memory", |b| {
         let limiter = limiter();
@@ -193,9 +209,12 @@ fn memory_backend(c: &mut Criterion) {
                 ..MemoryOptions::default()
             };
             let backend = MemoryBackend::new(Arc::new(ManualClock::new(1_000_000)), opts);
-            let keys: Vec<String> = (0..live).map(|i| format!("sluice:{{bench|k=v{i}}}")).collect();
+            let keys: Vec<String> = (0..live)
+                .map(|i| format!("sluice:{{bench|k=v{i}}}"))
+                .collect();
             for key in &keys {
-                futures::executor::block_on(backend.check(&[Hit::new(key.as_str(), params, 1)])).unwrap();
+                futures::executor::block_on(backend.check(&[Hit::new(key.as_str(), params, 1)]))
+                    .unwrap();
             }
             assert_eq!(backend.live_buckets(), live);
             let mut i = 0usize;
@@ -210,5 +229,12 @@ fn memory_backend(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, matching, key_building, algorithm, decision, memory_backend);
+criterion_group!(
+    benches,
+    matching,
+    key_building,
+    algorithm,
+    decision,
+    memory_backend
+);
 criterion_main!(benches);

@@ -116,7 +116,8 @@ fn num(v: &Value, path: &str) -> f64 {
     for part in path.split('.') {
         at = &at[part];
     }
-    at.as_f64().unwrap_or_else(|| panic!("{path} is not a number in {v}"))
+    at.as_f64()
+        .unwrap_or_else(|| panic!("{path} is not a number in {v}"))
 }
 
 /// Counts, latency order and CPU accounting of a report whose every call succeeded.
@@ -126,14 +127,24 @@ fn assert_sane(report: &Value, generator_pid_named: &str) {
     let ok = num(report, "outcomes.ok");
     let over = num(report, "outcomes.over_limit");
     assert_eq!(ok + over, completed, "{report}");
-    assert_eq!(report["outcomes"]["errors"], serde_json::json!({}), "{report}");
+    assert_eq!(
+        report["outcomes"]["errors"],
+        serde_json::json!({}),
+        "{report}"
+    );
     let l = |q: &str| num(report, &format!("latency.{q}"));
     assert!(l("p50_us") > 0.0);
     assert!(l("p50_us") <= l("p90_us") && l("p90_us") <= l("p99_us"));
     assert!(l("p99_us") <= l("p999_us") && l("p999_us") <= l("max_us"));
     assert!(num(report, "throughput_rps") > 0.0);
-    assert!(report["cpu"]["generator"]["seconds"].is_number(), "{report}");
-    assert!(report["cpu"][generator_pid_named]["cores"].is_number(), "{report}");
+    assert!(
+        report["cpu"]["generator"]["seconds"].is_number(),
+        "{report}"
+    );
+    assert!(
+        report["cpu"][generator_pid_named]["cores"].is_number(),
+        "{report}"
+    );
 }
 
 #[test]
@@ -142,13 +153,21 @@ fn generator_drives_the_noop_server_closed_and_open_loop() {
     let noop = Server::noop();
     let pid = format!("noop={}", noop.pid());
 
-    let closed = load(&noop.addr, &["--pid", &pid], &dir.path().join("closed.json"));
+    let closed = load(
+        &noop.addr,
+        &["--pid", &pid],
+        &dir.path().join("closed.json"),
+    );
     assert_eq!(closed["mode"], "closed");
     assert_eq!(num(&closed, "concurrency"), 4.0);
     assert_sane(&closed, "noop");
     assert_eq!(num(&closed, "outcomes.over_limit"), 0.0);
 
-    let open = load(&noop.addr, &["--rate", "500", "--pid", &pid], &dir.path().join("open.json"));
+    let open = load(
+        &noop.addr,
+        &["--rate", "500", "--pid", &pid],
+        &dir.path().join("open.json"),
+    );
     assert_eq!(open["mode"], "open");
     assert_eq!(num(&open, "offered_rps"), 500.0);
     assert_sane(&open, "noop");
@@ -164,7 +183,14 @@ fn generator_mix_reaches_over_limit_keys_on_sluice_memory() {
     let pid = format!("sluice={}", sluice.pid());
     let report = load(
         &sluice.addr,
-        &["--over-limit-share", "0.5", "--descriptors", "2", "--pid", &pid],
+        &[
+            "--over-limit-share",
+            "0.5",
+            "--descriptors",
+            "2",
+            "--pid",
+            &pid,
+        ],
         &dir.path().join("mix.json"),
     );
     assert_sane(&report, "sluice");
@@ -181,8 +207,18 @@ fn generator_counts_redis_commands_and_the_floor_runs() {
     let dir = tempfile::tempdir().unwrap();
     let redis = RedisServer::start();
     let url = redis.url();
-    let sluice = Server::sluice(&["--backend", "redis", "--redis-url", &url, "--redis-timeout", "500ms"]);
-    let pids = [format!("sluice={}", sluice.pid()), format!("redis={}", redis.pid())];
+    let sluice = Server::sluice(&[
+        "--backend",
+        "redis",
+        "--redis-url",
+        &url,
+        "--redis-timeout",
+        "500ms",
+    ]);
+    let pids = [
+        format!("sluice={}", sluice.pid()),
+        format!("redis={}", redis.pid()),
+    ];
     let report = load(
         &sluice.addr,
         &["--redis-url", &url, "--pid", &pids[0], "--pid", &pids[1]],
@@ -197,17 +233,36 @@ fn generator_counts_redis_commands_and_the_floor_runs() {
 
     let floor = bench(
         &[
-            "redis-floor", "--redis-url", &url, "--in-flight", "8", "--pipelines", "1,4",
-            "--requests", "2000", "--keys", "100", "--sockets", "1,2", "--duration", "200ms",
+            "redis-floor",
+            "--redis-url",
+            &url,
+            "--in-flight",
+            "8",
+            "--pipelines",
+            "1,4",
+            "--requests",
+            "2000",
+            "--keys",
+            "100",
+            "--sockets",
+            "1,2",
+            "--duration",
+            "200ms",
         ],
         &dir.path().join("floor.json"),
     );
     let points = floor["points"].as_array().unwrap();
     assert_eq!(points.len(), 4, "{floor}");
     assert_eq!(points[1]["tool"], "redis-benchmark");
-    assert_eq!((num(&points[1], "connections"), num(&points[1], "pipeline")), (2.0, 4.0));
+    assert_eq!(
+        (num(&points[1], "connections"), num(&points[1], "pipeline")),
+        (2.0, 4.0)
+    );
     assert_eq!(points[3]["tool"], "redis-rs");
-    assert!(points.iter().all(|p| num(p, "throughput_rps") > 0.0), "{floor}");
+    assert!(
+        points.iter().all(|p| num(p, "throughput_rps") > 0.0),
+        "{floor}"
+    );
     // The floor ran the production script against its own keys.
     let keys: Vec<String> = redis.cmd(&["KEYS", "sluice:{bench|k=v*"]);
     assert!(!keys.is_empty());
@@ -221,9 +276,23 @@ fn sweep_writes_points_and_a_plot() {
     let svg = dir.path().join("sweep.svg");
     let sweep = bench(
         &[
-            "sweep", "--target", &noop.addr, "--connections", "1", "--in-flight", "2",
-            "--duration", "200ms", "--warmup", "50ms", "--fractions", "0.5", "--label", "noop",
-            "--svg", svg.to_str().unwrap(),
+            "sweep",
+            "--target",
+            &noop.addr,
+            "--connections",
+            "1",
+            "--in-flight",
+            "2",
+            "--duration",
+            "200ms",
+            "--warmup",
+            "50ms",
+            "--fractions",
+            "0.5",
+            "--label",
+            "noop",
+            "--svg",
+            svg.to_str().unwrap(),
         ],
         &json,
     );
@@ -234,7 +303,10 @@ fn sweep_writes_points_and_a_plot() {
     let half = num(&sweep["peak"], "throughput_rps") * 0.5;
     assert!((num(&points[0], "offered_rps") - half).abs() < 1e-6 * half.max(1.0));
     let plot = std::fs::read_to_string(&svg).unwrap();
-    assert!(plot.starts_with("<svg") && plot.contains("<polyline"), "{plot}");
+    assert!(
+        plot.starts_with("<svg") && plot.contains("<polyline"),
+        "{plot}"
+    );
 
     let combined = dir.path().join("all.svg");
     let status = Command::new(BENCH)
@@ -244,5 +316,9 @@ fn sweep_writes_points_and_a_plot() {
         .status()
         .unwrap();
     assert!(status.success());
-    assert!(std::fs::read_to_string(&combined).unwrap().contains(">b</text>"));
+    assert!(
+        std::fs::read_to_string(&combined)
+            .unwrap()
+            .contains(">b</text>")
+    );
 }

@@ -67,20 +67,21 @@ pub fn with_cpu(
 /// [`redis_benchmark`] with the CPU of redis-benchmark and of Redis per call.
 pub async fn redis_benchmark_measured(
     probe: &mut RedisProbe,
-    host: &str,
-    port: u16,
-    sha: &str,
-    in_flight: usize,
-    pipeline: usize,
-    requests: u64,
-    keys: u64,
+    run: &RedisBenchmark<'_>,
 ) -> Result<FloorPoint, String> {
     let redis_before = probe.snapshot().await?;
     let children_before = children_cpu_seconds();
-    let point = redis_benchmark(host, port, sha, in_flight, pipeline, requests, keys)?;
-    let client = children_cpu_seconds().zip(children_before).map(|(a, b)| a - b);
-    let redis = probe.snapshot().await?.since(&redis_before, requests);
-    Ok(with_cpu(point, requests as f64, client, redis.cpu_seconds))
+    let point = redis_benchmark(run)?;
+    let client = children_cpu_seconds()
+        .zip(children_before)
+        .map(|(a, b)| a - b);
+    let redis = probe.snapshot().await?.since(&redis_before, run.requests);
+    Ok(with_cpu(
+        point,
+        run.requests as f64,
+        client,
+        redis.cpu_seconds,
+    ))
 }
 
 /// Loads the script and returns its SHA.
@@ -90,21 +91,40 @@ pub async fn load_script(probe: &mut RedisProbe) -> Result<String, String> {
     probe.query(&cmd).await
 }
 
-/// Runs `redis-benchmark` once; `in_flight` calls spread as `in_flight / pipeline` connections.
-pub fn redis_benchmark(
-    host: &str,
-    port: u16,
-    sha: &str,
-    in_flight: usize,
-    pipeline: usize,
-    requests: u64,
-    keys: u64,
-) -> Result<FloorPoint, String> {
+/// One `redis-benchmark` run of the script.
+pub struct RedisBenchmark<'a> {
+    pub host: &'a str,
+    pub port: u16,
+    pub sha: &'a str,
+    /// Calls in flight, spread as `in_flight / pipeline` connections.
+    pub in_flight: usize,
+    pub pipeline: usize,
+    pub requests: u64,
+    pub keys: u64,
+}
+
+/// Runs `redis-benchmark` once.
+pub fn redis_benchmark(run: &RedisBenchmark<'_>) -> Result<FloorPoint, String> {
+    let RedisBenchmark {
+        host,
+        port,
+        sha,
+        in_flight,
+        pipeline,
+        requests,
+        keys,
+    } = *run;
     let clients = (in_flight / pipeline.max(1)).max(1);
     let output = std::process::Command::new("redis-benchmark")
         .args(["-h", host, "-p", &port.to_string()])
         .args(["-c", &clients.to_string(), "-P", &pipeline.to_string()])
-        .args(["-n", &requests.to_string(), "-r", &keys.to_string(), "--csv"])
+        .args([
+            "-n",
+            &requests.to_string(),
+            "-r",
+            &keys.to_string(),
+            "--csv",
+        ])
         .args(["EVALSHA", sha, "1", "sluice:{bench|k=v__rand_int__}", ""])
         .args(BUCKET_ARGS)
         .output()
@@ -116,8 +136,8 @@ pub fn redis_benchmark(
         ));
     }
     let text = String::from_utf8_lossy(&output.stdout);
-    let (rps, p50, p99) = parse_csv(&text)
-        .ok_or_else(|| format!("cannot read redis-benchmark output:\n{text}"))?;
+    let (rps, p50, p99) =
+        parse_csv(&text).ok_or_else(|| format!("cannot read redis-benchmark output:\n{text}"))?;
     Ok(FloorPoint {
         tool: "redis-benchmark".into(),
         connections: clients,
@@ -209,7 +229,9 @@ pub async fn redis_rs(
     for t in tasks {
         total += t.await.map_err(|e| e.to_string())?;
     }
-    let client = crate::stats::cpu_seconds(me).zip(cpu_before).map(|(a, b)| a - b);
+    let client = crate::stats::cpu_seconds(me)
+        .zip(cpu_before)
+        .map(|(a, b)| a - b);
     let redis = probe.snapshot().await?.since(&redis_before, total);
     let point = FloorPoint {
         tool: "redis-rs".into(),

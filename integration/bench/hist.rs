@@ -112,7 +112,10 @@ mod tests {
             assert!(high >= low);
             assert_eq!(index(low), i);
             assert_eq!(index(high), i);
-            assert!((high - low) as f64 <= low.max(1) as f64 / 63.0, "bucket {i} too wide");
+            assert!(
+                (high - low) as f64 <= low.max(1) as f64 / 63.0,
+                "bucket {i} too wide"
+            );
             if high == u64::MAX {
                 break;
             }
@@ -127,7 +130,11 @@ mod tests {
         for v in 1..=100_000u64 {
             h.record(v * 1_000);
         }
-        for (q, exact) in [(0.5, 50_000_000.0), (0.99, 99_000_000.0), (0.999, 99_900_000.0)] {
+        for (q, exact) in [
+            (0.5, 50_000_000.0),
+            (0.99, 99_000_000.0),
+            (0.999, 99_900_000.0),
+        ] {
             let got = h.quantile(q) as f64;
             assert!((got - exact).abs() / exact < 0.02, "q{q}: {got} vs {exact}");
         }

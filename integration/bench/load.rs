@@ -191,7 +191,9 @@ pub async fn run(spec: &LoadSpec, sampler: Arc<Sampler>) -> Result<Report, Strin
                 if rate.is_none() && limit.is_none() && done > end {
                     break;
                 }
-                tally.hist.record(done.duration_since(intended).as_nanos() as u64);
+                tally
+                    .hist
+                    .record(done.duration_since(intended).as_nanos() as u64);
                 match result {
                     Ok(Ok(response)) => match PbCode::try_from(response.get_ref().overall_code) {
                         Ok(PbCode::Ok) => tally.outcomes.ok += 1,
@@ -199,9 +201,19 @@ pub async fn run(spec: &LoadSpec, sampler: Arc<Sampler>) -> Result<Report, Strin
                         _ => tally.outcomes.other_code += 1,
                     },
                     Ok(Err(status)) => {
-                        *tally.outcomes.errors.entry(format!("{:?}", status.code())).or_default() += 1
+                        *tally
+                            .outcomes
+                            .errors
+                            .entry(format!("{:?}", status.code()))
+                            .or_default() += 1
                     }
-                    Err(_) => *tally.outcomes.errors.entry("ClientTimeout".into()).or_default() += 1,
+                    Err(_) => {
+                        *tally
+                            .outcomes
+                            .errors
+                            .entry("ClientTimeout".into())
+                            .or_default() += 1
+                    }
                 }
             }
             tally
@@ -242,7 +254,9 @@ pub async fn run(spec: &LoadSpec, sampler: Arc<Sampler>) -> Result<Report, Strin
     }
     let backlog = match pacer {
         Some(pacer) => {
-            let released = pacer.join().map_err(|_| "pacer thread panicked".to_string())?;
+            let released = pacer
+                .join()
+                .map_err(|_| "pacer thread panicked".to_string())?;
             released.saturating_sub(sequence.load(Ordering::Relaxed))
         }
         None => 0,
@@ -267,7 +281,12 @@ pub async fn run(spec: &LoadSpec, sampler: Arc<Sampler>) -> Result<Report, Strin
     }
     Ok(Report {
         target: spec.target.clone(),
-        mode: if spec.rate.is_some() { "open" } else { "closed" }.into(),
+        mode: if spec.rate.is_some() {
+            "open"
+        } else {
+            "closed"
+        }
+        .into(),
         connections: channels.len(),
         concurrency: spec.concurrency,
         offered_rps: spec.rate,
@@ -275,7 +294,11 @@ pub async fn run(spec: &LoadSpec, sampler: Arc<Sampler>) -> Result<Report, Strin
         warmup_s: spec.warmup.as_secs_f64(),
         mix: mix_json(&sampler),
         completed,
-        throughput_rps: if wall > 0.0 { completed as f64 / wall } else { 0.0 },
+        throughput_rps: if wall > 0.0 {
+            completed as f64 / wall
+        } else {
+            0.0
+        },
         backlog,
         latency: Latency {
             p50_us: us(total.hist.quantile(0.50)),
@@ -293,14 +316,16 @@ pub async fn run(spec: &LoadSpec, sampler: Arc<Sampler>) -> Result<Report, Strin
         loadavg_1m: std::fs::read_to_string("/proc/loadavg")
             .ok()
             .and_then(|l| l.split_whitespace().next()?.parse().ok()),
-        cpu_pressure_avg10: std::fs::read_to_string("/proc/pressure/cpu").ok().and_then(|p| {
-            p.lines()
-                .find(|l| l.starts_with("some"))?
-                .split_whitespace()
-                .find_map(|f| f.strip_prefix("avg10="))?
-                .parse()
-                .ok()
-        }),
+        cpu_pressure_avg10: std::fs::read_to_string("/proc/pressure/cpu")
+            .ok()
+            .and_then(|p| {
+                p.lines()
+                    .find(|l| l.starts_with("some"))?
+                    .split_whitespace()
+                    .find_map(|f| f.strip_prefix("avg10="))?
+                    .parse()
+                    .ok()
+            }),
     })
 }
 
@@ -325,7 +350,9 @@ fn spawn_pacer(
                 released += add;
             }
             let next = start + Duration::from_secs_f64(released as f64 / rate);
-            let wait = next.saturating_duration_since(now()).min(end.saturating_duration_since(now()));
+            let wait = next
+                .saturating_duration_since(now())
+                .min(end.saturating_duration_since(now()));
             // Below ~20 µs a sleep oversleeps anyway; release the next batch on the next pass.
             if wait > Duration::from_micros(20) {
                 std::thread::sleep(wait);

@@ -24,7 +24,10 @@ use crate::mix::{Distribution, MixSpec, Sampler};
 use crate::stats::{NamedPid, RedisProbe};
 
 #[derive(Parser)]
-#[command(name = "sluice-bench", about = "Load generator and floors for Envoy RLS servers")]
+#[command(
+    name = "sluice-bench",
+    about = "Load generator and floors for Envoy RLS servers"
+)]
 struct Cli {
     /// Worker threads of the generator's runtime (it shares the machine with the server).
     #[arg(long, global = true, default_value_t = 2)]
@@ -51,7 +54,11 @@ enum Command {
         #[arg(long, value_delimiter = ',')]
         rates: Vec<f64>,
         /// Fractions of the measured peak to offer, comma-separated.
-        #[arg(long, value_delimiter = ',', default_value = "0.1,0.25,0.5,0.75,0.9,1.0,1.2")]
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "0.1,0.25,0.5,0.75,0.9,1.0,1.2"
+        )]
         fractions: Vec<f64>,
         /// Duration of each open-loop point (default: --duration).
         #[arg(long, value_parser = parse_duration)]
@@ -67,7 +74,10 @@ enum Command {
     Plot {
         #[arg(long)]
         out: PathBuf,
-        #[arg(long, default_value = "ShouldRateLimit: throughput and latency vs offered load")]
+        #[arg(
+            long,
+            default_value = "ShouldRateLimit: throughput and latency vs offered load"
+        )]
         title: String,
         /// label=sweep.json
         #[arg(required = true)]
@@ -226,7 +236,10 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     } else {
         (s, 1.0)
     };
-    let v: f64 = num.trim().parse().map_err(|_| format!("`{s}` is not a duration"))?;
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration"))?;
     if !(v >= 0.0 && v.is_finite()) {
         return Err(format!("`{s}` is not a duration"));
     }
@@ -253,7 +266,13 @@ fn line(label: &str, r: &Report) -> String {
     let cpu: Vec<String> = r
         .cpu
         .iter()
-        .map(|(n, c)| format!("{n}={:.2}({:.1}us/req)", c.cores, c.us_per_request.unwrap_or(f64::NAN)))
+        .map(|(n, c)| {
+            format!(
+                "{n}={:.2}({:.1}us/req)",
+                c.cores,
+                c.us_per_request.unwrap_or(f64::NAN)
+            )
+        })
         .collect();
     let redis = r.redis.as_ref().map_or(String::new(), |u| {
         format!(
@@ -321,9 +340,16 @@ async fn run(command: Command) -> Result<(), String> {
                 println!("{}", line(&label, &report));
                 points.push(report);
             }
-            let file = SweepFile { label, peak, points };
+            let file = SweepFile {
+                label,
+                peak,
+                points,
+            };
             if let Some(path) = &svg {
-                let series = [svg::Series { label: &file.label, points: &file.points }];
+                let series = [svg::Series {
+                    label: &file.label,
+                    points: &file.points,
+                }];
                 std::fs::write(path, svg::render(&file.label, &series))
                     .map_err(|e| format!("{}: {e}", path.display()))?;
             }
@@ -337,11 +363,17 @@ async fn run(command: Command) -> Result<(), String> {
                 let (label, path) = arg
                     .split_once('=')
                     .ok_or_else(|| format!("`{arg}`: expected label=sweep.json"))?;
-                files.push((label.to_string(), read_json::<SweepFile>(&PathBuf::from(path))?));
+                files.push((
+                    label.to_string(),
+                    read_json::<SweepFile>(&PathBuf::from(path))?,
+                ));
             }
             let series: Vec<svg::Series<'_>> = files
                 .iter()
-                .map(|(label, f)| svg::Series { label, points: &f.points })
+                .map(|(label, f)| svg::Series {
+                    label,
+                    points: &f.points,
+                })
                 .collect();
             std::fs::write(&out, svg::render(&title, &series))
                 .map_err(|e| format!("{}: {e}", out.display()))?;
@@ -367,10 +399,16 @@ async fn run(command: Command) -> Result<(), String> {
             let sha = floor::load_script(&mut probe).await?;
             let mut points = Vec::new();
             for p in pipelines {
-                let point = floor::redis_benchmark_measured(
-                    &mut probe, &host, port, &sha, in_flight, p, requests, keys,
-                )
-                .await?;
+                let run = floor::RedisBenchmark {
+                    host: &host,
+                    port,
+                    sha: &sha,
+                    in_flight,
+                    pipeline: p,
+                    requests,
+                    keys,
+                };
+                let point = floor::redis_benchmark_measured(&mut probe, &run).await?;
                 println!(
                     "redis-benchmark EVALSHA -c {} -P {}: {:.0}/s p50={}ms p99={}ms; CPU per call: redis-benchmark {:.1}us, redis-server {:.1}us",
                     point.connections,
@@ -429,7 +467,10 @@ async fn run(command: Command) -> Result<(), String> {
         }
         Command::FreePort => {
             let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-            println!("{}", listener.local_addr().map_err(|e| e.to_string())?.port());
+            println!(
+                "{}",
+                listener.local_addr().map_err(|e| e.to_string())?.port()
+            );
         }
     }
     Ok(())
@@ -439,7 +480,10 @@ fn floor_name(p: &FloorPoint) -> String {
     if p.tool == "redis-benchmark" {
         format!("redis-benchmark -c {} -P {}", p.connections, p.pipeline)
     } else {
-        format!("redis-rs, {} socket(s), {} in flight", p.connections, p.in_flight)
+        format!(
+            "redis-rs, {} socket(s), {} in flight",
+            p.connections, p.in_flight
+        )
     }
 }
 
@@ -461,7 +505,15 @@ fn summarize(
     let mut out = String::new();
     out.push_str(&format!(
         "{:<8} {:>10} {:>9} {:>9} {:>10} {:>13} {:>13} {:>13} {:>13}\n",
-        "target", "peak req/s", "peak p50", "peak p99", "½peak p99", "server CPU", "redis CPU", "generator CPU", "redis cmd/req"
+        "target",
+        "peak req/s",
+        "peak p50",
+        "peak p99",
+        "½peak p99",
+        "server CPU",
+        "redis CPU",
+        "generator CPU",
+        "redis cmd/req"
     ));
     let mut rows = serde_json::Map::new();
     for (name, s) in [("noop", noop), ("memory", memory), ("redis", redis)] {
@@ -531,7 +583,11 @@ fn summarize(
         out.push_str(&format!("{name:<44} {value:>6.3} {verdict}\n"));
         ratios.insert(name, serde_json::json!({"value": value, "target": target}));
     };
-    add("memory / noop (peak throughput)".into(), ratio(memory.peak.throughput_rps, noop.peak.throughput_rps), Some(0.85));
+    add(
+        "memory / noop (peak throughput)".into(),
+        ratio(memory.peak.throughput_rps, noop.peak.throughput_rps),
+        Some(0.85),
+    );
     let server_us = |s: &SweepFile| {
         s.peak
             .cpu
@@ -540,9 +596,21 @@ fn summarize(
             .and_then(|(_, c)| c.us_per_request)
             .unwrap_or(f64::NAN)
     };
-    add("noop / memory (server CPU per request)".into(), ratio(server_us(noop), server_us(memory)), None);
-    add("noop / redis (server CPU per request)".into(), ratio(server_us(noop), server_us(redis)), None);
-    add("redis / noop (peak throughput)".into(), ratio(redis.peak.throughput_rps, noop.peak.throughput_rps), Some(0.4));
+    add(
+        "noop / memory (server CPU per request)".into(),
+        ratio(server_us(noop), server_us(memory)),
+        None,
+    );
+    add(
+        "noop / redis (server CPU per request)".into(),
+        ratio(server_us(noop), server_us(redis)),
+        None,
+    );
+    add(
+        "redis / noop (peak throughput)".into(),
+        ratio(redis.peak.throughput_rps, noop.peak.throughput_rps),
+        Some(0.4),
+    );
     for p in &floor.points {
         let target = (p.tool == "redis-benchmark").then_some(0.7);
         add(
@@ -557,11 +625,18 @@ fn summarize(
                 "{name} p99 at ½ peak ({:.0}/s offered): {:.0} us (target ≤ {bound:.0} us: {})\n",
                 h.offered_rps.unwrap_or(0.0),
                 h.latency.p99_us,
-                if h.latency.p99_us <= bound { "met" } else { "NOT met" }
+                if h.latency.p99_us <= bound {
+                    "met"
+                } else {
+                    "NOT met"
+                }
             ));
         }
     }
-    (out, serde_json::json!({"targets": rows, "ratios": ratios, "floor": floor.points}))
+    (
+        out,
+        serde_json::json!({"targets": rows, "ratios": ratios, "floor": floor.points}),
+    )
 }
 
 fn main() {

@@ -148,7 +148,9 @@ impl Sampler {
                         format!("o{}", rng.below(spec.over_keys)),
                     )
                 } else {
-                    let seq = sequence.wrapping_mul(spec.descriptors as u64).wrapping_add(d);
+                    let seq = sequence
+                        .wrapping_mul(spec.descriptors as u64)
+                        .wrapping_add(d);
                     (
                         spec.key_name.clone(),
                         format!("{}{}", spec.value_prefix, self.key_index(rng, seq)),
@@ -208,9 +210,18 @@ mod tests {
 
     #[test]
     fn uniform_and_sequential_cover_every_key() {
-        let uniform = counts(&Sampler::new(spec(Distribution::Uniform, 10)).unwrap(), 10_000);
-        assert!(uniform.iter().all(|&n| (800..1200).contains(&n)), "{uniform:?}");
-        let seq = counts(&Sampler::new(spec(Distribution::Sequential, 10)).unwrap(), 100);
+        let uniform = counts(
+            &Sampler::new(spec(Distribution::Uniform, 10)).unwrap(),
+            10_000,
+        );
+        assert!(
+            uniform.iter().all(|&n| (800..1200).contains(&n)),
+            "{uniform:?}"
+        );
+        let seq = counts(
+            &Sampler::new(spec(Distribution::Sequential, 10)).unwrap(),
+            100,
+        );
         assert!(seq.iter().all(|&n| n == 10));
     }
 

@@ -167,16 +167,32 @@ impl RedisSnapshot {
             .calls
             .iter()
             .filter(|(cmd, _)| !cmd.starts_with("info"))
-            .map(|(cmd, &n)| (cmd.clone(), n - earlier.calls.get(cmd).copied().unwrap_or(0)))
+            .map(|(cmd, &n)| {
+                (
+                    cmd.clone(),
+                    n - earlier.calls.get(cmd).copied().unwrap_or(0),
+                )
+            })
             .filter(|(_, n)| *n > 0)
             .collect();
         let total: u64 = per_command.values().sum();
         let scripts: u64 = per_command
             .iter()
-            .filter(|(cmd, _)| matches!(cmd.as_str(), "evalsha" | "eval" | "fcall" | "evalsha_ro" | "eval_ro" | "fcall_ro"))
+            .filter(|(cmd, _)| {
+                matches!(
+                    cmd.as_str(),
+                    "evalsha" | "eval" | "fcall" | "evalsha_ro" | "eval_ro" | "fcall_ro"
+                )
+            })
             .map(|(_, n)| n)
             .sum();
-        let per = |n: u64| if requests == 0 { 0.0 } else { n as f64 / requests as f64 };
+        let per = |n: u64| {
+            if requests == 0 {
+                0.0
+            } else {
+                n as f64 / requests as f64
+            }
+        };
         RedisUse {
             commands_per_request: per(total),
             script_calls_per_request: per(scripts),
@@ -218,13 +234,22 @@ mod tests {
         let calls = parse_commandstats(text);
         assert_eq!(calls["evalsha"], 10);
         assert_eq!(calls["script|load"], 1);
-        let before = RedisSnapshot { calls: BTreeMap::from([("evalsha".into(), 4), ("info".into(), 1)]), cpu_seconds: 1.0 };
-        let after = RedisSnapshot { calls, cpu_seconds: 1.5 };
+        let before = RedisSnapshot {
+            calls: BTreeMap::from([("evalsha".into(), 4), ("info".into(), 1)]),
+            cpu_seconds: 1.0,
+        };
+        let after = RedisSnapshot {
+            calls,
+            cpu_seconds: 1.5,
+        };
         let used = after.since(&before, 3);
         assert_eq!(used.script_calls_per_request, 2.0);
         assert!((used.commands_per_request - 7.0 / 3.0).abs() < 1e-9);
         assert!(!used.per_command.contains_key("info"));
-        assert_eq!(info_field("used_cpu_sys:1.25\r\nused_cpu_user:2\r\n", "used_cpu_sys"), Some(1.25));
+        assert_eq!(
+            info_field("used_cpu_sys:1.25\r\nused_cpu_user:2\r\n", "used_cpu_sys"),
+            Some(1.25)
+        );
     }
 
     #[test]

@@ -5,7 +5,9 @@ use std::fmt::Write;
 
 use crate::load::Report;
 
-const COLOURS: [&str; 6] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"];
+const COLOURS: [&str; 6] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
+];
 const W: f64 = 480.0;
 const H: f64 = 400.0;
 const LEFT: f64 = 70.0;
@@ -85,29 +87,26 @@ pub fn render(title: &str, series: &[Series<'_>]) -> String {
         let sy_lin = |y: f64| TOP + ph - y / y_lin_max * ph;
         let (llo, lhi) = (decade_lo.log10(), decade_hi.log10());
         let sy_log = |y: f64| TOP + ph - (y.max(decade_lo).log10() - llo) / (lhi - llo) * ph;
-        let _ = write!(
+        let _ = writeln!(
             svg,
-            r##"<rect x="{ox}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>
-"##
+            r##"<rect x="{ox}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>"##
         );
         // x ticks (offered load) on both panels
         let mut x = 0.0;
         while x <= x_max {
             let px = sx(x);
-            let _ = write!(
+            let _ = writeln!(
                 svg,
-                r##"<line x1="{px}" y1="{TOP}" x2="{px}" y2="{}" stroke="#eee"/><text x="{px}" y="{}" text-anchor="middle">{}</text>
-"##,
+                r##"<line x1="{px}" y1="{TOP}" x2="{px}" y2="{}" stroke="#eee"/><text x="{px}" y="{}" text-anchor="middle">{}</text>"##,
                 TOP + ph,
                 TOP + ph + 16.0,
                 fmt_rate(x)
             );
             x += step;
         }
-        let _ = write!(
+        let _ = writeln!(
             svg,
-            r##"<text x="{}" y="{}" text-anchor="middle">offered load (requests/s; peak = closed loop)</text>
-"##,
+            r##"<text x="{}" y="{}" text-anchor="middle">offered load (requests/s; peak = closed loop)</text>"##,
             ox + pw / 2.0,
             TOP + ph + 36.0
         );
@@ -115,10 +114,9 @@ pub fn render(title: &str, series: &[Series<'_>]) -> String {
             let mut y = 0.0;
             while y <= y_lin_max {
                 let py = sy_lin(y);
-                let _ = write!(
+                let _ = writeln!(
                     svg,
-                    r##"<line x1="{ox}" y1="{py}" x2="{}" y2="{py}" stroke="#eee"/><text x="{}" y="{}" text-anchor="end">{}</text>
-"##,
+                    r##"<line x1="{ox}" y1="{py}" x2="{}" y2="{py}" stroke="#eee"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
                     ox + pw,
                     ox - 6.0,
                     py + 4.0,
@@ -144,10 +142,9 @@ pub fn render(title: &str, series: &[Series<'_>]) -> String {
             let mut d = decade_lo;
             while d <= decade_hi * 1.001 {
                 let py = sy_log(d);
-                let _ = write!(
+                let _ = writeln!(
                     svg,
-                    r##"<line x1="{ox}" y1="{py}" x2="{}" y2="{py}" stroke="#eee"/><text x="{}" y="{}" text-anchor="end">{}</text>
-"##,
+                    r##"<line x1="{ox}" y1="{py}" x2="{}" y2="{py}" stroke="#eee"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
                     ox + pw,
                     ox - 6.0,
                     py + 4.0,
@@ -155,10 +152,9 @@ pub fn render(title: &str, series: &[Series<'_>]) -> String {
                 );
                 d *= 10.0;
             }
-            let _ = write!(
+            let _ = writeln!(
                 svg,
-                r##"<text x="{}" y="{}" transform="rotate(-90 {} {})" text-anchor="middle">latency (log): p50 solid, p99 dashed</text>
-"##,
+                r##"<text x="{}" y="{}" transform="rotate(-90 {} {})" text-anchor="middle">latency (log): p50 solid, p99 dashed</text>"##,
                 ox - 52.0,
                 TOP + ph / 2.0,
                 ox - 52.0,
@@ -172,37 +168,48 @@ pub fn render(title: &str, series: &[Series<'_>]) -> String {
             pts.sort_by(|a, b| offered(a).total_cmp(&offered(b)));
             let lines: Vec<(Vec<(f64, f64)>, &str)> = if panel == 0 {
                 vec![(
-                    pts.iter().map(|r| (sx(offered(r)), sy_lin(r.throughput_rps))).collect(),
+                    pts.iter()
+                        .map(|r| (sx(offered(r)), sy_lin(r.throughput_rps)))
+                        .collect(),
                     "",
                 )]
             } else {
                 vec![
-                    (pts.iter().map(|r| (sx(offered(r)), sy_log(r.latency.p50_us))).collect(), ""),
                     (
-                        pts.iter().map(|r| (sx(offered(r)), sy_log(r.latency.p99_us))).collect(),
+                        pts.iter()
+                            .map(|r| (sx(offered(r)), sy_log(r.latency.p50_us)))
+                            .collect(),
+                        "",
+                    ),
+                    (
+                        pts.iter()
+                            .map(|r| (sx(offered(r)), sy_log(r.latency.p99_us)))
+                            .collect(),
                         r#" stroke-dasharray="6 3""#,
                     ),
                 ]
             };
             for (line, dash) in lines {
-                let path: Vec<String> = line.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
-                let _ = write!(
+                let path: Vec<String> =
+                    line.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
+                let _ = writeln!(
                     svg,
-                    r#"<polyline fill="none" stroke="{colour}" stroke-width="2"{dash} points="{}"/>
-"#,
+                    r#"<polyline fill="none" stroke="{colour}" stroke-width="2"{dash} points="{}"/>"#,
                     path.join(" ")
                 );
                 for (x, y) in line {
-                    let _ = write!(svg, r#"<circle cx="{x:.1}" cy="{y:.1}" r="3" fill="{colour}"/>"#);
+                    let _ = write!(
+                        svg,
+                        r#"<circle cx="{x:.1}" cy="{y:.1}" r="3" fill="{colour}"/>"#
+                    );
                 }
                 svg.push('\n');
             }
             if panel == 0 {
                 let ly = TOP + 16.0 + 16.0 * i as f64;
-                let _ = write!(
+                let _ = writeln!(
                     svg,
-                    r#"<rect x="{}" y="{}" width="12" height="12" fill="{colour}"/><text x="{}" y="{}">{}</text>
-"#,
+                    r#"<rect x="{}" y="{}" width="12" height="12" fill="{colour}"/><text x="{}" y="{}">{}</text>"#,
                     ox + 10.0,
                     ly - 10.0,
                     ox + 28.0,
@@ -217,7 +224,9 @@ pub fn render(title: &str, series: &[Series<'_>]) -> String {
 }
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 #[cfg(test)]
