@@ -8,7 +8,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, criterion_group};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry as PbEntry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -43,7 +43,13 @@ fn config(n: usize, wildcards: bool) -> Config {
 // filter selects: under nextest (one process per benchmark) nothing else is built.
 fn matching(c: &mut Criterion) {
     let mut group = c.benchmark_group("match");
-    for n in [10, 1_000, 10_000] {
+    // Under the test harness (no `--bench`), smaller configs keep the smoke test quick.
+    let sizes: [usize; 3] = if std::env::args().any(|a| a == "--bench") {
+        [10, 1_000, 10_000]
+    } else {
+        [10, 100, 1_000]
+    };
+    for n in sizes {
         group.bench_function(BenchmarkId::new("exact", n), |b| {
             let cfg = config(n, false);
             let domain = cfg.domain("bench").unwrap();
@@ -237,4 +243,20 @@ criterion_group!(
     decision,
     memory_backend
 );
-criterion_main!(benches);
+/// `criterion_main!`, except that criterion is told where target/ is: otherwise every process
+/// (nextest starts one per benchmark) runs `cargo metadata` to find out.
+fn main() {
+    if std::env::var_os("CRITERION_HOME").is_none()
+        && std::env::var_os("CARGO_TARGET_DIR").is_none()
+    {
+        // SAFETY: no other thread exists yet.
+        unsafe {
+            std::env::set_var(
+                "CRITERION_HOME",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/target/criterion"),
+            )
+        };
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
