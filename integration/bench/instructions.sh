@@ -40,6 +40,6 @@ for target in noop memory redis; do
   total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
   {
     echo "== $target: $((total / REQUESTS)) instructions per request ($total over $REQUESTS requests)"
-    callgrind_annotate "$dump" 2>/dev/null | grep -E "^ *[0-9,]+ " | grep -v -E "PROGRAM TOTALS|\((100\.0|99\.[0-9]+)%\)" | head -25 | cut -c1-180
+    callgrind_annotate "$dump" 2>/dev/null | grep -E "^ *[0-9,]+ " | grep -v -E "PROGRAM TOTALS|\((100\.0|99\.[0-9]+)%\)" | head -25 | cut -c1-180 || true
   } | tee -a "$OUT/instructions.txt"
 done

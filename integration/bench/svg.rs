@@ -10,7 +10,7 @@ const COLOURS: [&str; 6] = [
 ];
 const W: f64 = 480.0;
 const H: f64 = 400.0;
-const LEFT: f64 = 70.0;
+const LEFT: f64 = 84.0;
 const RIGHT: f64 = 20.0;
 const TOP: f64 = 40.0;
 const BOTTOM: f64 = 60.0;
@@ -40,7 +40,9 @@ fn fmt_rate(v: f64) -> String {
 }
 
 fn fmt_us(v: f64) -> String {
-    if v >= 1_000.0 {
+    if v >= 1_000_000.0 {
+        format!("{} s", v / 1_000_000.0)
+    } else if v >= 1_000.0 {
         format!("{} ms", v / 1_000.0)
     } else {
         format!("{v} µs")
@@ -133,9 +135,9 @@ pub fn render(title: &str, series: &[Series<'_>]) -> String {
                 sy_lin(0.0),
                 sx(x_max),
                 sy_lin(x_max),
-                ox - 52.0,
+                ox - 66.0,
                 TOP + ph / 2.0,
-                ox - 52.0,
+                ox - 66.0,
                 TOP + ph / 2.0
             );
         } else {
@@ -155,9 +157,9 @@ pub fn render(title: &str, series: &[Series<'_>]) -> String {
             let _ = writeln!(
                 svg,
                 r##"<text x="{}" y="{}" transform="rotate(-90 {} {})" text-anchor="middle">latency (log): p50 solid, p99 dashed</text>"##,
-                ox - 52.0,
+                ox - 66.0,
                 TOP + ph / 2.0,
-                ox - 52.0,
+                ox - 66.0,
                 TOP + ph / 2.0
             );
         }
@@ -239,5 +241,6 @@ mod tests {
         assert_eq!(nice_step(7.0, 6.0), 2.0);
         assert_eq!(fmt_rate(25_000.0), "25k");
         assert_eq!(fmt_us(1_000.0), "1 ms");
+        assert_eq!(fmt_us(10_000_000.0), "10 s");
     }
 }
