@@ -115,15 +115,7 @@ pub fn render(title: &str, series: &[Series<'_>]) -> String {
         if panel == 0 {
             let mut y = 0.0;
             while y <= y_lin_max {
-                let py = sy_lin(y);
-                let _ = writeln!(
-                    svg,
-                    r##"<line x1="{ox}" y1="{py}" x2="{}" y2="{py}" stroke="#eee"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
-                    ox + pw,
-                    ox - 6.0,
-                    py + 4.0,
-                    fmt_rate(y)
-                );
+                y_tick(&mut svg, ox, pw, sy_lin(y), &fmt_rate(y));
                 y += step;
             }
             let _ = write!(
@@ -143,15 +135,7 @@ pub fn render(title: &str, series: &[Series<'_>]) -> String {
         } else {
             let mut d = decade_lo;
             while d <= decade_hi * 1.001 {
-                let py = sy_log(d);
-                let _ = writeln!(
-                    svg,
-                    r##"<line x1="{ox}" y1="{py}" x2="{}" y2="{py}" stroke="#eee"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
-                    ox + pw,
-                    ox - 6.0,
-                    py + 4.0,
-                    fmt_us(d)
-                );
+                y_tick(&mut svg, ox, pw, sy_log(d), &fmt_us(d));
                 d *= 10.0;
             }
             let _ = writeln!(
@@ -223,6 +207,17 @@ pub fn render(title: &str, series: &[Series<'_>]) -> String {
     }
     svg.push_str("</svg>\n");
     svg
+}
+
+/// A horizontal grid line across the panel at `py`, labelled on the left.
+fn y_tick(svg: &mut String, ox: f64, pw: f64, py: f64, label: &str) {
+    let _ = writeln!(
+        svg,
+        r##"<line x1="{ox}" y1="{py}" x2="{}" y2="{py}" stroke="#eee"/><text x="{}" y="{}" text-anchor="end">{label}</text>"##,
+        ox + pw,
+        ox - 6.0,
+        py + 4.0,
+    );
 }
 
 fn escape(s: &str) -> String {
