@@ -1,0 +1,324 @@
+//! Smoke tests of the benchmark tools (README "Benchmarks"): `sluice-bench` drives the no-op
+//! server and sluice (memory and Redis backends) for a fraction of a second and writes reports of
+//! the documented shape with the outcomes the target must give. No speed is asserted.
+
+mod harness;
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use harness::RedisServer;
+use serde_json::Value;
+
+const BENCH: &str = env!("CARGO_BIN_EXE_sluice-bench");
+const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
+
+/// A server child that printed `... grpc=ADDR ...`; SIGTERM then reaped on drop.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Server {
+    fn start(mut cmd: Command) -> Server {
+        for (k, _) in std::env::vars() {
+            if k.starts_with("SLUICE_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().expect("spawn server");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("grpc="))
+            .unwrap_or_else(|| panic!("no ready line: {line:?}"))
+            .to_string();
+        Server { child, addr }
+    }
+
+    fn noop() -> Server {
+        let mut cmd = Command::new(BENCH);
+        cmd.args(["noop", "--addr", "127.0.0.1:0"]);
+        Server::start(cmd)
+    }
+
+    fn sluice(args: &[&str]) -> Server {
+        let mut cmd = Command::new(SLUICE);
+        cmd.args(["serve", "--config", "integration/bench/config"])
+            .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+            .args(["--log-level", "warn"])
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        Server::start(cmd)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child by pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+fn bench(args: &[&str], json: &Path) -> Value {
+    let out = Command::new(BENCH)
+        .args(args)
+        .arg("--json")
+        .arg(json)
+        .output()
+        .expect("run sluice-bench");
+    assert!(
+        out.status.success(),
+        "sluice-bench {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap()
+}
+
+fn load(target: &str, extra: &[&str], json: &Path) -> Value {
+    let mut args = vec![
+        "load",
+        "--target",
+        target,
+        "--connections",
+        "2",
+        "--in-flight",
+        "2",
+        "--duration",
+        "300ms",
+        "--warmup",
+        "100ms",
+    ];
+    args.extend_from_slice(extra);
+    bench(&args, json)
+}
+
+fn num(v: &Value, path: &str) -> f64 {
+    let mut at = v;
+    for part in path.split('.') {
+        at = &at[part];
+    }
+    at.as_f64()
+        .unwrap_or_else(|| panic!("{path} is not a number in {v}"))
+}
+
+/// Counts, latency order and CPU accounting of a report whose every call succeeded.
+fn assert_sane(report: &Value, generator_pid_named: &str) {
+    let completed = num(report, "completed");
+    assert!(completed > 0.0, "{report}");
+    let ok = num(report, "outcomes.ok");
+    let over = num(report, "outcomes.over_limit");
+    assert_eq!(ok + over, completed, "{report}");
+    assert_eq!(
+        report["outcomes"]["errors"],
+        serde_json::json!({}),
+        "{report}"
+    );
+    let l = |q: &str| num(report, &format!("latency.{q}"));
+    assert!(l("p50_us") > 0.0);
+    assert!(l("p50_us") <= l("p90_us") && l("p90_us") <= l("p99_us"));
+    assert!(l("p99_us") <= l("p999_us") && l("p999_us") <= l("max_us"));
+    assert!(num(report, "throughput_rps") > 0.0);
+    assert!(
+        report["cpu"]["generator"]["seconds"].is_number(),
+        "{report}"
+    );
+    assert!(
+        report["cpu"][generator_pid_named]["cores"].is_number(),
+        "{report}"
+    );
+}
+
+#[test]
+fn generator_drives_the_noop_server_closed_and_open_loop() {
+    let dir = tempfile::tempdir().unwrap();
+    let noop = Server::noop();
+    let pid = format!("noop={}", noop.pid());
+
+    let closed = load(
+        &noop.addr,
+        &["--pid", &pid],
+        &dir.path().join("closed.json"),
+    );
+    assert_eq!(closed["mode"], "closed");
+    assert_eq!(num(&closed, "concurrency"), 4.0);
+    assert_sane(&closed, "noop");
+    assert_eq!(num(&closed, "outcomes.over_limit"), 0.0);
+
+    let open = load(
+        &noop.addr,
+        &["--rate", "500", "--pid", &pid],
+        &dir.path().join("open.json"),
+    );
+    assert_eq!(open["mode"], "open");
+    assert_eq!(num(&open, "offered_rps"), 500.0);
+    assert_sane(&open, "noop");
+    // 0.3 s at 500/s: 150 calls fall due; each is either answered or still queued at the end.
+    let due = num(&open, "completed") + num(&open, "backlog");
+    assert!((100.0..=200.0).contains(&due), "{open}");
+}
+
+#[test]
+fn generator_mix_reaches_over_limit_keys_on_sluice_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let sluice = Server::sluice(&["--backend", "memory"]);
+    let pid = format!("sluice={}", sluice.pid());
+    let report = load(
+        &sluice.addr,
+        &[
+            "--over-limit-share",
+            "0.5",
+            "--descriptors",
+            "2",
+            "--pid",
+            &pid,
+        ],
+        &dir.path().join("mix.json"),
+    );
+    assert_sane(&report, "sluice");
+    // Half the requests name the one over-limit key (1 token an hour): all but its first are
+    // rejected; the other half hit ordinary keys with room to spare.
+    let completed = num(&report, "completed");
+    let over = num(&report, "outcomes.over_limit");
+    assert!(over > 0.3 * completed && over < 0.7 * completed, "{report}");
+    assert_eq!(report["mix"]["descriptors_per_request"], 2);
+}
+
+#[test]
+fn generator_counts_redis_commands_and_the_floor_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let sluice = Server::sluice(&[
+        "--backend",
+        "redis",
+        "--redis-url",
+        &url,
+        "--redis-timeout",
+        "500ms",
+    ]);
+    let pids = [
+        format!("sluice={}", sluice.pid()),
+        format!("redis={}", redis.pid()),
+    ];
+    let report = load(
+        &sluice.addr,
+        &["--redis-url", &url, "--pid", &pids[0], "--pid", &pids[1]],
+        &dir.path().join("redis.json"),
+    );
+    assert_sane(&report, "redis");
+    // One EVALSHA per request, whose script runs TIME, HMGET, HSET and PEXPIRE.
+    let scripts = num(&report, "redis.script_calls_per_request");
+    assert!((0.95..=1.05).contains(&scripts), "{report}");
+    let commands = num(&report, "redis.commands_per_request");
+    assert!((4.75..=5.25).contains(&commands), "{report}");
+
+    let floor = bench(
+        &[
+            "redis-floor",
+            "--redis-url",
+            &url,
+            "--in-flight",
+            "8",
+            "--pipelines",
+            "1,4",
+            "--requests",
+            "2000",
+            "--keys",
+            "100",
+            "--sockets",
+            "1,2",
+            "--duration",
+            "200ms",
+        ],
+        &dir.path().join("floor.json"),
+    );
+    let points = floor["points"].as_array().unwrap();
+    assert_eq!(points.len(), 4, "{floor}");
+    assert_eq!(points[1]["tool"], "redis-benchmark");
+    assert_eq!(
+        (num(&points[1], "connections"), num(&points[1], "pipeline")),
+        (2.0, 4.0)
+    );
+    assert_eq!(points[3]["tool"], "redis-rs");
+    assert!(
+        points.iter().all(|p| num(p, "throughput_rps") > 0.0),
+        "{floor}"
+    );
+    // The floor ran the production script against its own keys.
+    let keys: Vec<String> = redis.cmd(&["KEYS", "sluice:{bench|k=v*"]);
+    assert!(!keys.is_empty());
+}
+
+#[test]
+fn sweep_writes_points_and_a_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let noop = Server::noop();
+    let json = dir.path().join("sweep.json");
+    let svg = dir.path().join("sweep.svg");
+    let sweep = bench(
+        &[
+            "sweep",
+            "--target",
+            &noop.addr,
+            "--connections",
+            "1",
+            "--in-flight",
+            "2",
+            "--duration",
+            "200ms",
+            "--warmup",
+            "50ms",
+            "--fractions",
+            "0.5",
+            "--label",
+            "noop",
+            "--svg",
+            svg.to_str().unwrap(),
+        ],
+        &json,
+    );
+    assert_eq!(sweep["label"], "noop");
+    assert_eq!(sweep["peak"]["mode"], "closed");
+    let points = sweep["points"].as_array().unwrap();
+    assert_eq!(points.len(), 1);
+    let half = num(&sweep["peak"], "throughput_rps") * 0.5;
+    assert!((num(&points[0], "offered_rps") - half).abs() < 1e-6 * half.max(1.0));
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        plot.starts_with("<svg") && plot.contains("<polyline"),
+        "{plot}"
+    );
+
+    let combined = dir.path().join("all.svg");
+    let status = Command::new(BENCH)
+        .args(["plot", "--out", combined.to_str().unwrap()])
+        .arg(format!("a={}", json.display()))
+        .arg(format!("b={}", json.display()))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(
+        std::fs::read_to_string(&combined)
+            .unwrap()
+            .contains(">b</text>")
+    );
+}
