@@ -497,7 +497,10 @@ async fn local_cache_rejections_and_breaker_states_are_exported() {
     assert_eq!(rule(&m, "ratelimit_service_rate_limit_within_limit"), 3.0);
     assert_eq!(rule(&m, "ratelimit_service_rate_limit_over_limit"), 3.0);
     assert_eq!(
-        rule(&m, "ratelimit_service_rate_limit_over_limit_with_local_cache"),
+        rule(
+            &m,
+            "ratelimit_service_rate_limit_over_limit_with_local_cache"
+        ),
         2.0,
         "the first rejection comes from Redis, the next two from the cache"
     );

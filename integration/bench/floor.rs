@@ -94,7 +94,11 @@ pub async fn load_script(probe: &mut RedisProbe) -> Result<String, String> {
     cmd.arg("LOAD").arg(SCRIPT);
     let sha: String = probe.query(&cmd).await?;
     let mut check = redis::cmd("EVALSHA");
-    check.arg(&sha).arg(1).arg("sluice:{bench|floor-check}").arg("");
+    check
+        .arg(&sha)
+        .arg(1)
+        .arg("sluice:{bench|floor-check}")
+        .arg("");
     for a in BUCKET_ARGS {
         check.arg(a);
     }
@@ -103,7 +107,9 @@ pub async fn load_script(probe: &mut RedisProbe) -> Result<String, String> {
         .await
         .map_err(|e| format!("the floor's script call is refused: {e}"))?;
     if verdict.len() != 4 || verdict[0] != 1 {
-        return Err(format!("the floor's script call answered {verdict:?}, expected an allowed verdict"));
+        return Err(format!(
+            "the floor's script call answered {verdict:?}, expected an allowed verdict"
+        ));
     }
     Ok(sha)
 }

@@ -212,8 +212,7 @@ impl ClusterLink {
         args: script::CallArgs,
     ) -> Result<Value, BackendError> {
         let hits = group.iter().copied();
-        let err = match script::run(&mut node.conn.clone(), hits.clone(), group.len(), args).await
-        {
+        let err = match script::run(&mut node.conn.clone(), hits.clone(), group.len(), args).await {
             Ok(reply) => return Ok(reply),
             Err(err) => err,
         };

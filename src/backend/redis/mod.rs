@@ -314,11 +314,7 @@ impl RedisBackend {
     }
 
     /// All-or-nothing: the verdicts, or the first failure.
-    async fn decide(
-        &self,
-        hits: &[Hit],
-        calls: &RedisCalls,
-    ) -> Result<Vec<Verdict>, BackendError> {
+    async fn decide(&self, hits: &[Hit], calls: &RedisCalls) -> Result<Vec<Verdict>, BackendError> {
         self.decide_each(hits, calls).await.into_iter().collect()
     }
 }
