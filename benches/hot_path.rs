@@ -124,6 +124,7 @@ fn algorithm(c: &mut Criterion) {
             tokens: 1,
             refund: false,
             shadow: false,
+            lease: 0,
         };
         let state = match algorithm {
             Algorithm::TokenBucket => Some(State::TokenBucket(BucketState {

@@ -43,8 +43,18 @@ impl<B: Backend> Subject<B> {
             .unwrap_or_else(|err| panic!("{}: check failed: {err}", self.name))
     }
 
-    /// Checks `hits` and requires exactly `expected`.
+    /// Checks `hits` and requires exactly `expected`, except `granted` (what a take took), which
+    /// [`Subject::expect_granted`] and the differential test check.
     async fn expect(&self, hits: &[Hit], expected: &[Verdict]) {
+        let mut got = self.check(hits).await;
+        for verdict in &mut got {
+            verdict.granted = 0;
+        }
+        assert_eq!(got, expected, "{}: verdicts for {hits:#?}", self.name);
+    }
+
+    /// Checks `hits` and requires exactly `expected`, `granted` included.
+    async fn expect_granted(&self, hits: &[Hit], expected: &[Verdict]) {
         let got = self.check(hits).await;
         assert_eq!(got, expected, "{}: verdicts for {hits:#?}", self.name);
     }
@@ -101,14 +111,26 @@ fn shadowed(mut hit: Hit) -> Hit {
     hit
 }
 
-/// allowed, remaining, retry_after_ms (None = never), until_full_ms.
+/// allowed, remaining, retry_after_ms (None = never), until_full_ms; nothing granted.
 fn v(allowed: bool, remaining: u64, retry_after_ms: Option<u64>, until_full_ms: u64) -> Verdict {
     Verdict {
         allowed,
         remaining,
         retry_after_ms,
         until_full_ms,
+        granted: 0,
     }
+}
+
+/// The same verdict, having taken `granted` tokens.
+fn took(verdict: Verdict, granted: u64) -> Verdict {
+    Verdict { granted, ..verdict }
+}
+
+/// A lease take: `tokens`, and up to `lease` more when they are taken.
+fn leasing(mut hit: Hit, lease: u64) -> Hit {
+    hit.demand.lease = lease;
+    hit
 }
 
 /// A key of `scenario`; one hash tag per scenario keeps a request's keys in one Cluster slot.
@@ -489,6 +511,62 @@ async fn mixed_algorithms_all_or_nothing<B: Backend>(s: &Subject<B>) {
     .await;
 }
 
+/// A lease take gets the demand plus as many whole tokens as the bucket holds, up to the lease;
+/// a bucket short of the demand itself grants nothing; a rejected request grants nothing.
+async fn lease_takes<B: Backend>(s: &Subject<B>) {
+    let (a, b, g) = (
+        key("lease", "tb"),
+        key("lease", "other"),
+        key("lease", "gcra"),
+    );
+    // 10 tokens, one per 100 ms.
+    let p = params(10, 10, 1_000);
+    s.clock.set(T0);
+    s.expect_granted(
+        &[leasing(take(&a, p, 1), 4)],
+        &[took(v(true, 5, Some(0), 500), 5)],
+    )
+    .await;
+    s.expect_granted(
+        &[leasing(take(&a, p, 2), 9)],
+        &[took(v(true, 0, Some(0), 1_000), 5)],
+    )
+    .await;
+    // 50 ms later half a token: not even the demand fits, nothing is taken.
+    s.clock.set(T0 + 50);
+    s.expect_granted(&[leasing(take(&a, p, 1), 4)], &[v(false, 0, Some(50), 950)])
+        .await;
+    // 1.5 tokens: the demand and no whole extra; the half token stays.
+    s.clock.set(T0 + 150);
+    s.expect_granted(
+        &[leasing(take(&a, p, 1), 4)],
+        &[took(v(true, 0, Some(0), 950), 1)],
+    )
+    .await;
+    // Another key of the request rejects it: the lease take takes nothing.
+    s.clock.set(T0 + 1_150);
+    s.expect_granted(
+        &[
+            leasing(take(&a, p, 1), 4),
+            take(&b, params(1, 1, 60_000), 2),
+        ],
+        &[v(true, 10, Some(0), 0), v(false, 1, None, 0)],
+    )
+    .await;
+    // GCRA, one per 100 ms, burst 4: a lease of 9 gets the rest of the burst.
+    s.expect_granted(
+        &[leasing(gcra(&g, 4, 10, 1_000, 1), 9)],
+        &[took(v(true, 0, Some(0), 400), 4)],
+    )
+    .await;
+    s.clock.set(T0 + 1_350);
+    s.expect_granted(
+        &[leasing(gcra(&g, 4, 10, 1_000, 1), 9)],
+        &[took(v(true, 0, Some(0), 400), 2)],
+    )
+    .await;
+}
+
 /// Runs every scenario, each isolated so one failure does not hide the others.
 async fn suite<B: Backend>(subject: &Subject<B>) {
     macro_rules! scenarios {
@@ -523,6 +601,7 @@ async fn suite<B: Backend>(subject: &Subject<B>) {
         gcra_burst_then_spacing,
         gcra_fractional_interval,
         mixed_algorithms_all_or_nothing,
+        lease_takes,
     );
 }
 
@@ -658,12 +737,18 @@ fn random_demand(rng: &mut impl Rng, algorithm: Algorithm, params: BucketParams)
         2 => limit + rng.random_range(1..=3),
         _ => rng.random_range(1..=limit.min(5).max(limit / 3)),
     };
+    // Lease takes for every algorithm: the windows must ignore the lease on both sides.
+    let lease = match rng.random_range(0..4) {
+        0 => rng.random_range(1..=limit.clamp(1, u32::MAX.into())),
+        _ => 0,
+    };
     Demand {
         algorithm,
         params,
         tokens,
         refund: rng.random_bool(0.1),
         shadow: rng.random_bool(0.2),
+        lease,
     }
 }
 

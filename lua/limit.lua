@@ -9,7 +9,9 @@ ARGV[2] Expiry jitter in ms (>= 0), added to every key's TTL so keys written tog
         expire together (envoyproxy/ratelimit's EXPIRATION_JITTER_MAX_SECONDS); the caller draws it.
 ARGV[3 + 6*(i-1) ...] Six values for KEYS[i]:
         algorithm (1 token_bucket, 2 fixed_window, 3 sliding_window, 4 gcra), capacity,
-        requests_per_unit, unit_ms, hits, flags (1 = refund, 2 = shadow, 3 = both).
+        requests_per_unit, unit_ms, hits, flags = refund (1) + shadow (2) + 4 * lease, where
+        lease > 0 makes a take of `hits` also take up to `lease` more whole tokens when it is
+        taken (token_bucket and gcra; the windows ignore it), for the caller to spend locally.
 State   One hash per key, its fields by algorithm (the key itself carries the algorithm, so a
         rule whose algorithm changes never reads another algorithm's state):
           token_bucket    t <tokens> u <updated_ms>      (unchanged since the first release)
@@ -20,9 +22,10 @@ State   One hash per key, its fields by algorithm (the key itself carries the al
         digits and would drift from the Rust side). A missing key has nothing counted, so a key
         expires once its state settles (bucket full, windows over, arrival time passed), plus
         1000 ms and the jitter, at most 2^53 ms: expiry is exact semantics, not a cache eviction.
-Returns A flat array, 4 integers per key, in KEYS order:
+Returns A flat array, 5 integers per key, in KEYS order:
         allowed (0/1), remaining, retry_after_ms (-1 = never: demand above the limit),
-        until_full_ms (the reset Envoy reports).
+        until_full_ms (the reset Envoy reports), granted (tokens this call took from the key:
+        hits plus a lease take's extra; 0 when nothing was taken).
         Redis truncates Lua numbers to integers through a C cast that is undefined out of the
         int64 range, so each count goes through `wire`: values in [2^63, 2^64) are sent as
         value - 2^64 (the caller reads the bits as u64), values from 2^64 up as -2 (saturated:
@@ -144,7 +147,10 @@ ALGORITHMS[1] = {
     if k.refund then
       after = math.min(tokens + hits, capacity)
     elseif take then
-      after = tokens - hits
+      local left = tokens - hits
+      local extra = math.min(math.floor(left), k.lease)
+      k.granted = hits + extra
+      after = left - extra
     else
       after = tokens
     end
@@ -185,6 +191,7 @@ ALGORITHMS[2] = {
       count = math.max(count - hits, 0)
     elseif take then
       count = count + hits
+      k.granted = hits
     end
     local retry
     if k.fit then
@@ -236,6 +243,7 @@ ALGORITHMS[3] = {
       previous = math.max(previous - (hits - from_current), 0)
     elseif take then
       current = current + hits
+      k.granted = hits
     end
     local estimated = estimate(start, current, previous, now, window)
     local remaining = most_that_fit(limit - estimated, limit, function(n)
@@ -304,6 +312,14 @@ ALGORITHMS[4] = {
       if after < 0 then after = 0 end
     elseif take then
       after = after + hits * interval
+      local extra = 0
+      if k.lease > 0 then
+        extra = most_that_fit((tolerance + slack - after) / interval, k.lease, function(n)
+          return after + n * interval <= tolerance + slack
+        end)
+        after = after + extra * interval
+      end
+      k.granted = hits + extra
     end
     local whole = math.floor(after)
     local frac = after - whole
@@ -354,7 +370,8 @@ for i = 1, nkeys do
   local k = {
     key = KEYS[i], algorithm = algorithm, capacity = capacity, per_unit = per_unit,
     unit = unit, window = math.max(unit, 1), hits = hits,
-    refund = flags % 2 == 1, shadow = flags % 4 >= 2,
+    refund = flags % 2 == 1, shadow = flags % 4 >= 2, lease = math.floor(flags / 4),
+    granted = 0,
   }
   local state = redis.call('HMGET', k.key, unpack(algorithm.fields))
   k.fit = algorithm.load(k, state)
@@ -367,10 +384,11 @@ for i = 1, nkeys do
   local k = keys[i]
   local take = all_allowed and k.fit and not k.refund
   local remaining, retry, until_full = k.algorithm.settle(k, take)
-  local at = 4 * (i - 1)
+  local at = 5 * (i - 1)
   reply[at + 1] = k.fit and 1 or 0
   reply[at + 2] = remaining
   reply[at + 3] = retry
   reply[at + 4] = until_full
+  reply[at + 5] = wire(k.granted)
 end
 return reply

@@ -117,6 +117,10 @@ fn check_summary(config: &Config) -> String {
         plural(config.rule_count(), "rule"),
         &config.digest()[..8]
     );
+    let leased = config.rules().filter(|r| r.lease.is_some()).count();
+    if leased > 0 {
+        line.push_str(&format!(", {leased} leased"));
+    }
     if !config.warnings().is_empty() {
         line.push_str(&format!(", {}", plural(config.warnings().len(), "warning")));
     }

@@ -268,6 +268,7 @@ mod tests {
             shadow_mode: false,
             detailed_metric: false,
             cost: 1,
+            lease: None,
             failure_mode: None,
             replaces: Vec::new(),
             source: "t:1".into(),

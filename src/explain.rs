@@ -152,6 +152,9 @@ pub struct BucketView {
     pub refill_per_second: f64,
     /// Tokens one hit takes (before `hits_addend`).
     pub cost: u64,
+    /// `lease`: tokens a replica takes per backend call and spends locally.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease: Option<u64>,
 }
 
 /// Explains how `config` treats one descriptor of `domain`.
@@ -246,6 +249,7 @@ pub fn explain(
                 capacity: params.capacity,
                 refill_per_second: params.rate_per_ms() * 1_000.0,
                 cost: rule.cost,
+                lease: rule.lease,
             };
             let key = bucket_key(
                 &options.key_prefix,
@@ -397,6 +401,12 @@ impl Report {
                     if let (Some(algorithm), Some(from)) = (rule.algorithm, rule.algorithm_from) {
                         let _ = writeln!(out, "algorithm:   {algorithm} (from {from})");
                         let _ = writeln!(out, "{}", shape_line(algorithm, b));
+                    }
+                    if let Some(lease) = b.lease {
+                        let _ = writeln!(
+                            out,
+                            "lease:       up to {lease} tokens per backend call, spent by this replica within --lease-lifetime"
+                        );
                     }
                 }
             }

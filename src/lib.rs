@@ -41,6 +41,7 @@ pub mod config;
 pub mod descriptor;
 pub mod explain;
 pub mod key;
+pub mod lease;
 pub mod limiter;
 pub mod request;
 pub mod resilience;

@@ -18,6 +18,7 @@ use crate::algorithm::{Algorithm, BucketParams, Demand, Verdict};
 use crate::backend::{Backend, BackendError, Hit};
 use crate::config::{Config, Domain};
 use crate::key::{RuleTag, write_bucket_key};
+use crate::lease::{LeaseStore, Remote, Reservation};
 use crate::request::{LimitRequest, RequestDescriptor};
 use crate::resilience::Resilience;
 use crate::resilience::breaker::BreakerState;
@@ -171,6 +172,7 @@ impl Default for LimiterOptions {
 }
 
 /// What one descriptor resolved to before the backend is asked.
+#[derive(Clone)]
 struct Target {
     rule: Option<Arc<Rule>>,
     rate: RateLimit,
@@ -203,6 +205,8 @@ pub struct Limiter<B> {
     backend: B,
     options: LimiterOptions,
     resilience: Resilience,
+    /// Token leases of the rules with `lease` (`None`: every hit goes to the backend).
+    leases: Option<Arc<LeaseStore>>,
 }
 
 impl<B: Backend> Limiter<B> {
@@ -223,7 +227,55 @@ impl<B: Backend> Limiter<B> {
             backend,
             options,
             resilience,
+            leases: None,
         }
+    }
+
+    /// Spends the tokens of rules with `lease` from `store` where it can.
+    pub fn with_leases(mut self, store: Arc<LeaseStore>) -> Self {
+        self.leases = Some(store);
+        self
+    }
+
+    pub fn leases(&self) -> Option<&Arc<LeaseStore>> {
+        self.leases.as_ref()
+    }
+
+    /// Hands the tokens of expired leases back to the backend (the sweeper's tick). Returns the
+    /// tokens the backend took back.
+    pub async fn return_expired_leases(&self) -> u64 {
+        let Some(store) = &self.leases else { return 0 };
+        let now_ms = self.resilience.clock.now_ms();
+        self.give_back(store, store.sweep(now_ms)).await
+    }
+
+    /// Hands every leased token back to the backend (shutdown).
+    pub async fn return_all_leases(&self) -> u64 {
+        let Some(store) = &self.leases else { return 0 };
+        self.give_back(store, store.drain()).await
+    }
+
+    /// One backend call for all `refunds` (the backend splits it per Cluster slot). Tokens whose
+    /// refund fails are lost to the bucket until it refills: under-admission, never over.
+    async fn give_back(&self, store: &LeaseStore, refunds: Vec<Hit>) -> u64 {
+        if refunds.is_empty() {
+            return 0;
+        }
+        let results = self.backend.check_each(&refunds).await;
+        let mut returned = 0u64;
+        for (hit, result) in refunds.iter().zip(results) {
+            match result {
+                Ok(_) => returned = returned.saturating_add(hit.demand.tokens),
+                Err(error) => tracing::warn!(
+                    key = %hit.key,
+                    tokens = hit.demand.tokens,
+                    %error,
+                    "could not hand leased tokens back"
+                ),
+            }
+        }
+        store.note_returned(returned);
+        returned
     }
 
     pub fn backend(&self) -> &B {
@@ -306,6 +358,7 @@ impl<B: Backend> Limiter<B> {
                         tokens: hits_each.saturating_mul(cost),
                         refund: descriptor.is_negative_hits,
                         shadow: target.shadow,
+                        lease: 0,
                     };
                     let rule = target.rule.as_ref().map(|r| r.id);
                     target.hit = merge_hit(&mut hits, &mut hit_index, key, demand, rule);
@@ -341,8 +394,8 @@ impl<B: Backend> Limiter<B> {
         })
     }
 
-    /// What becomes of each hit: from the over-limit cache, else from the backend, with the
-    /// failure policy of its descriptor where the backend failed.
+    /// What becomes of each hit: from a local lease, else from the over-limit cache, else from
+    /// the backend, with the failure policy of its descriptor where the backend failed.
     async fn outcomes(
         &self,
         hits: &[Hit],
@@ -351,6 +404,139 @@ impl<B: Backend> Limiter<B> {
         if hits.is_empty() {
             return Ok(Vec::new());
         }
+        if let Some(store) = &self.leases {
+            let leases = lease_sizes(hits, targets);
+            if leases.iter().any(Option::is_some) {
+                return self.leased_outcomes(store, hits, targets, &leases).await;
+            }
+        }
+        self.remote_outcomes(hits, targets).await
+    }
+
+    /// [`Limiter::outcomes`] for a request with leased hits. Each leased take is first paid from
+    /// its lease; only the hits it cannot pay go to the backend, in the one call, the leased
+    /// ones as lease takes of what the lease lacked. Then each lease is settled: tokens the
+    /// backend granted beyond the demand go into it, and when the request is rejected every
+    /// token it reserved (or that the backend took for it) goes back into it, so a rejected
+    /// request spends nothing.
+    async fn leased_outcomes(
+        &self,
+        store: &LeaseStore,
+        hits: &[Hit],
+        targets: &[Option<Target>],
+        leases: &[Option<u64>],
+    ) -> Result<Vec<Outcome>, LimitError> {
+        let now_ms = self.resilience.clock.now_ms();
+        let reservations: Vec<Option<Reservation>> = hits
+            .iter()
+            .zip(leases)
+            .map(|(hit, lease)| lease.map(|_| store.reserve(hit, now_ms)))
+            .collect();
+        // The hits the backend must see, and where each came from.
+        let mut sent: Vec<Hit> = Vec::new();
+        let mut origin: Vec<usize> = Vec::new();
+        for (i, (hit, reservation)) in hits.iter().zip(&reservations).enumerate() {
+            match reservation {
+                Some(Reservation::Paid { .. }) => {}
+                Some(Reservation::Short { taken, refill, .. }) => {
+                    let mut hit = hit.clone();
+                    hit.demand.tokens -= taken;
+                    if *refill {
+                        let batch = leases[i].unwrap_or(0);
+                        hit.demand.lease = batch.saturating_sub(hit.demand.tokens);
+                    }
+                    sent.push(hit);
+                    origin.push(i);
+                }
+                None => {
+                    sent.push(hit.clone());
+                    origin.push(i);
+                }
+            }
+        }
+        let mut outcomes: Vec<Outcome> = reservations
+            .iter()
+            .zip(hits)
+            .map(|(reservation, hit)| match reservation {
+                Some(Reservation::Paid { left, remote, .. }) => {
+                    Outcome::Decided(paid_locally(hit.demand.tokens, *left, *remote))
+                }
+                _ => Outcome::NotEvaluated,
+            })
+            .collect();
+        if !sent.is_empty() {
+            let sent_targets = retarget(targets, &origin);
+            let remote = self.remote_outcomes(&sent, &sent_targets).await;
+            let remote = match remote {
+                Ok(remote) => remote,
+                Err(error) => {
+                    settle_leases(
+                        store,
+                        hits,
+                        &reservations,
+                        &sent,
+                        &origin,
+                        &[],
+                        true,
+                        now_ms,
+                    );
+                    return Err(error);
+                }
+            };
+            let from_cache = remote.iter().any(|o| matches!(o, Outcome::Cached(_)));
+            for (&i, outcome) in origin.iter().zip(remote) {
+                outcomes[i] = outcome;
+            }
+            // Rejected from the cache: like every other bucket, a leased one was not charged.
+            if from_cache {
+                for (outcome, reservation) in outcomes.iter_mut().zip(&reservations) {
+                    if matches!(reservation, Some(Reservation::Paid { .. })) {
+                        *outcome = Outcome::NotEvaluated;
+                    }
+                }
+            }
+        }
+        let rejected = request_rejected(hits, targets, &outcomes);
+        let granted: Vec<Option<&Verdict>> = origin
+            .iter()
+            .map(|&i| match &outcomes[i] {
+                Outcome::Decided(v) => Some(v),
+                _ => None,
+            })
+            .collect();
+        let left = settle_leases(
+            store,
+            hits,
+            &reservations,
+            &sent,
+            &origin,
+            &granted,
+            rejected,
+            now_ms,
+        );
+        // A refilled lease's tokens count as the key's remaining: they are spendable here.
+        for (&i, extra) in origin.iter().zip(left) {
+            if let (Outcome::Decided(v), Some(extra)) = (&mut outcomes[i], extra) {
+                v.remaining = v.remaining.saturating_add(extra);
+            }
+        }
+        if !rejected {
+            let local = reservations
+                .iter()
+                .filter(|r| matches!(r, Some(Reservation::Paid { .. })))
+                .count();
+            store.note_local(local as u64);
+        }
+        Ok(outcomes)
+    }
+
+    /// Outcomes from the over-limit cache, else from the backend, with the failure policy of
+    /// each descriptor where the backend failed.
+    async fn remote_outcomes(
+        &self,
+        hits: &[Hit],
+        targets: &[Option<Target>],
+    ) -> Result<Vec<Outcome>, LimitError> {
         let cache = self.resilience.over_limit.as_ref();
         let now_ms = self.resilience.clock.now_ms();
         // A refund must reach the backend even when the request is rejected, so a request
@@ -496,6 +682,124 @@ impl<B: Backend> Limiter<B> {
     }
 }
 
+/// The lease size of each hit that may be paid from a lease: a take of at least one token on a
+/// rule with `lease`. Refunds and check-only hits always go to the backend.
+fn lease_sizes(hits: &[Hit], targets: &[Option<Target>]) -> Vec<Option<u64>> {
+    let mut sizes = vec![None; hits.len()];
+    for t in targets.iter().flatten() {
+        let demand = &hits[t.hit].demand;
+        if let Some(lease) = t.rule.as_ref().and_then(|r| r.lease)
+            && !demand.refund
+            && demand.tokens > 0
+        {
+            sizes[t.hit].get_or_insert(lease);
+        }
+    }
+    sizes
+}
+
+/// The targets of the hits at `origin` (indices into the full hit list), renumbered to index
+/// the sublist.
+fn retarget(targets: &[Option<Target>], origin: &[usize]) -> Vec<Option<Target>> {
+    targets
+        .iter()
+        .map(|t| {
+            let t = t.as_ref()?;
+            let hit = origin.iter().position(|&i| i == t.hit)?;
+            Some(Target { hit, ..t.clone() })
+        })
+        .collect()
+}
+
+/// Whether some outcome rejects the request (as [`status_of`] will report it).
+fn request_rejected(hits: &[Hit], targets: &[Option<Target>], outcomes: &[Outcome]) -> bool {
+    let mut mode_of: Vec<Option<FailureMode>> = vec![None; hits.len()];
+    for t in targets.iter().flatten() {
+        mode_of[t.hit].get_or_insert(t.failure_mode);
+    }
+    outcomes.iter().enumerate().any(|(i, outcome)| {
+        let shadow = hits[i].demand.shadow;
+        match outcome {
+            Outcome::Decided(v) | Outcome::Local(v) => !v.allowed && !shadow,
+            Outcome::Failed(_) => mode_of[i] == Some(FailureMode::Closed) && !shadow,
+            Outcome::Cached(_) => !shadow,
+            Outcome::NotEvaluated => false,
+        }
+    })
+}
+
+/// The verdict for a take paid from a lease: allowed; what the shared bucket had at the last
+/// refill plus what is left in the lease.
+fn paid_locally(tokens: u64, left: u64, remote: Remote) -> Verdict {
+    Verdict {
+        allowed: true,
+        remaining: remote.remaining.saturating_add(left),
+        retry_after_ms: Some(0),
+        until_full_ms: remote.until_full_ms,
+        granted: tokens,
+    }
+}
+
+/// Settles every reservation once the request's fate is known (see
+/// [`Limiter::leased_outcomes`]). `verdicts[j]` is the backend's verdict for `sent[j]`, where it
+/// decided. Returns, per sent hit, the tokens its lease holds after a refill.
+#[allow(clippy::too_many_arguments)]
+fn settle_leases(
+    store: &LeaseStore,
+    hits: &[Hit],
+    reservations: &[Option<Reservation>],
+    sent: &[Hit],
+    origin: &[usize],
+    verdicts: &[Option<&Verdict>],
+    rejected: bool,
+    now_ms: u64,
+) -> Vec<Option<u64>> {
+    let mut left = vec![None; sent.len()];
+    for (j, (&i, hit)) in origin.iter().zip(sent).enumerate() {
+        let Some(Reservation::Short {
+            taken,
+            expires_ms,
+            refill,
+        }) = reservations[i]
+        else {
+            continue;
+        };
+        let verdict = verdicts.get(j).copied().flatten();
+        let got = verdict.map_or(0, |v| v.granted);
+        if !refill {
+            // Not in the store: a plain take, nothing was reserved.
+            continue;
+        }
+        if got == 0 {
+            store.abandon(&hit.key, taken, expires_ms, now_ms);
+            continue;
+        }
+        let remote = verdict.map_or(Remote::default(), |v| Remote {
+            remaining: v.remaining,
+            until_full_ms: v.until_full_ms,
+        });
+        // Allowed: the request spends its own tokens, the lease keeps the extra. Rejected (by a
+        // key of another Cluster slot): nothing is spent, all of it is the lease's.
+        let keep = if rejected {
+            got
+        } else {
+            got.saturating_sub(hit.demand.tokens)
+        };
+        left[j] = Some(store.refilled(&hits[i], keep, remote, now_ms));
+        if rejected {
+            store.put_back(&hit.key, taken, expires_ms, now_ms);
+        }
+    }
+    if rejected {
+        for (hit, reservation) in hits.iter().zip(reservations) {
+            if let Some(Reservation::Paid { expires_ms, .. }) = reservation {
+                store.put_back(&hit.key, hit.demand.tokens, *expires_ms, now_ms);
+            }
+        }
+    }
+    left
+}
+
 /// Names replaced by some other rule reached in the same request (envoyproxy/ratelimit's `replaces`).
 fn replaced_names(rules: &[Option<Arc<Rule>>]) -> Vec<Arc<str>> {
     rules
@@ -623,7 +927,7 @@ mod tests {
 
     use super::*;
     use crate::backend::memory::{MemoryBackend, MemoryOptions};
-    use crate::clock::ManualClock;
+    use crate::clock::{Clock, ManualClock};
     use crate::config::load_sources;
     use crate::request::Entry;
     use crate::resilience::ResilienceOptions;
@@ -974,6 +1278,139 @@ descriptors:
             .unwrap();
         assert_eq!(d.overall, Code::Ok);
         assert_eq!(d.statuses[0].basis, Basis::Backend);
+    }
+
+    const LEASED: &str = "domain: lease
+descriptors:
+  - key: hot
+    rate_limit: {unit: hour, requests_per_unit: 20, lease: 5}
+  - key: one
+    rate_limit: {unit: hour, requests_per_unit: 1}
+";
+
+    fn leased_rig() -> (Rig, Arc<LeaseStore>) {
+        let sources = vec![("lease.yaml".to_owned(), LEASED.to_owned())];
+        let config = Arc::new(ArcSwap::from_pointee(load_sources(&sources).unwrap()));
+        let clock = ManualClock::new(1_000_000);
+        let backend = Arc::new(Flaky {
+            inner: MemoryBackend::new(Arc::new(clock.clone()), MemoryOptions::default()),
+            calls: AtomicUsize::new(0),
+            failing: Mutex::new(HashSet::new()),
+        });
+        let resilience = Resilience::new(
+            &ResilienceOptions::default(),
+            Arc::new(clock.clone()),
+            Arc::new(Replicas::fixed(1)),
+        );
+        let store = Arc::new(LeaseStore::new(crate::lease::LeaseOptions {
+            max_keys: 100,
+            lifetime_ms: 1_000,
+        }));
+        let limiter = Limiter::with_resilience(
+            config,
+            backend.clone(),
+            LimiterOptions::default(),
+            resilience,
+        )
+        .with_leases(store.clone());
+        let rig = Rig {
+            limiter,
+            backend,
+            clock,
+        };
+        (rig, store)
+    }
+
+    async fn code(rig: &Rig, descriptors: &[(&str, &str)]) -> Code {
+        rig.limiter
+            .decide(&request("lease", descriptors))
+            .await
+            .unwrap()
+            .overall
+    }
+
+    #[tokio::test]
+    async fn leased_hits_cost_one_backend_call_per_batch_and_never_exceed_the_limit() {
+        let (rig, store) = leased_rig();
+        let mut ok = 0;
+        for _ in 0..30 {
+            ok += usize::from(code(&rig, &[("hot", "k")]).await == Code::Ok);
+        }
+        assert_eq!(ok, 20, "the whole limit and no more");
+        // Four batches of 5, then one rejected call; the over-limit cache is off here.
+        assert_eq!(rig.backend.calls(), 4 + 10);
+        assert_eq!(store.local_total(), 16);
+        assert_eq!(store.refill_total(), 4);
+        let d = rig
+            .limiter
+            .decide(&request("lease", &[("hot", "r")]))
+            .await
+            .unwrap();
+        assert_eq!(
+            d.statuses[0].remaining, 19,
+            "15 in the bucket after the first batch, 4 in the lease"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_rejected_request_gives_its_leased_tokens_back() {
+        let (rig, store) = leased_rig();
+        assert_eq!(code(&rig, &[("hot", "k")]).await, Code::Ok);
+        assert_eq!(code(&rig, &[("hot", "k"), ("one", "x")]).await, Code::Ok);
+        let calls = rig.backend.calls();
+        // `one` is spent: the request is rejected and `hot`'s local token goes back.
+        for _ in 0..3 {
+            assert_eq!(
+                code(&rig, &[("hot", "k"), ("one", "x")]).await,
+                Code::OverLimit
+            );
+        }
+        assert_eq!(rig.backend.calls(), calls + 3);
+        assert_eq!(store.tokens(rig.clock.now_ms()), 3);
+        // A backend failure under `error` fails the call and gives the reservation back too.
+        rig.backend.fail("");
+        assert!(
+            rig.limiter
+                .decide(&request("lease", &[("hot", "k"), ("one", "y")]))
+                .await
+                .is_err()
+        );
+        rig.backend.heal();
+        assert_eq!(store.tokens(rig.clock.now_ms()), 3);
+        // A short lease pays what it has and the backend the rest: 3 local + 2 from the bucket.
+        let mut five = request("lease", &[("hot", "k")]);
+        five.hits_addend = 5;
+        let d = rig.limiter.decide(&five).await.unwrap();
+        assert_eq!(d.overall, Code::Ok);
+        // The bucket had 15: 2 for the request and 3 more for the lease (batch 5).
+        assert_eq!(d.statuses[0].remaining, 10 + 3);
+        assert_eq!(store.tokens(rig.clock.now_ms()), 3);
+    }
+
+    #[tokio::test]
+    async fn expired_leases_are_not_spent_and_go_back() {
+        let (rig, store) = leased_rig();
+        assert_eq!(code(&rig, &[("hot", "k")]).await, Code::Ok);
+        assert_eq!(store.tokens(rig.clock.now_ms()), 4);
+        rig.clock.advance(1_000);
+        let calls = rig.backend.calls();
+        assert_eq!(code(&rig, &[("hot", "k")]).await, Code::Ok);
+        assert_eq!(
+            rig.backend.calls(),
+            calls + 1,
+            "the expired lease did not pay"
+        );
+        assert_eq!(rig.limiter.return_expired_leases().await, 4);
+        assert_eq!(store.returned_total(), 4);
+        // Paid locally: what the bucket said at the last refill (20 - 5 - 5, the refund came
+        // after) and the 3 left here.
+        let d = rig
+            .limiter
+            .decide(&request("lease", &[("hot", "k")]))
+            .await
+            .unwrap();
+        assert_eq!(d.statuses[0].remaining, 10 + 3);
+        assert_eq!(rig.limiter.return_all_leases().await, 3);
     }
 
     #[tokio::test]

@@ -222,6 +222,10 @@ pub struct Rule {
     pub detailed_metric: bool,
     /// Tokens per hit (weighted endpoints); at least 1.
     pub cost: u64,
+    /// `rate_limit.lease`: a replica takes up to this many tokens per backend call and spends
+    /// them locally ([`crate::lease`]). Only on token-bucket and GCRA rules.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease: Option<u64>,
     /// Descriptor override, else the domain's; `None` means the global default.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure_mode: Option<FailureMode>,

@@ -16,6 +16,7 @@ use crate::backend::memory::{MemoryBackend, MemoryOptions};
 use crate::backend::redis::{RedisBackend, RedisMode, RedisOptions};
 use crate::clock::MonotonicClock;
 use crate::config::{self, Config, ConfigErrors, ConfigStore};
+use crate::lease::{LeaseOptions, LeaseStore};
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::resilience::breaker::{BreakerSet, BreakerSettings};
 use crate::resilience::in_flight::InFlight;
@@ -271,15 +272,24 @@ async fn serve<B: Backend>(
     }
     let metrics = parts.metrics;
     let in_flight = resilience.in_flight().clone();
-    let limiter = Arc::new(Limiter::with_resilience(
-        config.active().clone(),
-        backend,
-        LimiterOptions {
-            key_prefix: settings.key_prefix.clone(),
-            default_failure_mode: settings.failure_mode.into(),
-        },
-        resilience,
-    ));
+    let leases = Arc::new(LeaseStore::new(LeaseOptions {
+        max_keys: usize::try_from(settings.lease_max_keys).unwrap_or(usize::MAX),
+        lifetime_ms: lease_lifetime_ms(&settings)?,
+    }));
+    metrics.observe_leases(leases.clone());
+    let limiter = Arc::new(
+        Limiter::with_resilience(
+            config.active().clone(),
+            backend,
+            LimiterOptions {
+                key_prefix: settings.key_prefix.clone(),
+                default_failure_mode: settings.failure_mode.into(),
+            },
+            resilience,
+        )
+        .with_leases(leases),
+    );
+    let lease_limiter = limiter.clone();
     let health_limiter = limiter.clone();
     let service = RateLimitGrpc::new(
         limiter,
@@ -316,6 +326,11 @@ async fn serve<B: Backend>(
     grpc_health.set(readiness.is_ready()).await;
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    let lease_sweeper = tokio::spawn(sweep_leases(
+        lease_limiter.clone(),
+        lease_sweep_interval(settings.lease_lifetime),
+        stop_rx.clone(),
+    ));
     spawn_health(
         health_limiter,
         readiness.clone(),
@@ -390,6 +405,16 @@ async fn serve<B: Backend>(
         if let Some(sweeper) = local_sweeper {
             sweeper.abort();
         }
+        // Calls have drained: no lease is spent any more, so every leased token goes back.
+        let _ = lease_sweeper.await;
+        match tokio::time::timeout(LEASE_RETURN_DEADLINE, lease_limiter.return_all_leases()).await {
+            Ok(0) => {}
+            Ok(tokens) => tracing::info!(tokens, "leased tokens handed back"),
+            Err(_) => tracing::warn!(
+                deadline = ?LEASE_RETURN_DEADLINE,
+                "leased tokens not handed back in time; the buckets refill them"
+            ),
+        }
         // Pushes the last OTLP batch; blocks on the exporter, so off the async workers.
         let _ = tokio::task::spawn_blocking(move || flushed.shutdown()).await;
         result
@@ -408,6 +433,48 @@ async fn serve<B: Backend>(
         stop: stop_tx,
         task,
     })
+}
+
+/// How long shutdown waits for the backend to take the unused leased tokens back.
+const LEASE_RETURN_DEADLINE: Duration = Duration::from_secs(2);
+
+/// `--lease-lifetime` in whole ms, at least one (a lease that can never be spent is an error).
+fn lease_lifetime_ms(settings: &Settings) -> Result<u64, ServeError> {
+    match u64::try_from(settings.lease_lifetime.as_millis()) {
+        Ok(ms) if ms >= 1 => Ok(ms),
+        _ => Err(ServeError::Setting(format!(
+            "--lease-lifetime must be from 1ms to 2^64 ms, got {:?}",
+            settings.lease_lifetime
+        ))),
+    }
+}
+
+/// Expired leases go back a few times per lifetime, at most every 10 ms and at least every
+/// second, so a returned token is back in the bucket soon after it stopped being spendable.
+fn lease_sweep_interval(lifetime: Duration) -> Duration {
+    (lifetime / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
+/// Hands expired leases back until the server stops.
+async fn sweep_leases<B: Backend>(
+    limiter: Arc<Limiter<B>>,
+    every: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                limiter.return_expired_leases().await;
+            }
+            changed = stop.changed() => {
+                if changed.is_err() || *stop.borrow() {
+                    return;
+                }
+            }
+        }
+    }
 }
 
 /// The statuses gRPC health reports for the service names sluice serves.

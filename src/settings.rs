@@ -183,6 +183,16 @@ pub struct Settings {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub over_limit_cache_max_keys: u64,
 
+    /// Most bucket keys with a token lease (rules with `lease`) on this replica; a new key past
+    /// it takes the place of an empty lease, or is not leased.
+    #[arg(long, env = "SLUICE_LEASE_MAX_KEYS", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub lease_max_keys: u64,
+
+    /// How long leased tokens may be spent locally; older ones go back to the bucket.
+    #[arg(long, env = "SLUICE_LEASE_LIFETIME", value_parser = parse_duration, default_value = "1s")]
+    pub lease_lifetime: Duration,
+
     /// Most ShouldRateLimit decisions in progress; past it a call is refused at once with
     /// RESOURCE_EXHAUSTED.
     #[arg(long, env = "SLUICE_MAX_IN_FLIGHT", default_value_t = 4096,

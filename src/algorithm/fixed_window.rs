@@ -83,6 +83,7 @@ pub(super) fn settle(
         retry_after_ms,
         // From the start of now's second: envoyproxy/ratelimit's whole-second reset.
         until_full_ms: end_ms - (now_ms - now_ms % 1_000),
+        granted: if take { demand.tokens } else { 0 },
     };
     (
         WindowState {

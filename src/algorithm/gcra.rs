@@ -9,7 +9,10 @@
 //!    `ε = min(T / 2^20, 1 ms)` absorbs the rounding of the doubles (so `B` requests at one
 //!    instant all fit); taken (`D += hits × T`) only when the whole request is allowed. A refund
 //!    moves the TAT back by `hits × T`, never before now.
-//! 3. `remaining` = the most hits `n <= B` with `D_after + n × T <= τ + ε`; `retry_after` = the
+//! 3. A lease take (`lease > 0`) that is taken then takes `extra` more: the most `n <= lease`
+//!    with `D + n × T <= τ + ε` (the same search as `remaining`), `D += extra × T`;
+//!    `granted = hits + extra`.
+//! 4. `remaining` = the most hits `n <= B` with `D_after + n × T <= τ + ε`; `retry_after` = the
 //!    first millisecond at which the demand fits (`None` when `need > B`), both found by a short
 //!    search from their closed form so they agree with the fit test exactly; `until_full` = until
 //!    the TAT has passed (the whole burst is available again).
@@ -96,6 +99,7 @@ pub(super) fn settle(
     let s = shape(&demand.params);
     let hits = demand.tokens as f64;
     let mut after = backlog;
+    let mut granted = 0;
     if demand.refund {
         after = backlog - hits * s.interval;
         if after < 0.0 {
@@ -103,6 +107,15 @@ pub(super) fn settle(
         }
     } else if take {
         after = backlog + hits * s.interval;
+        let mut extra = 0.0;
+        if demand.lease > 0 {
+            let room = demand.lease as f64;
+            extra = most_that_fit((s.tolerance + s.slack - after) / s.interval, room, |n| {
+                after + n * s.interval <= s.tolerance + s.slack
+            });
+            after += extra * s.interval;
+        }
+        granted = demand.tokens.saturating_add(extra as u64);
     }
     let state = GcraState::at(now_ms, after);
     let remaining = most_that_fit((s.tolerance + s.slack - after) / s.interval, s.burst, |n| {
@@ -134,6 +147,7 @@ pub(super) fn settle(
         remaining: remaining as u64,
         retry_after_ms,
         until_full_ms: until_full as u64,
+        granted,
     };
     (state, verdict)
 }

@@ -99,6 +99,12 @@ impl Algorithm {
     pub const fn takes_burst(self) -> bool {
         matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
     }
+
+    /// Whether a rule may lease tokens (`lease`): only where a token taken now and spent a little
+    /// later is still a token of the same limit. A window's count belongs to its window.
+    pub const fn takes_lease(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
+    }
 }
 
 impl fmt::Display for Algorithm {
@@ -166,6 +172,10 @@ pub struct Demand {
     pub refund: bool,
     /// Shadow-mode rule: reported, never the reason a request is rejected.
     pub shadow: bool,
+    /// A lease take (token bucket and GCRA only; the windows ignore it): when `tokens` fit and
+    /// are taken, also take up to this many more whole tokens, as many as the key holds, for the
+    /// caller to spend locally. 0 is an exact take. Never makes a demand fit that would not.
+    pub lease: u64,
 }
 
 /// The answer for one key.
@@ -183,6 +193,9 @@ pub struct Verdict {
     /// fixed window ends (in whole seconds, as envoyproxy/ratelimit reports it), nothing is left
     /// in the sliding windows, the arrival time has passed.
     pub until_full_ms: u64,
+    /// Tokens this call took from the key: `tokens` plus the extra a lease take got, or 0 when
+    /// nothing was taken (a rejected request, a refund, a check-only demand).
+    pub granted: u64,
 }
 
 /// `retry_after_ms` value the backends use on the wire for "never" (cost above capacity).
@@ -366,6 +379,7 @@ pub(crate) mod testing {
             tokens,
             refund: false,
             shadow: false,
+            lease: 0,
         }
     }
 
@@ -427,6 +441,7 @@ mod tests {
             tokens,
             refund: false,
             shadow: false,
+            lease: 0,
         }
     }
 

@@ -134,6 +134,7 @@ pub(super) fn settle(
         remaining: remaining as u64,
         retry_after_ms,
         until_full_ms,
+        granted: if take { demand.tokens } else { 0 },
     };
     (after, verdict)
 }

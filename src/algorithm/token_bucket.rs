@@ -8,7 +8,10 @@
 //! 3. The request is allowed when every non-shadow key fits; only then are takes deducted (a
 //!    shadow take is deducted only when it alone can pay, so a bucket never goes negative).
 //!    Refunds are always applied, capped at capacity.
-//! 4. `remaining = floor(tokens_after)`; `retry_after = ceil((need - tokens) / rate)` for a
+//! 4. A lease take (`lease > 0`) that is taken also takes
+//!    `extra = min(lease, floor(tokens - tokens_demanded))` whole tokens: as many as the bucket
+//!    holds beyond the demand, up to the lease. `granted = tokens_demanded + extra` when taken.
+//! 5. `remaining = floor(tokens_after)`; `retry_after = ceil((need - tokens) / rate)` for a
 //!    rejected take, `None` when `need > capacity`; `until_full = ceil((capacity - tokens_after) / rate)`.
 //!
 //! Stored as `HSET key t <tokens> u <updated_ms>` in Redis; this layout predates the other
@@ -44,10 +47,14 @@ pub(super) fn settle(
     let capacity = demand.params.capacity as f64;
     let rate = demand.params.rate_per_ms();
     let tokens = state.tokens;
+    let mut granted = 0;
     let after = if demand.refund {
         (tokens + demand.tokens as f64).min(capacity)
     } else if take {
-        tokens - demand.tokens as f64
+        let left = tokens - demand.tokens as f64;
+        let extra = left.floor().min(demand.lease as f64);
+        granted = demand.tokens.saturating_add(extra as u64);
+        left - extra
     } else {
         tokens
     };
@@ -64,6 +71,7 @@ pub(super) fn settle(
         remaining: after.floor() as u64,
         retry_after_ms,
         until_full_ms: ((capacity - after) / rate).ceil() as u64,
+        granted,
     };
     let state = BucketState {
         tokens: after,
@@ -447,7 +455,7 @@ mod tests {
             let mut state = None;
             for (dt, tokens, is_refund, is_shadow) in steps {
                 now = now.saturating_add_signed(dt);
-                let demand = Demand { algorithm: Algorithm::TokenBucket, params: p, tokens, refund: is_refund, shadow: is_shadow };
+                let demand = Demand { algorithm: Algorithm::TokenBucket, params: p, tokens, refund: is_refund, shadow: is_shadow, lease: 0 };
                 let (v, s) = decide_one(now, demand, state);
                 prop_assert!(s.tokens >= 0.0 && s.tokens <= p.capacity as f64, "{s:?}");
                 prop_assert!(v.remaining <= p.capacity);
@@ -495,7 +503,7 @@ mod tests {
             let now = 1_000_000 + dt;
             let demands: Vec<Demand> = buckets
                 .iter()
-                .map(|&(p, _, tokens, refund, shadow)| Demand { algorithm: Algorithm::TokenBucket, params: p, tokens, refund, shadow })
+                .map(|&(p, _, tokens, refund, shadow)| Demand { algorithm: Algorithm::TokenBucket, params: p, tokens, refund, shadow, lease: 0 })
                 .collect();
             let mut states: Vec<Option<BucketState>> = buckets
                 .iter()

@@ -36,6 +36,7 @@ impl Hit {
                 tokens,
                 refund: false,
                 shadow: false,
+                lease: 0,
             },
             rule: None,
         }

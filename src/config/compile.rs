@@ -112,6 +112,7 @@ impl Builder<'_> {
                     shadow_mode: r.shadow_mode || self.shadow_all,
                     detailed_metric: r.detailed_metric,
                     cost: r.cost,
+                    lease: r.lease,
                     failure_mode: r.failure_mode.or(self.failure_mode),
                     replaces: r.replaces.iter().map(|n| Arc::from(n.as_str())).collect(),
                     source: format!("{}:{}", self.file, spec.at.line).into(),

@@ -206,3 +206,61 @@ fn the_config_dump_shows_each_rules_algorithm() {
         ]
     );
 }
+
+#[test]
+fn lease_is_a_count_up_to_the_capacity_on_token_buckets_and_gcra() {
+    let text = r#"domain: api
+descriptors:
+  - key: tb
+    rate_limit: {unit: minute, requests_per_unit: 100, lease: 10}
+  - key: g
+    rate_limit: {unit: second, requests_per_unit: 5, burst: 20, algorithm: gcra, lease: 20}
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 100}
+"#;
+    let config = load_one(text, &LoadOptions::default()).unwrap();
+    let lease_of = |key: &str| {
+        config
+            .domain("api")
+            .unwrap()
+            .find(&[Entry::new(key, "v")])
+            .unwrap()
+            .lease
+    };
+    assert_eq!(
+        (lease_of("tb"), lease_of("g"), lease_of("plain")),
+        (Some(10), Some(20), None)
+    );
+}
+
+#[test]
+fn lease_is_rejected_where_it_cannot_be_exact() {
+    let text = r#"domain: api
+descriptors:
+  - key: zero
+    rate_limit: {unit: minute, requests_per_unit: 100, lease: 0}
+  - key: big
+    rate_limit: {unit: minute, requests_per_unit: 100, burst: 8, lease: 9}
+  - key: free
+    rate_limit: {unlimited: true, lease: 5}
+  - key: window
+    rate_limit: {unit: minute, requests_per_unit: 100, algorithm: fixed_window, lease: 5}
+"#;
+    assert_eq!(
+        errors(load_one(text, &LoadOptions::default())),
+        [
+            "t.yaml:4:63: `lease` must be an integer from 1 to 4294967295, got 0",
+            "t.yaml:6:73: `lease` (9) must not exceed the bucket's capacity (8, `burst` else `requests_per_unit`)",
+            "t.yaml:8:35: `lease` must not be given with `unlimited: true`",
+            "t.yaml:10:81: `lease` does not apply to `fixed_window` (from its `algorithm`): a token taken in one window could be spent in the next; use `token_bucket` or `gcra` to lease",
+        ]
+    );
+    // From the domain's algorithm too.
+    let domain_default = "domain: api\nalgorithm: sliding_window\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 9, lease: 3}\n";
+    let errs = errors(load_one(domain_default, &LoadOptions::default()));
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(
+        errs[0].contains("`lease` does not apply to `sliding_window` (from the domain's `algorithm` at t.yaml:2:12)"),
+        "{errs:?}"
+    );
+}

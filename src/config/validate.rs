@@ -46,6 +46,10 @@ pub(crate) struct RuleSpec {
     /// Where `burst` is written, if it is: whether it means anything depends on the algorithm,
     /// known only once the domain (and, when merging, its other files) has been read.
     pub burst_at: Option<Pos>,
+    /// `rate_limit.lease`, checked against the bucket's capacity here and against the algorithm
+    /// with `burst`.
+    pub lease: Option<u64>,
+    pub lease_at: Option<Pos>,
 }
 
 /// Limits for `requests_per_unit`, `burst` and `cost`: bucket sizes are `u32` on the wire
@@ -210,6 +214,7 @@ fn rule(
         }
     }
     let algorithm = algorithm(&rate_limit.value.algorithm, sink);
+    let lease = lease(rate_limit, limit.as_ref(), sink);
     Some(RuleSpec {
         limit: limit?,
         name,
@@ -220,7 +225,30 @@ fn rule(
         failure_mode,
         algorithm,
         burst_at: rate_limit.value.burst.given().map(|b| b.key_at),
+        lease,
+        lease_at: rate_limit.value.lease.given().map(|l| l.key_at),
     })
+}
+
+/// `rate_limit.lease`: a count no larger than the bucket (a bigger batch can never be granted).
+/// `unlimited` has no tokens to lease; the algorithm is checked in [`algorithm_fields`].
+fn lease(rate_limit: &Sp<RawRateLimit>, limit: Option<&Limit>, sink: &mut Sink) -> Option<u64> {
+    let raw = &rate_limit.value.lease;
+    let given = raw.given()?;
+    let lease = u64::from(count("lease", raw, sink)?);
+    match limit {
+        Some(Limit::Bucket(rate)) if lease > rate.capacity() => {
+            sink.error(
+                given.at,
+                format!(
+                    "`lease` ({lease}) must not exceed the bucket's capacity ({}, `burst` else `requests_per_unit`)",
+                    rate.capacity()
+                ),
+            );
+            None
+        }
+        _ => Some(lease),
+    }
 }
 
 fn limit(rate_limit: &Sp<RawRateLimit>, sink: &mut Sink) -> Option<Limit> {
@@ -234,6 +262,7 @@ fn limit(rate_limit: &Sp<RawRateLimit>, sink: &mut Sink) -> Option<Limit> {
                 raw.requests_per_unit.given().map(|f| f.key_at),
             ),
             ("burst", raw.burst.given().map(|f| f.key_at)),
+            ("lease", raw.lease.given().map(|f| f.key_at)),
             ("algorithm", raw.algorithm.given().map(|f| f.key_at)),
         ] {
             if let Some(at) = given {
@@ -361,6 +390,19 @@ pub(crate) fn algorithm_fields(
 ) {
     for d in descriptors {
         if let Some(rule) = &d.rule
+            && let Some(lease_at) = rule.lease_at
+        {
+            let (algorithm, from) = resolved_algorithm(rule, default);
+            if !algorithm.takes_lease() {
+                sink.error(
+                    lease_at,
+                    format!(
+                        "`lease` does not apply to `{algorithm}` (from {from}): a token taken in one window could be spent in the next; use `token_bucket` or `gcra` to lease"
+                    ),
+                );
+            }
+        }
+        if let Some(rule) = &d.rule
             && let Some(burst_at) = rule.burst_at
         {
             let (algorithm, from) = match &rule.algorithm {
@@ -386,6 +428,23 @@ pub(crate) fn algorithm_fields(
             }
         }
         algorithm_fields(&d.children, default, sink);
+    }
+}
+
+/// The algorithm a rule ends up with, and where it comes from (for messages).
+fn resolved_algorithm(rule: &RuleSpec, default: AlgorithmDefault<'_>) -> (Algorithm, String) {
+    match &rule.algorithm {
+        Some(own) => (own.value, "its `algorithm`".to_owned()),
+        None => match default.domain {
+            Some((domain, file)) => (
+                domain.value,
+                format!(
+                    "the domain's `algorithm` at {file}:{}:{}",
+                    domain.at.line, domain.at.column
+                ),
+            ),
+            None => (default.global, "--default-algorithm".to_owned()),
+        },
     }
 }
 

@@ -208,6 +208,7 @@ mod tests {
             tokens,
             refund: false,
             shadow: false,
+            lease: 0,
         }
     }
 
@@ -217,6 +218,7 @@ mod tests {
             remaining: 0,
             retry_after_ms: Some(retry),
             until_full_ms: 1_000,
+            granted: 0,
         }
     }
 
@@ -276,6 +278,7 @@ mod tests {
             remaining: 3,
             retry_after_ms: Some(0),
             until_full_ms: 700,
+            granted: 0,
         };
         cache.learn("a", &take(1), &allowed, 0);
         // Demand above capacity: no wait helps, nothing to expire.

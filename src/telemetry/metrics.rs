@@ -25,6 +25,7 @@ use super::rules::{Counter, RuleMetrics};
 use crate::backend::BackendError;
 use crate::clock::Stopwatch;
 use crate::config::{Config, ConfigStore};
+use crate::lease::LeaseStore;
 use crate::limiter::Decision;
 use crate::request::LimitRequest;
 
@@ -132,6 +133,8 @@ pub enum MetricsError {
 
 type BreakerSource = Box<dyn Fn() -> Vec<BreakerReading> + Send + Sync>;
 type GaugeSource = Box<dyn Fn() -> u64 + Send + Sync>;
+/// A `sluice_lease_*` counter: name, description, and how to read it from the store.
+type LeaseCounter = (&'static str, &'static str, fn(&LeaseStore) -> u64);
 
 /// The atomics and sources the observable instruments read.
 struct Shared {
@@ -143,6 +146,7 @@ struct Shared {
     memory_buckets: Mutex<Option<GaugeSource>>,
     breakers: Mutex<Vec<BreakerSource>>,
     redis_timeout: Option<Duration>,
+    leases: Mutex<Option<Arc<LeaseStore>>>,
 }
 
 const REDIS_ERROR_KINDS: [&str; 5] = [
@@ -227,6 +231,7 @@ impl Metrics {
             memory_buckets: Mutex::new(None),
             breakers: Mutex::new(Vec::new()),
             redis_timeout: options.redis_timeout,
+            leases: Mutex::new(None),
         });
         register_observables(&meter, &shared);
         let response_time = meter
@@ -296,6 +301,13 @@ impl Metrics {
     pub fn observe_memory_buckets(&self, source: impl Fn() -> u64 + Send + Sync + 'static) {
         if let Some(inner) = &self.0 {
             *lock(&inner.shared.memory_buckets) = Some(Box::new(source));
+        }
+    }
+
+    /// Feeds the `sluice_lease_*` counters from the limiter's lease store.
+    pub fn observe_leases(&self, store: Arc<LeaseStore>) {
+        if let Some(inner) = &self.0 {
+            *lock(&inner.shared.leases) = Some(store);
         }
     }
 
@@ -507,6 +519,36 @@ fn register_observables(meter: &Meter, shared: &Arc<Shared>) {
                 .each_degraded(&mut |value, attrs| observer.observe(value, attrs));
         })
         .build();
+
+    let leased: [LeaseCounter; 3] = [
+        (
+            "sluice_lease_local_total",
+            "Hits of rules with `lease` paid from a local lease, with no backend call",
+            LeaseStore::local_total,
+        ),
+        (
+            "sluice_lease_refill_total",
+            "Backend calls that refilled a lease (a lease take that was granted)",
+            LeaseStore::refill_total,
+        ),
+        (
+            "sluice_lease_returned_tokens_total",
+            "Leased tokens handed back to the backend: expired, or at shutdown",
+            LeaseStore::returned_total,
+        ),
+    ];
+    for (name, description, read) in leased {
+        let s = shared.clone();
+        meter
+            .u64_observable_counter(name)
+            .with_description(description)
+            .with_callback(move |observer| {
+                if let Some(store) = lock(&s.leases).as_ref() {
+                    observer.observe(read(store), &[]);
+                }
+            })
+            .build();
+    }
 
     let s = shared.clone();
     meter

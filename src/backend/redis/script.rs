@@ -17,16 +17,18 @@ pub(super) const SOURCE: &str = include_str!("../../../lua/limit.lua");
 pub(super) static SHA: LazyLock<String> =
     LazyLock::new(|| sha1_smol::Sha1::from(SOURCE).digest().to_string());
 
-/// Integers per key in the reply: allowed, remaining, retry_after_ms, until_full_ms.
-const REPLY_WIDTH: usize = 4;
+/// Integers per key in the reply: allowed, remaining, retry_after_ms, until_full_ms, granted.
+const REPLY_WIDTH: usize = 5;
 
 /// Wire value of `retry_after_ms` meaning "never" (the demand exceeds the capacity).
 const WIRE_NEVER: i64 = -1;
 /// Wire value of a count that saturated (Rust's `f64 as u64` of anything from 2^64 up).
 const WIRE_SATURATED: i64 = -2;
 
-const FLAG_REFUND: u8 = 1;
-const FLAG_SHADOW: u8 = 2;
+const FLAG_REFUND: u64 = 1;
+const FLAG_SHADOW: u64 = 2;
+/// The lease size rides above the two flag bits: `flags = refund + shadow + LEASE_UNIT * lease`.
+const LEASE_UNIT: u64 = 4;
 
 /// What a call passes besides the hits.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -59,8 +61,11 @@ where
             tokens,
             refund,
             shadow,
+            lease,
         } = hit.demand;
-        let flags = if refund { FLAG_REFUND } else { 0 } | if shadow { FLAG_SHADOW } else { 0 };
+        // Config bounds a lease to a bucket size (u32), so the product is exact in Lua's doubles.
+        let flags = (if refund { FLAG_REFUND } else { 0 } | if shadow { FLAG_SHADOW } else { 0 })
+            + lease.saturating_mul(LEASE_UNIT);
         cmd.arg(algorithm.wire_code())
             .arg(params.capacity)
             .arg(params.requests_per_unit)
@@ -156,7 +161,7 @@ pub(super) fn decode(
         }
     };
     Ok(items.chunks_exact(REPLY_WIDTH).map(|chunk| {
-        let [allowed, remaining, retry, until_full] = chunk else {
+        let [allowed, remaining, retry, until_full, granted] = chunk else {
             unreachable!("chunks_exact yields REPLY_WIDTH items");
         };
         let allowed = match int(allowed)? {
@@ -173,6 +178,7 @@ pub(super) fn decode(
             remaining: count_from_wire(int(remaining)?)?,
             retry_after_ms,
             until_full_ms: count_from_wire(int(until_full)?)?,
+            granted: count_from_wire(int(granted)?)?,
         })
     }))
 }
@@ -250,6 +256,17 @@ mod tests {
             now_ms: Some(42),
             jitter_ms: 7,
         };
+        let mut lease = Hit::new("{t}l", PARAMS, 1);
+        lease.demand.lease = 9;
+        lease.demand.shadow = true;
+        let cmd = command(
+            "EVALSHA",
+            &SHA,
+            std::iter::once(&lease),
+            1,
+            CallArgs::default(),
+        );
+        assert_eq!(args(&cmd)[10..], ["1", "38"], "shadow (2) + 4 × 9");
         let window = Hit::new("{t}a", PARAMS, 2).using(Algorithm::FixedWindow);
         let cmd = command("EVAL", SOURCE, std::slice::from_ref(&window).iter(), 1, at);
         assert_eq!(
@@ -261,7 +278,7 @@ mod tests {
     #[test]
     fn decode_maps_wire_values() {
         let reply = Value::Array(
-            [1, 7, 0, 600, 0, 0, -1, 2000, 0, 3, -2, -4096]
+            [1, 7, 0, 600, 3, 0, 0, -1, 2000, 0, 0, 3, -2, -4096, 0]
                 .map(Value::Int)
                 .to_vec(),
         );
@@ -273,19 +290,22 @@ mod tests {
                     allowed: true,
                     remaining: 7,
                     retry_after_ms: Some(0),
-                    until_full_ms: 600
+                    until_full_ms: 600,
+                    granted: 3,
                 },
                 Verdict {
                     allowed: false,
                     remaining: 0,
                     retry_after_ms: None,
-                    until_full_ms: 2000
+                    until_full_ms: 2000,
+                    granted: 0,
                 },
                 Verdict {
                     allowed: false,
                     remaining: 3,
                     retry_after_ms: Some(u64::MAX),
-                    until_full_ms: u64::MAX - 4095
+                    until_full_ms: u64::MAX - 4095,
+                    granted: 0,
                 },
             ]
         );
@@ -293,11 +313,12 @@ mod tests {
 
     #[test]
     fn decode_rejects_wrong_shapes() {
-        let short = Value::Array(vec![Value::Int(1); 3]);
+        let short = Value::Array(vec![Value::Int(1); 4]);
         assert!(matches!(decode(&short, 1), Err(BackendError::Protocol(_))));
         let not_int = Value::Array(vec![
             Value::Int(1),
             Value::BulkString(b"7".to_vec()),
+            Value::Int(0),
             Value::Int(0),
             Value::Int(0),
         ]);
@@ -305,7 +326,7 @@ mod tests {
             decode(&not_int, 1).unwrap().next(),
             Some(Err(BackendError::Protocol(_)))
         ));
-        let bad_flag = Value::Array([2, 0, 0, 0].map(Value::Int).to_vec());
+        let bad_flag = Value::Array([2, 0, 0, 0, 0].map(Value::Int).to_vec());
         assert!(decode(&bad_flag, 1).unwrap().next().unwrap().is_err());
         assert!(decode(&Value::Nil, 1).is_err());
     }
