@@ -332,7 +332,7 @@ impl<B: Backend> Limiter<B> {
         let mut statuses: Vec<Option<Status>> = Vec::with_capacity(request.descriptors.len());
         let mut targets: Vec<Option<Target>> = Vec::with_capacity(request.descriptors.len());
         let mut hits: Vec<Hit> = Vec::new();
-        let mut hit_index: HashMap<String, usize> = HashMap::new();
+        let mut hit_index = HitIndex::default();
 
         for (descriptor, rule) in request.descriptors.iter().zip(resolved) {
             match self.target(domain, descriptor, rule, &replaced) {
@@ -809,17 +809,50 @@ fn replaced_names(rules: &[Option<Arc<Rule>>]) -> Vec<Arc<str>> {
         .collect()
 }
 
+/// Up to this many distinct hits, an earlier hit on the same key is found by comparing keys
+/// (the common request has 1–4 descriptors: no hashing, no allocation); past it, by a map, so a
+/// request with many descriptors does not cost a quadratic number of key comparisons.
+const LINEAR_DEDUPE: usize = 16;
+
+/// Where each distinct key's hit is, once there are more than [`LINEAR_DEDUPE`] hits.
+#[derive(Default)]
+struct HitIndex(Option<HashMap<String, usize>>);
+
+impl HitIndex {
+    fn find(&mut self, hits: &[Hit], key: &str) -> Option<usize> {
+        if hits.len() < LINEAR_DEDUPE {
+            return hits.iter().position(|hit| hit.key == key);
+        }
+        self.0
+            .get_or_insert_with(|| {
+                hits.iter()
+                    .enumerate()
+                    .map(|(i, hit)| (hit.key.clone(), i))
+                    .collect()
+            })
+            .get(key)
+            .copied()
+    }
+
+    /// Records that `hits[at]` holds `key` (only needed once the map exists).
+    fn add(&mut self, key: &str, at: usize) {
+        if let Some(map) = &mut self.0 {
+            map.insert(key.to_owned(), at);
+        }
+    }
+}
+
 /// Adds a hit, or folds it into an earlier hit on the same key: two descriptors of one request
 /// that name one bucket must be paid together, or each would see the same tokens and the bucket
 /// could go negative. A take and a refund on one key net out.
 fn merge_hit(
     hits: &mut Vec<Hit>,
-    index: &mut HashMap<String, usize>,
+    index: &mut HitIndex,
     key: String,
     demand: Demand,
     rule: Option<RuleId>,
 ) -> usize {
-    if let Some(&i) = index.get(&key) {
+    if let Some(i) = index.find(hits, &key) {
         let prior = &mut hits[i].demand;
         let signed = |d: &Demand| {
             if d.refund {
@@ -834,7 +867,7 @@ fn merge_hit(
         prior.shadow &= demand.shadow;
         return i;
     }
-    index.insert(key.clone(), hits.len());
+    index.add(&key, hits.len());
     hits.push(Hit { key, demand, rule });
     hits.len() - 1
 }
@@ -1411,6 +1444,26 @@ descriptors:
             .unwrap();
         assert_eq!(d.statuses[0].remaining, 10 + 3);
         assert_eq!(rig.limiter.return_all_leases().await, 3);
+    }
+
+    #[tokio::test]
+    async fn repeated_keys_are_paid_together_past_the_linear_dedupe() {
+        let rig = rig(1, false, usize::MAX);
+        // 20 distinct buckets, then the first and the last again: the repeats are found by
+        // comparing keys (first) and through the map built once there are 16 hits (last).
+        let mut values: Vec<String> = (0..20).map(|i| format!("v{i}")).collect();
+        values.push("v0".into());
+        values.push("v19".into());
+        values.push("v19".into());
+        let pairs: Vec<(&str, &str)> = values.iter().map(|v| ("a", v.as_str())).collect();
+        let d = rig.limiter.decide(&request("error", &pairs)).await.unwrap();
+        let remaining: Vec<u64> = d.statuses.iter().map(|s| s.remaining).collect();
+        assert_eq!(remaining[0], 2, "v0: two hits of 4");
+        assert_eq!(remaining[19], 1, "v19: three hits of 4");
+        assert_eq!(remaining[20], 2);
+        assert_eq!(remaining[22], 1);
+        assert!(remaining[1..19].iter().all(|&r| r == 3), "{remaining:?}");
+        assert_eq!(d.overall, Code::Ok);
     }
 
     #[tokio::test]

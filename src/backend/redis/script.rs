@@ -39,13 +39,23 @@ pub(super) struct CallArgs {
     pub jitter_ms: u64,
 }
 
+/// Values per key after the keys: algorithm, capacity, requests_per_unit, unit_ms, tokens, flags.
+const ARGS_PER_KEY: usize = 6;
+/// Upper bound on the encoded bytes of one key's values (a u64 has at most 20 digits).
+const ARG_BYTES_PER_KEY: usize = 1 + 20 + 20 + 20 + 20 + 1;
+
 /// Builds `EVALSHA <sha> ...` (or `EVAL <source> ...`) for `hits`; `count` is their number.
+/// Both buffers are sized up front, so building the command allocates twice, not per argument.
 fn command<'a, I>(verb: &str, script: &str, hits: I, count: usize, args: CallArgs) -> Cmd
 where
     I: Iterator<Item = &'a Hit> + Clone,
 {
-    let mut cmd = redis::cmd(verb);
-    cmd.arg(script).arg(count);
+    let key_bytes: usize = hits.clone().map(|hit| hit.key.len()).sum();
+    let mut cmd = Cmd::with_capacity(
+        4 + count * (1 + ARGS_PER_KEY),
+        verb.len() + script.len() + 20 + key_bytes + 40 + count * ARG_BYTES_PER_KEY,
+    );
+    cmd.arg(verb).arg(script).arg(count);
     for hit in hits.clone() {
         cmd.arg(hit.key.as_str());
     }

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# The gRPC floor measured with h2load (nghttp2's HTTP/2 load tool, written in C): sluice-bench
+# costs 15–18 µs of CPU per call and caps near 30k calls/s on this machine, below what the
+# servers can answer; h2load costs far less, so the peaks here are the servers'.
+#
+#   integration/bench/h2load.sh        # needs h2load (apt-get install nghttp2-client) and curl
+#
+# Drives the no-op server, sluice (memory backend) and sluice (Redis backend) with one gRPC
+# ShouldRateLimit request (domain bench, k=v1: the bench config's roomy rule, so every answer is
+# an OK decision) at `h2load -c 16 -m 32` for DURATION, then at half of each peak (--rps per
+# client) for the p50/p99 from h2load's per-request log; then the Redis script floor
+# (redis-benchmark EVALSHA of lua/limit.lua at the same 512 in flight, -P 1 and -P 16). Before
+# loading, each target's answer to that exact body is checked with curl: HTTP 200,
+# grpc-status 0 in the trailers and overall_code OK in the message, so the figures are
+# decisions, not errors. Starts its own redis-server on a free loopback port (never 6379);
+# stops every process it started.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+OUT=${OUT:-target/bench/h2load}
+CLIENTS=${CLIENTS:-16}
+STREAMS=${STREAMS:-32}
+DURATION=${DURATION:-5}
+WARMUP=${WARMUP:-1}
+REDIS_TIMEOUT=${REDIS_TIMEOUT:-200ms}
+for tool in h2load curl redis-server redis-cli redis-benchmark; do
+  command -v "$tool" >/dev/null || { echo "error: $tool not found (h2load: apt-get install nghttp2-client)" >&2; exit 1; }
+done
+mkdir -p "$OUT"
+source integration/bench/common.sh
+start_redis
+
+# RateLimitRequest { domain: "bench", descriptors: [{ entries: [{ key: "k", value: "v1" }] }],
+# hits_addend: 1 } as protobuf (20 bytes), behind the 5-byte gRPC frame header.
+BODY=$OUT/request.bin
+printf '\x00\x00\x00\x00\x14\x0a\x05bench\x12\x09\x0a\x07\x0a\x01k\x12\x02v1\x18\x01' >"$BODY"
+PATH_RLS=/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
+HEADERS=(-H 'content-type: application/grpc' -H 'te: trailers')
+
+# check ADDR: the body gets a real OK decision (not a gRPC error in the trailers).
+check() {
+  local dump="$TMP/check.headers" reply="$TMP/check.bin"
+  curl -s --http2-prior-knowledge "${HEADERS[@]}" --data-binary @"$BODY" -D "$dump" \
+    -o "$reply" "http://$1$PATH_RLS"
+  grep -q '^HTTP/2 200' "$dump" || { echo "error: $1 answered $(head -1 "$dump")" >&2; exit 1; }
+  grep -qi '^grpc-status: 0' "$dump" || { echo "error: $1: $(grep -i grpc- "$dump" | tr -d '\r')" >&2; exit 1; }
+  # Byte 6–7 of the reply: field 1 (overall_code) = 1 (OK).
+  [ "$(od -An -tx1 -j5 -N2 "$reply" | tr -d ' \n')" = 0801 ] ||
+    { echo "error: $1: overall_code is not OK: $(od -An -tx1 "$reply")" >&2; exit 1; }
+}
+
+# peak LABEL ADDR: closed loop; prints and sets PEAK (req/s).
+peak() {
+  local out="$OUT/$1.peak.txt"
+  h2load -c "$CLIENTS" -m "$STREAMS" -D "$DURATION" --warm-up-time "$WARMUP" "${HEADERS[@]}" \
+    -d "$BODY" "http://$2$PATH_RLS" >"$out"
+  PEAK=$(awk '/^finished in/ {gsub(",", ""); for (i = 1; i <= NF; i++) if ($i == "req/s") print $(i - 1)}' "$out")
+  local codes errored
+  codes=$(grep '^status codes:' "$out")
+  errored=$(awk '/^requests:/ {for (i = 1; i <= NF; i++) if ($(i + 1) ~ /^errored/) print $i}' "$out")
+  printf '%-14s peak %8.0f req/s  (%s; errored %s)\n' "$1" "$PEAK" "$codes" "$errored"
+}
+
+# half LABEL ADDR: open loop at half the peak; p50/p99 from the per-request log (µs).
+half() {
+  local log="$OUT/$1.half.log" rps
+  rps=$(awk -v p="$PEAK" -v c="$CLIENTS" 'BEGIN { r = p / 2 / c; print (r < 1 ? 1 : int(r)) }')
+  h2load -c "$CLIENTS" -m "$STREAMS" -D "$DURATION" --warm-up-time "$WARMUP" --rps "$rps" \
+    "${HEADERS[@]}" -d "$BODY" --log-file "$log" "http://$2$PATH_RLS" >"$OUT/$1.half.txt"
+  # Log lines: start time, HTTP status, duration (µs).
+  cut -f3 "$log" | sort -n | awk -v label="$1" -v offered="$((rps * CLIENTS))" '
+    { v[NR] = $1 }
+    END { printf "%-14s at %6d req/s offered: p50 %.0f us, p99 %.0f us (%d requests)\n",
+          label, offered, v[int(NR * 0.50) + 1], v[int(NR * 0.99) + 1], NR }'
+}
+
+NOOP_PORT=$($BENCH free-port)
+$BENCH noop --addr "127.0.0.1:$NOOP_PORT" >"$TMP/noop.out" 2>&1 &
+started+=("$!")
+wait_ready "$TMP/noop.out" "noop ready" "$!"
+start() { # start NAME ARGS...: sets ADDR
+  local name=$1 grpc
+  shift
+  grpc=$($BENCH free-port)
+  $SLUICE serve --config integration/bench/config --grpc-addr "127.0.0.1:$grpc" \
+    --admin-addr 127.0.0.1:0 --log-level warn "$@" >"$TMP/$name.out" 2>&1 &
+  started+=("$!")
+  wait_ready "$TMP/$name.out" "sluice ready" "$!"
+  ADDR=127.0.0.1:$grpc
+}
+start memory --backend memory
+MEM_ADDR=$ADDR
+start redis --backend redis --redis-url "$REDIS_URL" --redis-timeout "$REDIS_TIMEOUT"
+RED_ADDR=$ADDR
+
+echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $(h2load --version | head -1)"
+declare -A PEAKS
+for target in "noop 127.0.0.1:$NOOP_PORT" "memory $MEM_ADDR" "redis $RED_ADDR"; do
+  read -r label addr <<<"$target"
+  check "$addr"
+  peak "$label" "$addr"
+  PEAKS[$label]=$PEAK
+  half "$label" "$addr"
+  check "$addr"
+done
+
+echo "== Redis floor: lua/limit.lua by EVALSHA at $((CLIENTS * STREAMS)) in flight"
+$BENCH redis-floor --redis-url "$REDIS_URL" --in-flight "$((CLIENTS * STREAMS))" --pipelines 1,16 \
+  --sockets 1 --duration "${DURATION}s" --json "$OUT/floor.json" | tee "$OUT/floor.txt"
+floor() { # floor P: calls/s of redis-benchmark -P P
+  awk -v p="-P $1:" '$0 ~ p { for (i = 1; i <= NF; i++) if ($i ~ /\/s$/) { sub("/s", "", $i); print $i; exit } }' "$OUT/floor.txt"
+}
+P1=$(floor 1)
+P16=$(floor 16)
+echo "== ratios (h2load -c $CLIENTS -m $STREAMS)"
+awk -v n="${PEAKS[noop]}" -v m="${PEAKS[memory]}" -v r="${PEAKS[redis]}" -v p1="$P1" -v p16="$P16" 'BEGIN {
+  printf "memory / no-op %.2f (target >= 0.85)\n", m / n
+  printf "redis / no-op  %.2f (target >= 0.4)\n", r / n
+  printf "redis / redis-benchmark -P 1  %.2f (target >= 0.7)\n", r / p1
+  printf "redis / redis-benchmark -P 16 %.2f\n", r / p16
+}' | tee "$OUT/ratios.txt"
