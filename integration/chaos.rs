@@ -630,7 +630,12 @@ async fn chaos_sigstop_then_sigcont() {
     figures.assert_bounded();
     let opened = watch.opened().expect("the breaker opened");
     assert!(opened < fault_end, "opened during the stop");
-    for s in figures.during() {
+    // As after a kill: the hot key may be over limit when Redis stops, and the over-limit cache
+    // then answers it exactly (not degraded) until its retry-after.
+    for s in figures
+        .during()
+        .filter(|s| !(s.exact() && cached_rejection(s, fault_start)))
+    {
         assert_eq!(s.degraded.as_deref(), Some("local"), "{s:?}");
     }
     let after_open: Vec<&Sample> = figures.during().filter(|s| s.sent > opened).collect();
