@@ -5,7 +5,8 @@
 #
 #   integration/bench/h2load.sh        # needs h2load (apt-get install nghttp2-client) and curl
 #
-# Drives the no-op server, sluice (memory backend) and sluice (Redis backend) with one gRPC
+# Drives the no-op server, sluice (memory backend), sluice (Redis backend) and sluice (Redis
+# backend, `lease: 100`: integration/bench/config-lease) with one gRPC
 # ShouldRateLimit request (domain bench, k=v1: the bench config's roomy rule, so every answer is
 # an OK decision) at `h2load -c 16 -m 32` for DURATION, then at half of each peak (--rps per
 # client) for the p50/p99 from h2load's per-request log; then the Redis script floor
@@ -78,27 +79,41 @@ NOOP_PORT=$($BENCH free-port)
 $BENCH noop --addr "127.0.0.1:$NOOP_PORT" >"$TMP/noop.out" 2>&1 &
 started+=("$!")
 wait_ready "$TMP/noop.out" "noop ready" "$!"
-start() { # start NAME ARGS...: sets ADDR
-  local name=$1 grpc
-  shift
+start() { # start NAME CONFIG_DIR ARGS...: sets ADDR
+  local name=$1 config=$2 grpc
+  shift 2
   grpc=$($BENCH free-port)
-  $SLUICE serve --config integration/bench/config --grpc-addr "127.0.0.1:$grpc" \
+  $SLUICE serve --config "$config" --grpc-addr "127.0.0.1:$grpc" \
     --admin-addr 127.0.0.1:0 --log-level warn "$@" >"$TMP/$name.out" 2>&1 &
   started+=("$!")
   wait_ready "$TMP/$name.out" "sluice ready" "$!"
   ADDR=127.0.0.1:$grpc
 }
-start memory --backend memory
+start memory integration/bench/config --backend memory
 MEM_ADDR=$ADDR
-start redis --backend redis --redis-url "$REDIS_URL" --redis-timeout "$REDIS_TIMEOUT"
+start redis integration/bench/config --backend redis --redis-url "$REDIS_URL" --redis-timeout "$REDIS_TIMEOUT"
 RED_ADDR=$ADDR
+# The same Redis backend with `lease: 100` on the rule (integration/bench/config-lease).
+start lease integration/bench/config-lease --backend redis --redis-url "$REDIS_URL" \
+  --redis-timeout "$REDIS_TIMEOUT"
+LEASE_ADDR=$ADDR
 
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $(h2load --version | head -1)"
 declare -A PEAKS
-for target in "noop 127.0.0.1:$NOOP_PORT" "memory $MEM_ADDR" "redis $RED_ADDR"; do
+# Script calls per request of each target's peak run, from Redis's own command counters.
+script_calls() {
+  redis-cli -p "$REDIS_PORT" info commandstats |
+    awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ { n += $3 } END { print n + 0 }'
+}
+for target in "noop 127.0.0.1:$NOOP_PORT" "memory $MEM_ADDR" "redis $RED_ADDR" "lease $LEASE_ADDR"; do
   read -r label addr <<<"$target"
   check "$addr"
+  before=$(script_calls)
   peak "$label" "$addr"
+  calls=$(($(script_calls) - before))
+  requests=$(awk '/^requests:/ { print $2; exit }' "$OUT/$label.peak.txt")
+  awk -v c="$calls" -v r="$requests" -v l="$label" \
+    'BEGIN { printf "%-14s script calls per request %.4f (%d calls, warm-up included; %d measured requests)\n", l, (r ? c / r : 0), c, r }'
   PEAKS[$label]=$PEAK
   half "$label" "$addr"
   check "$addr"
@@ -113,9 +128,10 @@ floor() { # floor P: calls/s of redis-benchmark -P P
 P1=$(floor 1)
 P16=$(floor 16)
 echo "== ratios (h2load -c $CLIENTS -m $STREAMS)"
-awk -v n="${PEAKS[noop]}" -v m="${PEAKS[memory]}" -v r="${PEAKS[redis]}" -v p1="$P1" -v p16="$P16" 'BEGIN {
+awk -v n="${PEAKS[noop]}" -v m="${PEAKS[memory]}" -v r="${PEAKS[redis]}" -v l="${PEAKS[lease]}" -v p1="$P1" -v p16="$P16" 'BEGIN {
   printf "memory / no-op %.2f (target >= 0.85)\n", m / n
   printf "redis / no-op  %.2f (target >= 0.4)\n", r / n
   printf "redis / redis-benchmark -P 1  %.2f (target >= 0.7)\n", r / p1
   printf "redis / redis-benchmark -P 16 %.2f\n", r / p16
+  printf "lease 100 / no-op %.2f (target >= 0.7)\n", l / n
 }' | tee "$OUT/ratios.txt"
