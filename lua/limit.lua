@@ -45,6 +45,8 @@ Needs Redis >= 5 (effects replication, so reading TIME before writing is allowed
 --]]
 
 local WIDTH = 6
+-- Locals, not `math.*` lookups: the script is interpreted on every call.
+local floor, ceil, min, max, format = math.floor, math.ceil, math.min, math.max, string.format
 local nkeys = #KEYS
 if nkeys == 0 or #ARGV ~= 2 + WIDTH * nkeys then
   return redis.error_reply('ERR sluice limit: expected 2 + 6 ARGV per key')
@@ -53,7 +55,7 @@ end
 local now
 if ARGV[1] == '' then
   local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  now = tonumber(time[1]) * 1000 + floor(tonumber(time[2]) / 1000)
 else
   now = tonumber(ARGV[1])
   if not now then
@@ -82,41 +84,51 @@ local function wire(x)
   return x
 end
 
-local function exact(x) return string.format('%.0f', x) end
-local function double(x) return string.format('%.17g', x) end
+local function exact(x) return format('%.0f', x) end
+local function double(x) return format('%.17g', x) end
 
--- The smallest d >= 1 near guess with ok(d), ok monotone: the first ms a demand fits.
-local function first_fit(guess, ok)
-  local d = guess
-  if not (d >= 1) then d = 1 end
-  for _ = 1, SEARCH_STEPS do
-    if ok(d) then break end
-    d = d + 1
-  end
-  for _ = 1, SEARCH_STEPS do
-    if d > 1 and ok(d - 1) then d = d - 1 else break end
-  end
-  return d
+-- Which algorithms this call uses: only their tables and closures are built (building all four
+-- on every call cost a sixth of the script's time).
+local used = {}
+for i = 1, nkeys do
+  used[tonumber(ARGV[3 + WIDTH * (i - 1)]) or 0] = true
 end
 
--- The largest n in [0, cap] near guess with ok(n): hits that would still fit now.
-local function most_that_fit(guess, cap, ok)
-  local n = math.floor(guess)
-  if n ~= n or n < 0 then n = 0 end
-  if n > cap then n = cap end
-  for _ = 1, SEARCH_STEPS do
-    if n > 0 and not ok(n) then n = n - 1 else break end
+local first_fit, most_that_fit
+if used[3] or used[4] then
+  -- The smallest d >= 1 near guess with ok(d), ok monotone: the first ms a demand fits.
+  first_fit = function(guess, ok)
+    local d = guess
+    if not (d >= 1) then d = 1 end
+    for _ = 1, SEARCH_STEPS do
+      if ok(d) then break end
+      d = d + 1
+    end
+    for _ = 1, SEARCH_STEPS do
+      if d > 1 and ok(d - 1) then d = d - 1 else break end
+    end
+    return d
   end
-  for _ = 1, SEARCH_STEPS do
-    if n < cap and ok(n + 1) then n = n + 1 else break end
+
+  -- The largest n in [0, cap] near guess with ok(n): hits that would still fit now.
+  most_that_fit = function(guess, cap, ok)
+    local n = floor(guess)
+    if n ~= n or n < 0 then n = 0 end
+    if n > cap then n = cap end
+    for _ = 1, SEARCH_STEPS do
+      if n > 0 and not ok(n) then n = n - 1 else break end
+    end
+    for _ = 1, SEARCH_STEPS do
+      if n < cap and ok(n + 1) then n = n + 1 else break end
+    end
+    return n
   end
-  return n
 end
 
-local function store(key, fields, settles_in)
+local function store(key, settles_in, ...)
   local ttl = settles_in + EXPIRY_MARGIN_MS + jitter
   if ttl > MAX_TTL_MS then ttl = MAX_TTL_MS end
-  redis.call('HSET', key, unpack(fields))
+  redis.call('HSET', key, ...)
   redis.call('PEXPIRE', key, exact(ttl))
 end
 
@@ -133,221 +145,228 @@ ALGORITHMS[1] = {
     if stored_tokens and stored_updated then
       local elapsed = now - stored_updated
       if elapsed < 0 then elapsed = 0 end
-      k.tokens = math.min(k.capacity, stored_tokens + elapsed * k.rate)
-      k.updated = math.max(stored_updated, now)
+      k.tokens = min(k.capacity, stored_tokens + elapsed * k.rate)
+      k.updated = max(stored_updated, now)
     else
       k.tokens = k.capacity
       k.updated = now
     end
-    return k.refund or k.tokens >= math.max(k.hits, 1)
+    return k.refund or k.tokens >= max(k.hits, 1)
   end,
   settle = function(k, take)
     local capacity, rate, hits, tokens = k.capacity, k.rate, k.hits, k.tokens
     local after
     if k.refund then
-      after = math.min(tokens + hits, capacity)
+      after = min(tokens + hits, capacity)
     elseif take then
       local left = tokens - hits
-      local extra = math.min(math.floor(left), k.lease)
+      local extra = min(floor(left), k.lease)
       k.granted = hits + extra
       after = left - extra
     else
       after = tokens
     end
-    local need = math.max(hits, 1)
+    local need = max(hits, 1)
     local retry
     if k.fit then
       retry = 0
     elseif need > capacity then
       retry = -1
     else
-      retry = wire(math.ceil((need - tokens) / rate))
+      retry = wire(ceil((need - tokens) / rate))
     end
-    local until_full = math.ceil((capacity - after) / rate)
+    local until_full = ceil((capacity - after) / rate)
     if until_full ~= until_full then until_full = 0 end
-    store(k.key, {'t', double(after), 'u', exact(k.updated)}, until_full)
-    return wire(math.floor(after)), retry, wire(until_full)
+    store(k.key, until_full, 't', double(after), 'u', exact(k.updated))
+    return wire(floor(after)), retry, wire(until_full)
   end,
 }
 
--- 2: fixed window, aligned to the unit on the clock (envoyproxy/ratelimit's windows).
-ALGORITHMS[2] = {
-  fields = {'w', 'c'},
-  load = function(k, v)
-    local start = now - now % k.window
-    local stored_start, stored_count = tonumber(v[1]), tonumber(v[2])
-    if stored_start and stored_count and stored_start >= start then
-      k.start, k.count = stored_start, stored_count
-    else
-      k.start, k.count = start, 0
-    end
-    return k.refund or k.count + math.max(k.hits, 1) <= k.per_unit
-  end,
-  settle = function(k, take)
-    local limit, hits = k.per_unit, k.hits
-    local window_end = k.start + k.window
-    local count = k.count
-    if k.refund then
-      count = math.max(count - hits, 0)
-    elseif take then
-      count = count + hits
-      k.granted = hits
-    end
-    local retry
-    if k.fit then
-      retry = 0
-    elseif math.max(hits, 1) > limit then
-      retry = -1
-    else
-      retry = wire(window_end - now)
-    end
-    -- envoyproxy/ratelimit's duration_until_reset: whole seconds from the start of now's second.
-    local reset = window_end - (now - now % 1000)
-    local settles_in = 0
-    if count > 0 then settles_in = window_end - now end
-    store(k.key, {'w', exact(k.start), 'c', exact(count)}, settles_in)
-    return wire(math.max(limit - count, 0)), retry, wire(reset)
-  end,
-}
-
--- 3: sliding window counter: previous * (W - elapsed) / W + current.
-local function roll(start, current, previous, t, window)
-  local now_start = t - t % window
-  if start == nil then return now_start, 0, 0 end
-  if start >= now_start then return start, current, previous end
-  if start + window == now_start then return now_start, 0, current end
-  return now_start, 0, 0
-end
-
-local function estimate(start, current, previous, t, window)
-  local elapsed = t - start
-  if elapsed < 0 then elapsed = 0 end
-  return previous * (window - elapsed) / window + current
-end
-
-ALGORITHMS[3] = {
-  fields = {'w', 'c', 'p'},
-  load = function(k, v)
-    local start, current, previous = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
-    if not (start and current and previous) then start = nil end
-    k.start, k.current, k.previous = roll(start, current, previous, now, k.window)
-    local estimated = estimate(k.start, k.current, k.previous, now, k.window)
-    return k.refund or estimated + math.max(k.hits, 1) <= k.per_unit
-  end,
-  settle = function(k, take)
-    local window, limit, hits, start = k.window, k.per_unit, k.hits, k.start
-    local current, previous = k.current, k.previous
-    if k.refund then
-      local from_current = math.min(hits, current)
-      current = current - from_current
-      previous = math.max(previous - (hits - from_current), 0)
-    elseif take then
-      current = current + hits
-      k.granted = hits
-    end
-    local estimated = estimate(start, current, previous, now, window)
-    local remaining = most_that_fit(limit - estimated, limit, function(n)
-      return estimated + n <= limit
-    end)
-    local need = math.max(hits, 1)
-    local retry
-    if k.fit then
-      retry = 0
-    elseif need > limit then
-      retry = -1
-    else
-      local function fits_at(d)
-        local t = now + d
-        local s, c, p = roll(start, current, previous, t, window)
-        return estimate(s, c, p, t, window) + need <= limit
-      end
-      local elapsed = now - start
-      if elapsed < 0 then elapsed = 0 end
-      local guess
-      if current + need <= limit and previous > 0 then
-        guess = math.ceil((window - elapsed) - (limit - need - current) * window / previous)
+if used[2] then
+  -- 2: fixed window, aligned to the unit on the clock (envoyproxy/ratelimit's windows).
+  ALGORITHMS[2] = {
+    fields = {'w', 'c'},
+    load = function(k, v)
+      local start = now - now % k.window
+      local stored_start, stored_count = tonumber(v[1]), tonumber(v[2])
+      if stored_start and stored_count and stored_start >= start then
+        k.start, k.count = stored_start, stored_count
       else
-        local into_next = 0
-        if current > 0 then into_next = window - (limit - need) * window / current end
-        if into_next < 0 then into_next = 0 end
-        guess = (start + window - now) + math.ceil(into_next)
+        k.start, k.count = start, 0
       end
-      retry = wire(first_fit(guess, fits_at))
-    end
-    local until_full = 0
-    if current > 0 then
-      until_full = start + 2 * window - now
-    elseif previous > 0 then
-      until_full = start + window - now
-    end
-    store(k.key, {'w', exact(start), 'c', exact(current), 'p', exact(previous)}, until_full)
-    return wire(remaining), retry, wire(until_full)
-  end,
-}
+      return k.refund or k.count + max(k.hits, 1) <= k.per_unit
+    end,
+    settle = function(k, take)
+      local limit, hits = k.per_unit, k.hits
+      local window_end = k.start + k.window
+      local count = k.count
+      if k.refund then
+        count = max(count - hits, 0)
+      elseif take then
+        count = count + hits
+        k.granted = hits
+      end
+      local retry
+      if k.fit then
+        retry = 0
+      elseif max(hits, 1) > limit then
+        retry = -1
+      else
+        retry = wire(window_end - now)
+      end
+      -- envoyproxy/ratelimit's duration_until_reset: whole seconds from the start of now's second.
+      local reset = window_end - (now - now % 1000)
+      local settles_in = 0
+      if count > 0 then settles_in = window_end - now end
+      store(k.key, settles_in, 'w', exact(k.start), 'c', exact(count))
+      return wire(max(limit - count, 0)), retry, wire(reset)
+    end,
+  }
 
--- 4: GCRA. T = unit_ms / per_unit, tolerance = T * capacity, slack = min(T / 2^20, 1 ms).
-ALGORITHMS[4] = {
-  fields = {'a', 'f'},
-  load = function(k, v)
-    local interval = k.window / math.max(k.per_unit, 1)
-    local slack = interval / 1048576
-    if slack > 1 then slack = 1 end
-    k.interval, k.tolerance, k.slack = interval, interval * k.capacity, slack
-    local whole, frac = tonumber(v[1]), tonumber(v[2])
-    local backlog = 0
-    if whole and frac then
-      backlog = (whole - now) + frac
-      if backlog < 0 then backlog = 0 end
-    end
-    k.backlog = backlog
-    local need = math.max(k.hits, 1)
-    return k.refund or (need <= k.capacity and backlog + need * interval <= k.tolerance + slack)
-  end,
-  settle = function(k, take)
-    local interval, tolerance, slack, burst = k.interval, k.tolerance, k.slack, k.capacity
-    local hits = k.hits
-    local after = k.backlog
-    if k.refund then
-      after = after - hits * interval
-      if after < 0 then after = 0 end
-    elseif take then
-      after = after + hits * interval
-      local extra = 0
-      if k.lease > 0 then
-        extra = most_that_fit((tolerance + slack - after) / interval, k.lease, function(n)
-          return after + n * interval <= tolerance + slack
-        end)
-        after = after + extra * interval
+  -- 3: sliding window counter: previous * (W - elapsed) / W + current.
+end
+
+if used[3] then
+  local function roll(start, current, previous, t, window)
+    local now_start = t - t % window
+    if start == nil then return now_start, 0, 0 end
+    if start >= now_start then return start, current, previous end
+    if start + window == now_start then return now_start, 0, current end
+    return now_start, 0, 0
+  end
+
+  local function estimate(start, current, previous, t, window)
+    local elapsed = t - start
+    if elapsed < 0 then elapsed = 0 end
+    return previous * (window - elapsed) / window + current
+  end
+
+  ALGORITHMS[3] = {
+    fields = {'w', 'c', 'p'},
+    load = function(k, v)
+      local start, current, previous = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
+      if not (start and current and previous) then start = nil end
+      k.start, k.current, k.previous = roll(start, current, previous, now, k.window)
+      local estimated = estimate(k.start, k.current, k.previous, now, k.window)
+      return k.refund or estimated + max(k.hits, 1) <= k.per_unit
+    end,
+    settle = function(k, take)
+      local window, limit, hits, start = k.window, k.per_unit, k.hits, k.start
+      local current, previous = k.current, k.previous
+      if k.refund then
+        local from_current = min(hits, current)
+        current = current - from_current
+        previous = max(previous - (hits - from_current), 0)
+      elseif take then
+        current = current + hits
+        k.granted = hits
       end
-      k.granted = hits + extra
-    end
-    local whole = math.floor(after)
-    local frac = after - whole
-    local tat = now + whole
-    local remaining = most_that_fit((tolerance + slack - after) / interval, burst, function(n)
-      return after + n * interval <= tolerance + slack
-    end)
-    local need = math.max(hits, 1)
-    local retry
-    if k.fit then
-      retry = 0
-    elseif need > burst then
-      retry = -1
-    else
-      local function fits_at(d)
-        local ahead = (tat - (now + d)) + frac
-        if ahead < 0 then ahead = 0 end
-        return need <= burst and ahead + need * interval <= tolerance + slack
+      local estimated = estimate(start, current, previous, now, window)
+      local remaining = most_that_fit(limit - estimated, limit, function(n)
+        return estimated + n <= limit
+      end)
+      local need = max(hits, 1)
+      local retry
+      if k.fit then
+        retry = 0
+      elseif need > limit then
+        retry = -1
+      else
+        local function fits_at(d)
+          local t = now + d
+          local s, c, p = roll(start, current, previous, t, window)
+          return estimate(s, c, p, t, window) + need <= limit
+        end
+        local elapsed = now - start
+        if elapsed < 0 then elapsed = 0 end
+        local guess
+        if current + need <= limit and previous > 0 then
+          guess = ceil((window - elapsed) - (limit - need - current) * window / previous)
+        else
+          local into_next = 0
+          if current > 0 then into_next = window - (limit - need) * window / current end
+          if into_next < 0 then into_next = 0 end
+          guess = (start + window - now) + ceil(into_next)
+        end
+        retry = wire(first_fit(guess, fits_at))
       end
-      local guess = math.ceil(after + need * interval - tolerance - slack)
-      retry = wire(first_fit(guess, fits_at))
-    end
-    local until_full = tat - now
-    if frac > 0 then until_full = until_full + 1 end
-    store(k.key, {'a', exact(tat), 'f', double(frac)}, until_full)
-    return wire(remaining), retry, wire(until_full)
-  end,
-}
+      local until_full = 0
+      if current > 0 then
+        until_full = start + 2 * window - now
+      elseif previous > 0 then
+        until_full = start + window - now
+      end
+      store(k.key, until_full, 'w', exact(start), 'c', exact(current), 'p', exact(previous))
+      return wire(remaining), retry, wire(until_full)
+    end,
+  }
+end
+
+if used[4] then
+  -- 4: GCRA. T = unit_ms / per_unit, tolerance = T * capacity, slack = min(T / 2^20, 1 ms).
+  ALGORITHMS[4] = {
+    fields = {'a', 'f'},
+    load = function(k, v)
+      local interval = k.window / max(k.per_unit, 1)
+      local slack = interval / 1048576
+      if slack > 1 then slack = 1 end
+      k.interval, k.tolerance, k.slack = interval, interval * k.capacity, slack
+      local whole, frac = tonumber(v[1]), tonumber(v[2])
+      local backlog = 0
+      if whole and frac then
+        backlog = (whole - now) + frac
+        if backlog < 0 then backlog = 0 end
+      end
+      k.backlog = backlog
+      local need = max(k.hits, 1)
+      return k.refund or (need <= k.capacity and backlog + need * interval <= k.tolerance + slack)
+    end,
+    settle = function(k, take)
+      local interval, tolerance, slack, burst = k.interval, k.tolerance, k.slack, k.capacity
+      local hits = k.hits
+      local after = k.backlog
+      if k.refund then
+        after = after - hits * interval
+        if after < 0 then after = 0 end
+      elseif take then
+        after = after + hits * interval
+        local extra = 0
+        if k.lease > 0 then
+          extra = most_that_fit((tolerance + slack - after) / interval, k.lease, function(n)
+            return after + n * interval <= tolerance + slack
+          end)
+          after = after + extra * interval
+        end
+        k.granted = hits + extra
+      end
+      local whole = floor(after)
+      local frac = after - whole
+      local tat = now + whole
+      local remaining = most_that_fit((tolerance + slack - after) / interval, burst, function(n)
+        return after + n * interval <= tolerance + slack
+      end)
+      local need = max(hits, 1)
+      local retry
+      if k.fit then
+        retry = 0
+      elseif need > burst then
+        retry = -1
+      else
+        local function fits_at(d)
+          local ahead = (tat - (now + d)) + frac
+          if ahead < 0 then ahead = 0 end
+          return need <= burst and ahead + need * interval <= tolerance + slack
+        end
+        local guess = ceil(after + need * interval - tolerance - slack)
+        retry = wire(first_fit(guess, fits_at))
+      end
+      local until_full = tat - now
+      if frac > 0 then until_full = until_full + 1 end
+      store(k.key, until_full, 'a', exact(tat), 'f', double(frac))
+      return wire(remaining), retry, wire(until_full)
+    end,
+  }
+end
 
 local keys = {}
 local all_allowed = true
@@ -369,8 +388,8 @@ for i = 1, nkeys do
   end
   local k = {
     key = KEYS[i], algorithm = algorithm, capacity = capacity, per_unit = per_unit,
-    unit = unit, window = math.max(unit, 1), hits = hits,
-    refund = flags % 2 == 1, shadow = flags % 4 >= 2, lease = math.floor(flags / 4),
+    unit = unit, window = max(unit, 1), hits = hits,
+    refund = flags % 2 == 1, shadow = flags % 4 >= 2, lease = floor(flags / 4),
     granted = 0,
   }
   local state = redis.call('HMGET', k.key, unpack(algorithm.fields))
