@@ -1,9 +1,12 @@
 # Shared by the benchmark scripts (sourced, not run): builds the release binaries, keeps the pids
 # of everything started so an exit, error or Ctrl-C stops them, and starts a private redis-server
 # on a free loopback port (never 6379).
-cargo build --release --locked --bin sluice --bin sluice-bench
-SLUICE=target/release/sluice
-BENCH=target/release/sluice-bench
+# SLUICE=path BENCH=path: use those binaries instead (A/B runs of two builds); no build then.
+if [ -z "${SLUICE:-}" ]; then
+  cargo build --release --locked --bin sluice --bin sluice-bench
+fi
+SLUICE=${SLUICE:-target/release/sluice}
+BENCH=${BENCH:-target/release/sluice-bench}
 TMP=$(mktemp -d)
 
 started=()
