@@ -368,21 +368,31 @@ fn rate_limit_headers(decision: &Decision, options: &HeaderOptions) -> Vec<Heade
     let Some(limit) = &status.limit else {
         return out;
     };
+    // Numbers written with itoa into one sized buffer each: `format!` was a tenth of sluice's
+    // own instructions per request (callgrind).
+    let mut digits = itoa::Buffer::new();
+    let mut limit_value = String::with_capacity(48);
+    limit_value.push_str(digits.format(limit.capacity));
+    limit_value.push_str(", ");
+    limit_value.push_str(digits.format(limit.requests_per_unit));
+    limit_value.push_str(";w=");
+    limit_value.push_str(digits.format(limit.unit.seconds()));
+    push(&options.limit, limit_value);
     push(
-        &options.limit,
-        format!(
-            "{}, {};w={}",
-            limit.capacity,
-            limit.requests_per_unit,
-            limit.unit.seconds()
-        ),
+        &options.remaining,
+        digits.format(status.remaining).to_owned(),
     );
-    push(&options.remaining, status.remaining.to_string());
-    push(&options.reset, ceil_secs(status.reset_ms).to_string());
+    push(
+        &options.reset,
+        digits.format(ceil_secs(status.reset_ms)).to_owned(),
+    );
     if decision.overall == Code::OverLimit
         && let Some(Some(ms)) = status.retry_after_ms
     {
-        push(&options.retry_after, ceil_secs(ms).max(1).to_string());
+        push(
+            &options.retry_after,
+            digits.format(ceil_secs(ms).max(1)).to_owned(),
+        );
     }
     out
 }
