@@ -131,6 +131,25 @@ async fn each_shard_holds_its_share_on_standalone_redis() {
         );
     }
     assert_eq!(tokens(&redis, "sluice:{shards|hot=fresh}"), None);
+
+    // The admin listener shows the split: the rule in GET /config, the shards and their keys in
+    // GET /explain.
+    let (status, body) = sluice.admin_get("/config").await;
+    assert_eq!(status, 200);
+    let config: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(config["domains"][0]["rules"][0]["shards"], 4, "{body}");
+    let (status, body) = sluice
+        .admin_get("/explain?domain=shards&descriptor=hot%3Dfresh")
+        .await;
+    assert_eq!(status, 200);
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let keys: Vec<String> = (0..4).map(|i| shard_key("hot", "fresh", i)).collect();
+    assert_eq!(
+        report["rule"]["shard_keys"],
+        serde_json::json!(keys),
+        "{body}"
+    );
+    assert_eq!(report["rule"]["bucket"]["shards"]["capacity"], 25);
     sluice.stop().await;
 }
 
