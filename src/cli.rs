@@ -121,6 +121,10 @@ fn check_summary(config: &Config) -> String {
     if leased > 0 {
         line.push_str(&format!(", {leased} leased"));
     }
+    let sharded = config.rules().filter(|r| r.shards.is_some()).count();
+    if sharded > 0 {
+        line.push_str(&format!(", {sharded} sharded"));
+    }
     if !config.warnings().is_empty() {
         line.push_str(&format!(", {}", plural(config.warnings().len(), "warning")));
     }
@@ -266,6 +270,25 @@ descriptors:
             serde_json::json!({"token_bucket": 1, "fixed_window": 1})
         );
         assert_eq!(json["domains"][0]["algorithm"], "fixed_window");
+    }
+
+    #[test]
+    fn the_summary_counts_leased_and_sharded_rules() {
+        let a = "domain: a
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 100, shards: 4, lease: 5}
+  - key: j
+    rate_limit: {unit: second, requests_per_unit: 8, shards: 2}
+";
+        let config = load_sources(&[("a.yaml".into(), a.into())]).unwrap();
+        assert_eq!(
+            check_summary(&config),
+            format!(
+                "ok: 1 domain (a), 2 rules, digest {}, 1 leased, 2 sharded",
+                &config.digest()[..8]
+            )
+        );
     }
 
     #[test]

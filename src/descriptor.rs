@@ -269,6 +269,7 @@ mod tests {
             detailed_metric: false,
             cost: 1,
             lease: None,
+            shards: None,
             failure_mode: None,
             replaces: Vec::new(),
             source: "t:1".into(),

@@ -136,9 +136,13 @@ pub struct RuleView {
     pub failure_mode_from: &'static str,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub replaces: Vec<String>,
-    /// The storage key of this descriptor's bucket; absent for `unlimited: true`.
+    /// The storage key of this descriptor's bucket; absent for `unlimited: true` and for a
+    /// sharded rule, whose keys are in `shard_keys`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+    /// A sharded rule's keys, shard 0 first: one per shard, each in its own Cluster slot.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shard_keys: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -155,6 +159,19 @@ pub struct BucketView {
     /// `lease`: tokens a replica takes per backend call and spends locally.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lease: Option<u64>,
+    /// `shards`: the bucket is split into this many sub-buckets, each of the `shard` shape.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shards: Option<ShardView>,
+}
+
+/// One shard of a sharded rule (`shards: N`): the limit divided by N.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ShardView {
+    /// N.
+    pub count: u32,
+    pub requests_per_unit: u32,
+    pub capacity: u64,
+    pub refill_per_second: f64,
 }
 
 /// Explains how `config` treats one descriptor of `domain`.
@@ -235,10 +252,10 @@ pub fn explain(
         "default"
     };
     let failure_mode = rule.failure_mode.unwrap_or(options.default_failure_mode);
-    let (bucket, key, outcome) = match rule.limit {
+    let (bucket, (key, shard_keys), outcome) = match rule.limit {
         Limit::Unlimited => (
             None,
-            None,
+            (None, Vec::new()),
             "OK: the rule is `unlimited: true`; no bucket is kept".to_owned(),
         ),
         Limit::Bucket(rate) => {
@@ -250,21 +267,40 @@ pub fn explain(
                 refill_per_second: params.rate_per_ms() * 1_000.0,
                 cost: rule.cost,
                 lease: rule.lease,
+                shards: rule.shards.map(|n| {
+                    let shard = rate.split(n);
+                    let p = shard.bucket();
+                    ShardView {
+                        count: n,
+                        requests_per_unit: shard.requests_per_unit,
+                        capacity: p.capacity,
+                        refill_per_second: p.rate_per_ms() * 1_000.0,
+                    }
+                }),
             };
-            let key = bucket_key(
-                &options.key_prefix,
-                domain,
-                entries,
-                RuleTag::Configured,
-                rule.algorithm,
-            );
-            let outcome = if rule.shadow_mode {
+            let key = |tag| bucket_key(&options.key_prefix, domain, entries, tag, rule.algorithm);
+            let mut outcome = if rule.shadow_mode {
                 "OK always: the rule is in shadow mode; hits are counted but never reject"
                     .to_owned()
             } else {
                 outcome(rule.algorithm, &bucket)
             };
-            (Some(bucket), Some(key), outcome)
+            let keys = match rule.shards {
+                None => (Some(key(RuleTag::Configured)), Vec::new()),
+                Some(n) => {
+                    let _ = write!(
+                        outcome,
+                        "; judged by one of {n} shards (the limit / {n} each), chosen per request"
+                    );
+                    (
+                        None,
+                        (0..n)
+                            .map(|i| key(RuleTag::Shard(i as u8)))
+                            .collect::<Vec<_>>(),
+                    )
+                }
+            };
+            (Some(bucket), keys, outcome)
         }
     };
     Report {
@@ -287,6 +323,7 @@ pub fn explain(
             failure_mode_from,
             replaces: rule.replaces.iter().map(|r| r.to_string()).collect(),
             key,
+            shard_keys,
         }),
         outcome,
     }
@@ -408,6 +445,13 @@ impl Report {
                             "lease:       up to {lease} tokens per backend call, spent by this replica within --lease-lifetime"
                         );
                     }
+                    if let Some(s) = &b.shards {
+                        let _ = writeln!(
+                            out,
+                            "shards:      {} of {} per {} each (capacity {}), one slot each; a request is judged by one",
+                            s.count, s.requests_per_unit, b.unit, s.capacity
+                        );
+                    }
                 }
             }
             let _ = writeln!(
@@ -426,6 +470,10 @@ impl Report {
             }
             if let Some(key) = &rule.key {
                 let _ = writeln!(out, "key:         {key}");
+            }
+            for (i, key) in rule.shard_keys.iter().enumerate() {
+                let label = if i == 0 { "keys:" } else { "" };
+                let _ = writeln!(out, "{label:<13}{key}");
             }
         }
         let _ = writeln!(out, "outcome:     {}", self.outcome);
@@ -739,6 +787,58 @@ descriptors:
             let json = serde_json::to_value(&r).unwrap();
             assert_eq!(json["rule"]["algorithm"], algorithm.as_str());
         }
+    }
+
+    #[test]
+    fn a_sharded_rule_shows_its_shards_and_every_shard_key() {
+        let text = "domain: hot\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 100, shards: 4, lease: 5}\n";
+        let config = load_sources(&[("hot.yaml".into(), text.into())]).unwrap();
+        let report = explain(&config, "hot", &[Entry::new("tenant", "acme")], &options());
+        let rule = report.rule.as_ref().unwrap();
+        assert_eq!(rule.key, None);
+        assert_eq!(
+            rule.shard_keys,
+            (0..4)
+                .map(|i| format!("sluice:{{hot|tenant=acme~s{i}}}"))
+                .collect::<Vec<_>>()
+        );
+        let bucket = rule.bucket.as_ref().unwrap();
+        assert_eq!(bucket.capacity, 100, "the rule's full limit");
+        assert_eq!(
+            bucket.shards,
+            Some(ShardView {
+                count: 4,
+                requests_per_unit: 25,
+                capacity: 25,
+                refill_per_second: 25.0 / 60.0,
+            })
+        );
+        assert!(
+            report
+                .outcome
+                .ends_with("; judged by one of 4 shards (the limit / 4 each), chosen per request"),
+            "{}",
+            report.outcome
+        );
+        let text = report.to_text();
+        for line in [
+            "limit:       100 per minute",
+            "lease:       up to 5 tokens per backend call",
+            "shards:      4 of 25 per minute each (capacity 25), one slot each; a request is judged by one",
+            "keys:        sluice:{hot|tenant=acme~s0}\n             sluice:{hot|tenant=acme~s1}\n",
+            "             sluice:{hot|tenant=acme~s3}\n",
+        ] {
+            assert!(text.contains(line), "{line}\nin\n{text}");
+        }
+        assert!(!text.contains("key:  "), "{text}");
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["rule"]["bucket"]["shards"]["count"], 4);
+        assert_eq!(json["rule"]["shard_keys"].as_array().unwrap().len(), 4);
+        assert!(json["rule"].get("key").is_none());
+        // Unsharded rules have neither.
+        let plain = serde_json::to_value(run("api", "plain=x")).unwrap();
+        assert!(plain["rule"].get("shard_keys").is_none());
+        assert!(plain["rule"]["bucket"].get("shards").is_none());
     }
 
     #[test]

@@ -17,8 +17,14 @@
 //! and first entry lives in one Redis Cluster slot and is decided by one script call. The prefix
 //! is operator configuration, written as is; it must not contain `{` or `}`.
 //!
+//! One tag goes *inside* the hash tag: `~s<i>`, shard `i` of a rule with `shards: N` (hot-key
+//! splitting), written just before the closing `}`. It changes the slot, so the N sub-buckets of
+//! one descriptor spread over the Cluster; an unsharded key has no such tag and is byte-identical
+//! to what earlier releases wrote.
+//!
 //! Examples: `sluice:{edge|tenant=acme}|route=export` (a token bucket),
-//! `sluice:{edge|tenant=acme}|route=export~o10/second~fw` (an override, fixed window).
+//! `sluice:{edge|tenant=acme}|route=export~o10/second~fw` (an override, fixed window),
+//! `sluice:{edge|tenant=acme~s3}|route=export` (shard 3 of a sharded rule).
 
 use crate::algorithm::Algorithm;
 use crate::request::{Entry, LimitOverride};
@@ -38,6 +44,10 @@ pub enum RuleTag {
     /// A request's `limit` override: its own bucket, never shared with the configured rule or
     /// another override.
     Override(LimitOverride),
+    /// Shard `i` of a configured rule with `shards: N` (`i < N`): one of the rule's N
+    /// sub-buckets, tagged inside the hash tag so the shards of one descriptor land on different
+    /// Cluster slots. Overrides are never sharded.
+    Shard(u8),
 }
 
 /// The storage key of one bucket (or window counter, or arrival time).
@@ -72,9 +82,12 @@ pub fn write_bucket_key(
     for (i, entry) in entries.iter().enumerate() {
         len += usize::from(i > 0) + 1 + component_len(&entry.key) + component_len(&entry.value);
     }
-    if let RuleTag::Override(_) = tag {
+    match tag {
+        RuleTag::Configured => {}
         // "~o" + u32 digits + "/" + the longest unit name.
-        len += 2 + 10 + 1 + 6;
+        RuleTag::Override(_) => len += 2 + 10 + 1 + 6,
+        // "~s" + the index's digits.
+        RuleTag::Shard(i) => len += 2 + decimal_digits(i),
     }
     let algorithm_tag = algorithm.key_tag();
     if let Some(t) = algorithm_tag {
@@ -88,7 +101,7 @@ pub fn write_bucket_key(
     out.push('|');
     for (i, entry) in entries.iter().enumerate() {
         if i == 1 {
-            out.push('}');
+            close_hash_tag(out, tag);
         }
         if i >= 1 {
             out.push('|');
@@ -98,7 +111,7 @@ pub fn write_bucket_key(
         write_component(out, &entry.value);
     }
     if entries.len() <= 1 {
-        out.push('}');
+        close_hash_tag(out, tag);
     }
     if let RuleTag::Override(o) = tag {
         use std::fmt::Write;
@@ -108,6 +121,42 @@ pub fn write_bucket_key(
     if let Some(t) = algorithm_tag {
         out.push('~');
         out.push_str(t);
+    }
+}
+
+/// Ends the hash tag: the shard tag, if any, then `}`.
+fn close_hash_tag(out: &mut String, tag: RuleTag) {
+    if let RuleTag::Shard(i) = tag {
+        use std::fmt::Write;
+        // Writing to a String cannot fail.
+        let _ = write!(out, "~s{i}");
+    }
+    out.push('}');
+}
+
+const fn decimal_digits(n: u8) -> usize {
+    match n {
+        0..=9 => 1,
+        10..=99 => 2,
+        _ => 3,
+    }
+}
+
+/// `key` without its shard tag (`~s<i>` before the hash tag's `}`): the key the descriptor has
+/// when its rule is not sharded. Borrowed when there is no shard tag. Only for keys written by
+/// [`write_bucket_key`] (the prefix holds no braces; escaped text holds no `~`).
+pub fn without_shard(key: &str) -> std::borrow::Cow<'_, str> {
+    let Some(open) = key.find('{') else {
+        return key.into();
+    };
+    let Some(close) = key[open..].find('}').map(|c| open + c) else {
+        return key.into();
+    };
+    match key[open..close].rfind("~s").map(|t| open + t) {
+        Some(tag) if close > tag + 2 && key[tag + 2..close].bytes().all(|b| b.is_ascii_digit()) => {
+            format!("{}{}", &key[..tag], &key[close..]).into()
+        }
+        _ => key.into(),
     }
 }
 
@@ -197,6 +246,8 @@ const CRC16_TABLE: [u16; 256] = {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use proptest::prelude::*;
 
     use super::*;
@@ -262,6 +313,15 @@ mod tests {
         );
         assert_eq!(tb_key("p:", "", &[], RuleTag::Configured), "p:{|}");
         assert_eq!(
+            tb_key("sluice:", "edge", &e, RuleTag::Shard(3)),
+            "sluice:{edge|tenant=acme~s3}|route=export"
+        );
+        assert_eq!(
+            tb_key("sluice:", "edge", &e[..1], RuleTag::Shard(63)),
+            "sluice:{edge|tenant=acme~s63}"
+        );
+        assert_eq!(tb_key("p:", "d", &[], RuleTag::Shard(0)), "p:{d|~s0}");
+        assert_eq!(
             tb_key("p:", "d", &entries(&[("k", "é~#%|")]), RuleTag::Configured),
             "p:{d|k=%C3%A9%7E%23%25%7C}"
         );
@@ -296,6 +356,39 @@ mod tests {
         );
         assert_eq!(one, "p:{d|tenant=acme}~fw");
         assert_eq!(slot(&one), slot("p:{d|tenant=acme}"));
+        assert_eq!(
+            key(RuleTag::Shard(12), Algorithm::Gcra),
+            "sluice:{edge|tenant=acme~s12}|route=export~gcra"
+        );
+    }
+
+    #[test]
+    fn shards_move_the_slot_and_strip_back_to_the_unsharded_key() {
+        let e = entries(&[("tenant", "acme"), ("route", "export")]);
+        let plain = tb_key("sluice:", "edge", &e, RuleTag::Configured);
+        let slots: HashSet<u16> = (0..4)
+            .map(|i| {
+                let key = tb_key("sluice:", "edge", &e, RuleTag::Shard(i));
+                assert_eq!(hash_tag(&key), format!("edge|tenant=acme~s{i}"));
+                assert_eq!(without_shard(&key), plain);
+                slot(&key)
+            })
+            .collect();
+        assert_eq!(slots.len(), 4, "four shards, four slots: {slots:?}");
+        assert!(!slots.contains(&slot(&plain)));
+        assert!(matches!(
+            without_shard(&plain),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        for a in Algorithm::ALL {
+            let key = bucket_key("p:", "d", &e[..1], RuleTag::Shard(7), a);
+            assert_eq!(
+                without_shard(&key),
+                bucket_key("p:", "d", &e[..1], RuleTag::Configured, a)
+            );
+        }
+        let no_entries = tb_key("p:", "d", &[], RuleTag::Shard(5));
+        assert_eq!(without_shard(&no_entries), "p:{d|}");
     }
 
     #[test]
@@ -373,6 +466,18 @@ mod tests {
             Algorithm::TokenBucket,
         );
         assert_eq!(widest.capacity(), widest.len());
+        for shard in [0, 9, 10, 63, 99, 100, u8::MAX] {
+            let mut sharded = String::new();
+            write_bucket_key(
+                &mut sharded,
+                "p:",
+                "d",
+                &e,
+                RuleTag::Shard(shard),
+                Algorithm::FixedWindow,
+            );
+            assert_eq!(sharded.capacity(), sharded.len(), "shard {shard}");
+        }
     }
 
     #[test]
@@ -428,14 +533,18 @@ mod tests {
         }
     }
 
-    /// Splits a key back into (domain, [(key, value)], tags) using only the format's separators.
+    /// Splits a key back into (domain, [(key, value)], tags) using only the format's separators;
+    /// the tags inside the hash tag (the shard) come first.
     fn parse(key: &str, prefix: &str) -> (String, Vec<(String, String)>, Vec<String>) {
         let rest = key.strip_prefix(prefix).expect("prefix");
         let rest = rest.strip_prefix('{').expect("tag opens after the prefix");
         let (inside, after) = rest.split_once('}').expect("tag closes");
+        let mut inner = inside.split('~');
+        let inside = inner.next().expect("split yields at least one part");
+        let mut tags: Vec<String> = inner.map(str::to_string).collect();
         let mut parts = after.split('~');
         let body = parts.next().expect("split yields at least one part");
-        let tags: Vec<String> = parts.map(str::to_string).collect();
+        tags.extend(parts.map(str::to_string));
         let (domain, first) = inside.split_once('|').expect("domain separator");
         let mut pairs = Vec::new();
         let split = |s: &str| {
@@ -479,6 +588,7 @@ mod tests {
         prop_oneof![
             Just(RuleTag::Configured),
             (any::<u32>(), prop::sample::select(Unit::ALL.to_vec())).prop_map(|(n, u)| over(n, u)),
+            any::<u8>().prop_map(RuleTag::Shard),
         ]
     }
 
@@ -498,8 +608,16 @@ mod tests {
         let mut out = vec![
             (d.clone(), e.clone(), RuleTag::Configured, al),
             (d.clone(), e.clone(), over(1, Unit::Second), al),
+            (d.clone(), e.clone(), RuleTag::Shard(0), al),
+            (d.clone(), e.clone(), RuleTag::Shard(1), al),
+            (d.clone(), e.clone(), RuleTag::Shard(10), al),
             (format!("{d}|"), e.clone(), t, al),
+            // A shard's tag spelled into the domain.
+            (format!("{d}~s0"), e.clone(), RuleTag::Configured, al),
         ];
+        if let RuleTag::Shard(i) = t {
+            out.push((d.clone(), e.clone(), RuleTag::Shard(i.wrapping_add(1)), al));
+        }
         for other in Algorithm::ALL {
             out.push((d.clone(), e.clone(), t, other));
         }
@@ -525,6 +643,10 @@ mod tests {
                 last.value.push_str("~fw");
             }
             out.push((d.clone(), spelled, t, Algorithm::TokenBucket));
+            // A shard's tag spelled into the first value, unsharded.
+            let mut spelled = e.clone();
+            spelled[0].value.push_str("~s0");
+            out.push((d.clone(), spelled, RuleTag::Configured, al));
         }
         out.into_iter().filter(|b| b != a).collect()
     }
@@ -553,9 +675,18 @@ mod tests {
             let mut expected_tags: Vec<String> = match tag {
                 RuleTag::Configured => Vec::new(),
                 RuleTag::Override(o) => vec![format!("o{}/{}", o.requests_per_unit, o.unit)],
+                RuleTag::Shard(i) => vec![format!("s{i}")],
             };
             expected_tags.extend(algorithm.key_tag().map(str::to_string));
             prop_assert_eq!(t, expected_tags);
+            let unsharded = match tag {
+                RuleTag::Shard(_) => RuleTag::Configured,
+                other => other,
+            };
+            prop_assert_eq!(
+                without_shard(&key),
+                bucket_key("sl:", &domain, &entries, unsharded, algorithm)
+            );
         }
 
         #[test]
@@ -585,12 +716,23 @@ mod tests {
                 e.extend_from_slice(rest);
                 e
             };
-            let ka = bucket_key("sl:", &domain, &with(&rest_a), tag_a, algorithm_a);
-            let kb = bucket_key("other:", &domain, &with(&rest_b), tag_b, algorithm_b);
+            // The shard is part of the hash tag: compare unsharded keys, then each shard.
+            let unsharded = |t: RuleTag| match t {
+                RuleTag::Shard(_) => RuleTag::Configured,
+                other => other,
+            };
+            let ka = bucket_key("sl:", &domain, &with(&rest_a), unsharded(tag_a), algorithm_a);
+            let kb = bucket_key("other:", &domain, &with(&rest_b), unsharded(tag_b), algorithm_b);
             let alone = tb_key("", &domain, std::slice::from_ref(&first), RuleTag::Configured);
             prop_assert_eq!(hash_tag(&ka), hash_tag(&kb));
             prop_assert_eq!(hash_tag(&ka), &alone[1..alone.len() - 1]);
             prop_assert_eq!(slot(&ka), slot(&kb));
+            if let RuleTag::Shard(i) = tag_a {
+                let sa = bucket_key("sl:", &domain, &with(&rest_a), tag_a, algorithm_a);
+                let sb = bucket_key("other:", &domain, &with(&rest_b), tag_a, algorithm_b);
+                prop_assert_eq!(hash_tag(&sa), format!("{}~s{i}", hash_tag(&ka)));
+                prop_assert_eq!(slot(&sa), slot(&sb));
+            }
         }
     }
 }

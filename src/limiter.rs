@@ -8,16 +8,23 @@
 //! [`crate::resilience::local`], `error` → the whole call fails with [`LimitError::Unavailable`].
 //! Before the backend is asked, the over-limit cache may already know the request is rejected
 //! ([`Basis::Cached`]); then nothing is asked and nothing is taken.
+//!
+//! A rule with `shards: N` (hot-key splitting) keeps each descriptor's bucket as N sub-buckets
+//! of `limit / N` ([`RuleTag::Shard`]); a request is judged by one of them, chosen by
+//! [`shard_of`] from a per-replica counter, and reports that shard's remaining and retry-after
+//! beside the rule's full limit. Under the `local` policy a sharded rule falls back to one
+//! in-process bucket of the full limit / replicas, as an unsharded rule does.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 
 use crate::algorithm::{Algorithm, BucketParams, Demand, Verdict};
 use crate::backend::{Backend, BackendError, Hit};
 use crate::config::{Config, Domain};
-use crate::key::{RuleTag, write_bucket_key};
+use crate::key::{RuleTag, without_shard, write_bucket_key};
 use crate::lease::{LeaseStore, Remote, Reservation};
 use crate::request::{LimitRequest, RequestDescriptor};
 use crate::resilience::Resilience;
@@ -175,7 +182,12 @@ impl Default for LimiterOptions {
 #[derive(Clone)]
 struct Target {
     rule: Option<Arc<Rule>>,
+    /// The limit reported (`current_limit`, `x-ratelimit-limit`): the rule's or the override's.
     rate: RateLimit,
+    /// The shape the bucket is decided with: `rate`'s, or one shard's share of it.
+    params: BucketParams,
+    /// The shard of a sharded rule this request is judged by.
+    shard: Option<u8>,
     /// The rule's algorithm; for an override without a rule, the domain's.
     algorithm: Algorithm,
     name: Option<Arc<str>>,
@@ -207,6 +219,9 @@ pub struct Limiter<B> {
     resilience: Resilience,
     /// Token leases of the rules with `lease` (`None`: every hit goes to the backend).
     leases: Option<Arc<LeaseStore>>,
+    /// Advanced once per request that reaches a sharded rule; [`shard_of`] scatters it over the
+    /// shards. Starts at a random value so replicas do not walk the shards in step.
+    shard_cursor: AtomicU64,
 }
 
 impl<B: Backend> Limiter<B> {
@@ -228,7 +243,14 @@ impl<B: Backend> Limiter<B> {
             options,
             resilience,
             leases: None,
+            shard_cursor: AtomicU64::new(rand::random()),
         }
+    }
+
+    /// Starts the shard counter at `seq` (tests that want a known sequence of shards).
+    pub fn with_shard_cursor(self, seq: u64) -> Self {
+        self.shard_cursor.store(seq, Ordering::Relaxed);
+        self
     }
 
     /// Spends the tokens of rules with `lease` from `store` where it can.
@@ -328,6 +350,13 @@ impl<B: Backend> Limiter<B> {
             .map(|d| domain.find(&d.entries).cloned())
             .collect();
         let replaced = replaced_names(&resolved);
+        // One draw per request, shared by all its descriptors: duplicates of one sharded
+        // descriptor land on one shard, hence one key, and are paid together.
+        let shard_seq = if resolved.iter().flatten().any(|r| r.shards.is_some()) {
+            self.shard_cursor.fetch_add(1, Ordering::Relaxed)
+        } else {
+            0
+        };
 
         let mut statuses: Vec<Option<Status>> = Vec::with_capacity(request.descriptors.len());
         let mut targets: Vec<Option<Target>> = Vec::with_capacity(request.descriptors.len());
@@ -335,7 +364,7 @@ impl<B: Backend> Limiter<B> {
         let mut hit_index = HitIndex::default();
 
         for (descriptor, rule) in request.descriptors.iter().zip(resolved) {
-            match self.target(domain, descriptor, rule, &replaced) {
+            match self.target(domain, descriptor, rule, &replaced, shard_seq) {
                 Err(status) => {
                     statuses.push(Some(status));
                     targets.push(None);
@@ -354,7 +383,7 @@ impl<B: Backend> Limiter<B> {
                     let hits_each = descriptor.hits(request.hits_addend);
                     let demand = Demand {
                         algorithm: target.algorithm,
-                        params: target.rate.bucket(),
+                        params: target.params,
                         tokens: hits_each.saturating_mul(cost),
                         refund: descriptor.is_negative_hits,
                         shadow: target.shadow,
@@ -616,7 +645,26 @@ impl<B: Backend> Limiter<B> {
         if local.is_empty() {
             return Ok(());
         }
-        let local_hits: Vec<Hit> = local.iter().map(|&i| hits[i].clone()).collect();
+        // A sharded hit falls back to the descriptor's one local bucket of the full limit (the
+        // unsharded key and shape): in-process there is no hot key to split, and dividing each
+        // shard again by the replicas would round up N times.
+        let mut unsharded: Vec<Option<BucketParams>> = vec![None; hits.len()];
+        for t in targets.iter().flatten() {
+            if t.shard.is_some() {
+                unsharded[t.hit] = Some(t.rate.bucket());
+            }
+        }
+        let local_hits: Vec<Hit> = local
+            .iter()
+            .map(|&i| {
+                let mut hit = hits[i].clone();
+                if let Some(full) = unsharded[i] {
+                    hit.key = without_shard(&hit.key).into_owned();
+                    hit.demand.params = full;
+                }
+                hit
+            })
+            .collect();
         let verdicts = self.resilience.local.decide(&local_hits, rejected).await;
         for (&i, verdict) in local.iter().zip(verdicts) {
             outcomes[i] = Outcome::Local(verdict);
@@ -631,6 +679,7 @@ impl<B: Backend> Limiter<B> {
         descriptor: &RequestDescriptor,
         rule: Option<Arc<Rule>>,
         replaced: &[Arc<str>],
+        shard_seq: u64,
     ) -> Result<(Target, RuleTag), Status> {
         let failure_mode = rule
             .as_ref()
@@ -650,6 +699,8 @@ impl<B: Backend> Limiter<B> {
                 algorithm: rule.as_ref().map_or(domain.algorithm, |r| r.algorithm),
                 rule,
                 rate,
+                params: rate.bucket(),
+                shard: None,
                 name: None,
                 shadow: false,
                 failure_mode,
@@ -669,17 +720,40 @@ impl<B: Backend> Limiter<B> {
         {
             return Err(Status::unlimited(Basis::Unlimited, Some(rule)));
         }
+        // Overrides (above) are never sharded: they name a limit of their own.
+        let (params, shard, tag) = match rule.shards {
+            Some(n) => {
+                let shard = shard_of(shard_seq, n);
+                (rate.split(n).bucket(), Some(shard), RuleTag::Shard(shard))
+            }
+            None => (rate.bucket(), None, RuleTag::Configured),
+        };
         let target = Target {
             name: rule.name.clone(),
             shadow: rule.shadow_mode,
             rate,
+            params,
+            shard,
             algorithm: rule.algorithm,
             failure_mode,
             rule: Some(rule),
             hit: 0,
         };
-        Ok((target, RuleTag::Configured))
+        Ok((target, tag))
     }
+}
+
+/// 2^64 / φ: multiplying by it scatters consecutive counts evenly over the unit interval
+/// (Fibonacci hashing; the Weyl sequence `k / φ mod 1` has the lowest discrepancy known).
+const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// The shard (`< shards`) of the request numbered `seq`: the top bits of `seq / φ mod 1`, scaled
+/// to `shards`. Any run of consecutive numbers — and any arithmetic progression, such as the
+/// requests of one rule interleaved with another's — is spread nearly evenly, so the shards of a
+/// hot key drain together.
+pub fn shard_of(seq: u64, shards: u32) -> u8 {
+    let fraction = seq.wrapping_mul(GOLDEN) >> 32;
+    ((fraction * u64::from(shards.max(1))) >> 32) as u8
 }
 
 /// The lease size of each hit that may be paid from a lease: a take of at least one token on a
@@ -933,7 +1007,7 @@ fn cached(target: Target, c: &CachedRejection) -> Status {
 /// A status decided by the `open` or `closed` policy (`local` has a verdict of its own, `error`
 /// never gets here). `closed` asks for a retry after one second: the outage's end is unknown.
 fn degraded(target: Target) -> Status {
-    let BucketParams { capacity, .. } = target.rate.bucket();
+    let BucketParams { capacity, .. } = target.params;
     let over = target.failure_mode == FailureMode::Closed;
     Status {
         code: if over && !target.shadow {
@@ -1019,7 +1093,8 @@ mod tests {
         }
     }
 
-    /// `a` and `b`: 4 per second each; `s`: shadow, 1 per hour; one domain per failure mode.
+    /// `a` and `b`: 4 per second each; `s`: shadow, 1 per hour; `h`: 8 per hour in 4 shards of 2;
+    /// one domain per failure mode.
     const CONFIG: &str = "
 descriptors:
   - key: a
@@ -1032,6 +1107,8 @@ descriptors:
   - key: c
     failure_mode: closed
     rate_limit: {unit: second, requests_per_unit: 4}
+  - key: h
+    rate_limit: {unit: hour, requests_per_unit: 8, shards: 4}
 ";
 
     struct Rig {
@@ -1464,6 +1541,159 @@ descriptors:
         assert_eq!(remaining[22], 1);
         assert!(remaining[1..19].iter().all(|&r| r == 3), "{remaining:?}");
         assert_eq!(d.overall, Code::Ok);
+    }
+
+    /// Whole tokens shard `i` of `h=<value>` in `domain` holds, asked of the backend directly.
+    async fn shard_tokens(rig: &Rig, domain: &str, value: &str, shard: u8) -> u64 {
+        let key = crate::key::bucket_key(
+            "sluice:",
+            domain,
+            &[Entry::new("h", value)],
+            RuleTag::Shard(shard),
+            Algorithm::TokenBucket,
+        );
+        let check = Hit::new(
+            key,
+            BucketParams {
+                capacity: 2,
+                requests_per_unit: 2,
+                unit_ms: 3_600_000,
+            },
+            0,
+        );
+        rig.backend.inner.check(&[check]).await.unwrap()[0].remaining
+    }
+
+    #[test]
+    fn consecutive_requests_spread_evenly_over_the_shards() {
+        for n in [2u32, 3, 4, 7, 64] {
+            for start in [0u64, 1, 12_345, u64::MAX - 3, 1 << 63, 0x9E37_79B9] {
+                for per_shard in [1u64, 5, 25] {
+                    let mut counts = vec![0u64; n as usize];
+                    for k in 0..u64::from(n) * per_shard {
+                        let shard = shard_of(start.wrapping_add(k), n);
+                        counts[usize::from(shard)] += 1;
+                    }
+                    assert!(
+                        counts.iter().all(|&c| c.abs_diff(per_shard) <= 2),
+                        "{n} shards from {start}: {counts:?}"
+                    );
+                }
+            }
+        }
+        assert_eq!(shard_of(7, 1), 0);
+    }
+
+    #[tokio::test]
+    async fn a_sharded_rule_admits_its_limit_over_its_shards_and_reports_the_full_limit() {
+        let rig = rig(1, false, usize::MAX);
+        let mut ok = 0;
+        for _ in 0..32 {
+            let d = rig
+                .limiter
+                .decide(&request("error", &[("h", "k")]))
+                .await
+                .unwrap();
+            let status = &d.statuses[0];
+            let limit = status.limit.as_ref().unwrap();
+            assert_eq!((limit.requests_per_unit, limit.capacity), (8, 8));
+            assert!(status.remaining <= 1, "a shard holds 2: {status:?}");
+            if d.overall == Code::Ok {
+                ok += 1;
+            } else {
+                // A shard's retry-after: one token of 2 per hour comes back in 30 minutes (the
+                // whole rule's would be 7.5), to the millisecond the doubles round to.
+                let wait = status.retry_after_ms.flatten().unwrap();
+                assert!((1_800_000..=1_800_001).contains(&wait), "{wait}");
+            }
+        }
+        assert_eq!(ok, 8, "4 shards × 2");
+        for shard in 0..4 {
+            assert_eq!(shard_tokens(&rig, "error", "k", shard).await, 0, "{shard}");
+        }
+        // One backend call per request: a request reaches one shard only.
+        assert_eq!(rig.backend.calls(), 32);
+    }
+
+    #[tokio::test]
+    async fn duplicates_in_one_request_share_a_shard_and_overrides_are_not_sharded() {
+        let rig = rig(1, false, usize::MAX);
+        let limiter = rig.limiter.with_shard_cursor(0);
+        let rig = Rig { limiter, ..rig };
+        let first = shard_of(0, 4);
+        let d = rig
+            .limiter
+            .decide(&request("error", &[("h", "d"), ("h", "d")]))
+            .await
+            .unwrap();
+        assert_eq!(d.overall, Code::Ok);
+        assert_eq!(d.statuses[0].remaining, 0, "both hits on one shard of 2");
+        assert_eq!(d.statuses[1].remaining, 0);
+        for shard in 0..4 {
+            let expected = if shard == first { 0 } else { 2 };
+            assert_eq!(shard_tokens(&rig, "error", "d", shard).await, expected);
+        }
+        // Three hits need more than a shard holds: rejected, and nothing is taken.
+        let second = shard_of(1, 4);
+        let d = rig
+            .limiter
+            .decide(&request("error", &[("h", "e"), ("h", "e"), ("h", "e")]))
+            .await
+            .unwrap();
+        assert_eq!(d.overall, Code::OverLimit);
+        assert_eq!(d.statuses[0].retry_after_ms, Some(None), "never: 3 > 2");
+        assert_eq!(shard_tokens(&rig, "error", "e", second).await, 2);
+
+        // A request `limit` override has its own, unsharded bucket: 3 per hour, all of it.
+        let mut overridden = request("error", &[("h", "o")]);
+        overridden.descriptors[0].limit_override = Some(crate::request::LimitOverride {
+            requests_per_unit: 3,
+            unit: Unit::Hour,
+        });
+        let mut codes = Vec::new();
+        for _ in 0..4 {
+            codes.push(rig.limiter.decide(&overridden).await.unwrap().overall);
+        }
+        assert_eq!(codes, [Code::Ok, Code::Ok, Code::Ok, Code::OverLimit]);
+        let key = crate::key::bucket_key(
+            "sluice:",
+            "error",
+            &[Entry::new("h", "o")],
+            RuleTag::Override(crate::request::LimitOverride {
+                requests_per_unit: 3,
+                unit: Unit::Hour,
+            }),
+            Algorithm::TokenBucket,
+        );
+        assert!(!key.contains("~s"), "{key}");
+        for shard in 0..4 {
+            assert_eq!(
+                shard_tokens(&rig, "error", "o", shard).await,
+                2,
+                "untouched"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_sharded_rule_falls_back_to_one_local_bucket_of_the_full_limit() {
+        // 3 replicas: the full limit's share is ceil(8 / 3) = 3; per shard it would be
+        // 4 × ceil(2 / 3) = 4.
+        let rig = rig(3, false, usize::MAX);
+        rig.backend.fail("");
+        let mut ok = 0;
+        for _ in 0..12 {
+            let d = rig
+                .limiter
+                .decide(&request("local", &[("h", "x")]))
+                .await
+                .unwrap();
+            assert_eq!(d.statuses[0].basis, Basis::Degraded(FailureMode::Local));
+            ok += usize::from(d.overall == Code::Ok);
+        }
+        assert_eq!(ok, 3);
+        let local = rig.limiter.resilience().local.store().live_buckets();
+        assert_eq!(local, 1, "one local bucket, not one per shard");
     }
 
     #[tokio::test]

@@ -127,6 +127,21 @@ impl RateLimit {
             unit_ms: self.unit.millis(),
         }
     }
+
+    /// One shard's share of this limit under `shards: n`: `requests_per_unit / n` per unit and
+    /// `burst / n`. Config validation makes `n` divide both, so nothing is rounded away and the
+    /// n shards together hold exactly this limit.
+    pub const fn split(&self, n: u32) -> RateLimit {
+        let n = if n == 0 { 1 } else { n };
+        RateLimit {
+            requests_per_unit: self.requests_per_unit / n,
+            unit: self.unit,
+            burst: match self.burst {
+                Some(b) => Some(b / n),
+                None => None,
+            },
+        }
+    }
 }
 
 /// What a rule limits to: a bucket, or nothing (`unlimited: true`).
@@ -226,6 +241,11 @@ pub struct Rule {
     /// them locally ([`crate::lease`]). Only on token-bucket and GCRA rules.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lease: Option<u64>,
+    /// `rate_limit.shards`: hot-key splitting. Each descriptor's bucket is N sub-buckets of
+    /// `limit / N` under keys with `~s<i>` in the hash tag (N Cluster slots); each request is
+    /// judged by one of them. 2..=64, dividing `requests_per_unit` and `burst`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shards: Option<u32>,
     /// Descriptor override, else the domain's; `None` means the global default.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure_mode: Option<FailureMode>,

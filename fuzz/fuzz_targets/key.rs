@@ -1,12 +1,13 @@
 //! Bucket keys: every key parses back into its inputs (so distinct inputs give distinct keys),
-//! the hash tag covers exactly the domain and first entry, and two inputs share a key only if
-//! they are equal — the algorithm included, so two algorithms never share a key.
+//! the hash tag covers exactly the domain, the first entry and the shard, and two inputs share a
+//! key only if they are equal — the algorithm and shard included, so two algorithms never share a
+//! key and neither do two shards, or a shard and the unsharded bucket.
 #![no_main]
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 use sluice::algorithm::Algorithm;
-use sluice::key::{RuleTag, bucket_key, hash_tag, slot};
+use sluice::key::{RuleTag, bucket_key, hash_tag, slot, without_shard};
 use sluice::request::{Entry, LimitOverride};
 use sluice::rule::Unit;
 
@@ -15,6 +16,8 @@ struct KeyInput {
     domain: String,
     entries: Vec<(String, String)>,
     override_rate: Option<(u32, u8)>,
+    /// A shard of a sharded rule (overrides are never sharded: the override wins).
+    shard: Option<u8>,
     algorithm: u8,
 }
 
@@ -27,9 +30,10 @@ impl KeyInput {
     }
 
     fn tag(&self) -> RuleTag {
-        match self.override_rate {
-            None => RuleTag::Configured,
-            Some((n, u)) => RuleTag::Override(LimitOverride {
+        match (self.override_rate, self.shard) {
+            (None, None) => RuleTag::Configured,
+            (None, Some(i)) => RuleTag::Shard(i),
+            (Some((n, u)), _) => RuleTag::Override(LimitOverride {
                 requests_per_unit: n,
                 unit: Unit::ALL[usize::from(u) % Unit::ALL.len()],
             }),
@@ -90,14 +94,18 @@ fn stands_for(encoded: &str, raw: &str) -> bool {
     out == raw.as_bytes()
 }
 
-/// Splits a key back into (domain, [(key, value)], tags) using only the separators.
+/// Splits a key back into (domain, [(key, value)], tags) using only the separators; the tags
+/// inside the hash tag (the shard) come first.
 fn parse(key: &str) -> (&str, Vec<(&str, &str)>, Vec<&str>) {
     let rest = key.strip_prefix(PREFIX).expect("prefix");
     let rest = rest.strip_prefix('{').expect("tag opens after the prefix");
     let (inside, after) = rest.split_once('}').expect("tag closes");
+    let mut inner = inside.split('~');
+    let inside = inner.next().expect("split yields at least one part");
+    let mut tags: Vec<&str> = inner.collect();
     let mut parts = after.split('~');
     let body = parts.next().expect("split yields at least one part");
-    let tags: Vec<&str> = parts.collect();
+    tags.extend(parts);
     let (domain, first) = inside.split_once('|').expect("domain separator");
     let mut pairs = Vec::new();
     if !first.is_empty() {
@@ -132,19 +140,31 @@ fn check_round_trip(input: &KeyInput) -> String {
     let mut expected_tags: Vec<String> = match input.tag() {
         RuleTag::Configured => Vec::new(),
         RuleTag::Override(o) => vec![format!("o{}/{}", o.requests_per_unit, o.unit)],
+        RuleTag::Shard(i) => vec![format!("s{i}")],
     };
     expected_tags.extend(input.algorithm().key_tag().map(str::to_string));
     assert_eq!(tags, expected_tags, "{key:?}");
-    // The Cluster hash tag: the domain and first entry only.
+    // The Cluster hash tag: the domain, first entry and shard only.
+    let shard = match input.tag() {
+        RuleTag::Shard(i) => Some(i),
+        _ => None,
+    };
     let first_only = KeyInput {
         entries: input.entries.iter().take(1).cloned().collect(),
         override_rate: None,
+        shard,
         algorithm: 0,
         ..input.clone()
     };
     let alone = first_only.key();
     assert_eq!(hash_tag(&key), hash_tag(&alone));
     assert_eq!(slot(&key), slot(&alone));
+    // Stripping the shard gives the unsharded key.
+    let unsharded = KeyInput {
+        shard: None,
+        ..input.clone()
+    };
+    assert_eq!(without_shard(&key), unsharded.key(), "{key:?}");
     key
 }
 

@@ -113,6 +113,7 @@ impl Builder<'_> {
                     detailed_metric: r.detailed_metric,
                     cost: r.cost,
                     lease: r.lease,
+                    shards: r.shards,
                     failure_mode: r.failure_mode.or(self.failure_mode),
                     replaces: r.replaces.iter().map(|n| Arc::from(n.as_str())).collect(),
                     source: format!("{}:{}", self.file, spec.at.line).into(),

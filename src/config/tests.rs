@@ -62,7 +62,7 @@ descriptors:
     rate_limit:
       requests_per_unit: -1
       burst: 0
-      shards: 4
+      sharded: 4
       name: n
       replaces:
         - name: n
@@ -94,7 +94,7 @@ descriptors:
             "18:5: `rate_limit` is missing `unit` (or `unlimited: true`)",
             "19:26: `requests_per_unit` must be an integer from 1 to 4294967295, got -1",
             "20:14: `burst` must be an integer from 1 to 4294967295, got 0",
-            "21:7: unknown field `shards` in `rate_limit`; expected one of: unit, requests_per_unit, burst, lease, algorithm, name, unlimited, replaces",
+            "21:7: unknown field `sharded` in `rate_limit`; expected one of: unit, requests_per_unit, burst, lease, shards, algorithm, name, unlimited, replaces",
             "24:17: rule `n` cannot replace itself",
             "25:11: `replaces` entry is missing `name`",
             "26:17: `replaces` entry has an empty `name`",

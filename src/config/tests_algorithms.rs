@@ -2,6 +2,7 @@
 //! mean nothing for an algorithm.
 
 use super::*;
+use crate::rule::Limit;
 
 fn src(name: &str, text: &str) -> (String, String) {
     (name.to_owned(), text.to_owned())
@@ -263,4 +264,100 @@ descriptors:
         errs[0].contains("`lease` does not apply to `sliding_window` (from the domain's `algorithm` at t.yaml:2:12)"),
         "{errs:?}"
     );
+}
+
+#[test]
+fn shards_split_the_limit_into_whole_shards_on_every_algorithm() {
+    let text = r#"domain: api
+descriptors:
+  - key: tb
+    rate_limit: {unit: minute, requests_per_unit: 100, shards: 4}
+  - key: bursty
+    rate_limit: {unit: second, requests_per_unit: 10, burst: 40, shards: 2, lease: 20}
+  - key: fw
+    rate_limit: {unit: minute, requests_per_unit: 60, algorithm: fixed_window, shards: 3}
+  - key: sw
+    rate_limit: {unit: hour, requests_per_unit: 64, algorithm: sliding_window, shards: 64}
+  - key: g
+    cost: 4
+    rate_limit: {unit: second, requests_per_unit: 8, burst: 16, algorithm: gcra, shards: 2}
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 100}
+"#;
+    let config = load_one(text, &LoadOptions::default()).unwrap();
+    let rule = |key: &str| {
+        config
+            .domain("api")
+            .unwrap()
+            .find(&[Entry::new(key, "v")])
+            .unwrap()
+            .clone()
+    };
+    let shape = |key: &str| {
+        let r = rule(key);
+        let Limit::Bucket(rate) = r.limit else {
+            panic!("{key} is limited")
+        };
+        let shard = rate.split(r.shards.unwrap_or(1));
+        (r.shards, shard.requests_per_unit, shard.capacity())
+    };
+    assert_eq!(shape("tb"), (Some(4), 25, 25));
+    assert_eq!(shape("bursty"), (Some(2), 5, 20));
+    assert_eq!(shape("fw"), (Some(3), 20, 20));
+    assert_eq!(shape("sw"), (Some(64), 1, 1));
+    assert_eq!(shape("g"), (Some(2), 4, 8));
+    assert_eq!(shape("plain"), (None, 100, 100));
+    assert_eq!(rule("bursty").lease, Some(20));
+    // The config dump shows it where it is set.
+    let json = config.to_json();
+    let rules = json["domains"][0]["rules"].as_array().unwrap();
+    assert_eq!(rules[0]["shards"], 4);
+    assert!(rules[5].get("shards").is_none());
+}
+
+#[test]
+fn shards_are_rejected_where_the_limit_does_not_split() {
+    let text = r#"domain: api
+descriptors:
+  - key: one
+    rate_limit: {unit: minute, requests_per_unit: 100, shards: 1}
+  - key: zero
+    rate_limit: {unit: minute, requests_per_unit: 100, shards: 0}
+  - key: many
+    rate_limit: {unit: minute, requests_per_unit: 650, shards: 65}
+  - key: free
+    rate_limit: {unlimited: true, shards: 4}
+  - key: rate
+    rate_limit: {unit: minute, requests_per_unit: 10, shards: 4}
+  - key: burst
+    rate_limit: {unit: minute, requests_per_unit: 12, burst: 30, shards: 4}
+  - key: leased
+    rate_limit: {unit: minute, requests_per_unit: 100, lease: 30, shards: 4}
+  - key: costly
+    cost: 26
+    rate_limit: {unit: minute, requests_per_unit: 100, shards: 4}
+  - key: window
+    cost: 21
+    rate_limit: {unit: minute, requests_per_unit: 60, algorithm: fixed_window, shards: 3}
+  - key: word
+    rate_limit: {unit: minute, requests_per_unit: 100, shards: four}
+"#;
+    assert_eq!(
+        errors(load_one(text, &LoadOptions::default())),
+        [
+            "t.yaml:4:64: `shards` must be an integer from 2 to 64, got 1",
+            "t.yaml:6:64: `shards` must be an integer from 2 to 64, got 0",
+            "t.yaml:8:64: `shards` must be an integer from 2 to 64, got 65",
+            "t.yaml:10:35: `shards` must not be given with `unlimited: true`",
+            "t.yaml:12:63: `shards` (4) must divide `requests_per_unit` (10) so that every shard gets a whole rate",
+            "t.yaml:14:74: `shards` (4) must divide `burst` (30) so that every shard gets a whole capacity",
+            "t.yaml:16:63: `lease` (30) must not exceed a shard's capacity (25: capacity 100 / `shards` 4): each shard leases on its own",
+            "t.yaml:18:11: `cost` (26) must not exceed a shard's capacity (25: capacity 100 / `shards` 4): a request is judged by one shard, so every hit would be over limit",
+            "t.yaml:21:11: `cost` (21) must not exceed a shard's capacity (20: capacity 60 / `shards` 3): a request is judged by one shard, so every hit would be over limit",
+            "t.yaml:24:64: `shards` must be an integer, got `four`",
+        ]
+    );
+    // A cost that fits a shard exactly is fine.
+    let fits = "domain: api\ndescriptors:\n  - key: k\n    cost: 25\n    rate_limit: {unit: minute, requests_per_unit: 100, shards: 4}\n";
+    assert!(load_one(fits, &LoadOptions::default()).is_ok());
 }

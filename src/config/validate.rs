@@ -50,11 +50,19 @@ pub(crate) struct RuleSpec {
     /// with `burst`.
     pub lease: Option<u64>,
     pub lease_at: Option<Pos>,
+    /// `rate_limit.shards`, checked against the rate, burst, lease and cost here; it applies to
+    /// every algorithm.
+    pub shards: Option<u32>,
 }
 
 /// Limits for `requests_per_unit`, `burst` and `cost`: bucket sizes are `u32` on the wire
 /// (`RateLimitResponse.RateLimit.requests_per_unit`), and a cost above any capacity is meaningless.
 const COUNT_MAX: i128 = u32::MAX as i128;
+
+/// Bounds of `shards`: one shard is no split, and more than 64 sub-keys per descriptor buys
+/// nothing a Cluster of realistic size can use while multiplying the state kept.
+pub(crate) const SHARDS_MIN: i128 = 2;
+pub(crate) const SHARDS_MAX: i128 = 64;
 
 /// Checks one file. `None` when the domain itself is unusable; problems are in `sink` either way.
 pub(crate) fn domain(raw: &RawDomain, sink: &mut Sink) -> Option<DomainSpec> {
@@ -215,6 +223,7 @@ fn rule(
     }
     let algorithm = algorithm(&rate_limit.value.algorithm, sink);
     let lease = lease(rate_limit, limit.as_ref(), sink);
+    let shards = shards(rate_limit, limit.as_ref(), (cost, &raw.cost), lease, sink);
     Some(RuleSpec {
         limit: limit?,
         name,
@@ -227,7 +236,84 @@ fn rule(
         burst_at: rate_limit.value.burst.given().map(|b| b.key_at),
         lease,
         lease_at: rate_limit.value.lease.given().map(|l| l.key_at),
+        shards,
     })
+}
+
+/// `rate_limit.shards: N`: 2..=64, and the limit must split into N whole shards — N divides
+/// `requests_per_unit` and `burst` — with a shard still able to pay a whole `lease` batch and one
+/// hit's `cost` (a hit costlier than a shard could never pass). `unlimited` is refused in
+/// [`limit`].
+fn shards(
+    rate_limit: &Sp<RawRateLimit>,
+    limit: Option<&Limit>,
+    (cost, cost_field): (Option<u32>, &Field<i128>),
+    lease: Option<u64>,
+    sink: &mut Sink,
+) -> Option<u32> {
+    let raw = &rate_limit.value;
+    let given = raw.shards.given()?;
+    if !(SHARDS_MIN..=SHARDS_MAX).contains(&given.value) {
+        sink.error(
+            given.at,
+            format!(
+                "`shards` must be an integer from {SHARDS_MIN} to {SHARDS_MAX}, got {}",
+                given.value
+            ),
+        );
+        return None;
+    }
+    let n = given.value as u32;
+    let Some(Limit::Bucket(rate)) = limit else {
+        return Some(n);
+    };
+    let mut ok = true;
+    if rate.requests_per_unit % n != 0 {
+        sink.error(
+            given.at,
+            format!(
+                "`shards` ({n}) must divide `requests_per_unit` ({}) so that every shard gets a whole rate",
+                rate.requests_per_unit
+            ),
+        );
+        ok = false;
+    }
+    if let Some(burst) = rate.burst
+        && burst % n != 0
+    {
+        sink.error(
+            given.at,
+            format!("`shards` ({n}) must divide `burst` ({burst}) so that every shard gets a whole capacity"),
+        );
+        ok = false;
+    }
+    if !ok {
+        return None;
+    }
+    let shard_capacity = rate.capacity() / u64::from(n);
+    let share = format!(
+        "{shard_capacity}: capacity {} / `shards` {n}",
+        rate.capacity()
+    );
+    if let (Some(lease), Some(at)) = (lease, raw.lease.given().map(|l| l.at))
+        && lease > shard_capacity
+    {
+        sink.error(
+            at,
+            format!("`lease` ({lease}) must not exceed a shard's capacity ({share}): each shard leases on its own"),
+        );
+        ok = false;
+    }
+    if let (Some(cost), Some(at)) = (cost, cost_field.given().map(|c| c.at))
+        && u64::from(cost) > shard_capacity
+    {
+        sink.error(
+            at,
+            format!("`cost` ({cost}) must not exceed a shard's capacity ({share}): a request is judged by one shard, so every hit would be over limit"),
+        );
+        ok = false;
+    }
+    ok.then_some(n)
 }
 
 /// `rate_limit.lease`: a count no larger than the bucket (a bigger batch can never be granted).
@@ -263,6 +349,7 @@ fn limit(rate_limit: &Sp<RawRateLimit>, sink: &mut Sink) -> Option<Limit> {
             ),
             ("burst", raw.burst.given().map(|f| f.key_at)),
             ("lease", raw.lease.given().map(|f| f.key_at)),
+            ("shards", raw.shards.given().map(|f| f.key_at)),
             ("algorithm", raw.algorithm.given().map(|f| f.key_at)),
         ] {
             if let Some(at) = given {
