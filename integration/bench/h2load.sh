@@ -31,64 +31,12 @@ mkdir -p "$OUT"
 source integration/bench/common.sh
 start_redis
 
-# RateLimitRequest { domain: "bench", descriptors: [{ entries: [{ key: "k", value: "v1" }] }],
-# hits_addend: 1 } as protobuf (20 bytes), behind the 5-byte gRPC frame header.
-BODY=$OUT/request.bin
-printf '\x00\x00\x00\x00\x14\x0a\x05bench\x12\x09\x0a\x07\x0a\x01k\x12\x02v1\x18\x01' >"$BODY"
-PATH_RLS=/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
-HEADERS=(-H 'content-type: application/grpc' -H 'te: trailers')
-
-# check ADDR: the body gets a real OK decision (not a gRPC error in the trailers).
-check() {
-  local dump="$TMP/check.headers" reply="$TMP/check.bin"
-  curl -s --http2-prior-knowledge "${HEADERS[@]}" --data-binary @"$BODY" -D "$dump" \
-    -o "$reply" "http://$1$PATH_RLS"
-  grep -q '^HTTP/2 200' "$dump" || { echo "error: $1 answered $(head -1 "$dump")" >&2; exit 1; }
-  grep -qi '^grpc-status: 0' "$dump" || { echo "error: $1: $(grep -i grpc- "$dump" | tr -d '\r')" >&2; exit 1; }
-  # Byte 6–7 of the reply: field 1 (overall_code) = 1 (OK).
-  [ "$(od -An -tx1 -j5 -N2 "$reply" | tr -d ' \n')" = 0801 ] ||
-    { echo "error: $1: overall_code is not OK: $(od -An -tx1 "$reply")" >&2; exit 1; }
-}
-
-# peak LABEL ADDR: closed loop; prints and sets PEAK (req/s).
-peak() {
-  local out="$OUT/$1.peak.txt"
-  h2load -c "$CLIENTS" -m "$STREAMS" -D "$DURATION" --warm-up-time "$WARMUP" "${HEADERS[@]}" \
-    -d "$BODY" "http://$2$PATH_RLS" >"$out"
-  PEAK=$(awk '/^finished in/ {gsub(",", ""); for (i = 1; i <= NF; i++) if ($i == "req/s") print $(i - 1)}' "$out")
-  local codes errored
-  codes=$(grep '^status codes:' "$out")
-  errored=$(awk '/^requests:/ {for (i = 1; i <= NF; i++) if ($(i + 1) ~ /^errored/) print $i}' "$out")
-  printf '%-14s peak %8.0f req/s  (%s; errored %s)\n' "$1" "$PEAK" "$codes" "$errored"
-}
-
-# half LABEL ADDR: open loop at half the peak; p50/p99 from the per-request log (µs).
-half() {
-  local log="$OUT/$1.half.log" rps
-  rps=$(awk -v p="$PEAK" -v c="$CLIENTS" 'BEGIN { r = p / 2 / c; print (r < 1 ? 1 : int(r)) }')
-  h2load -c "$CLIENTS" -m "$STREAMS" -D "$DURATION" --warm-up-time "$WARMUP" --rps "$rps" \
-    "${HEADERS[@]}" -d "$BODY" --log-file "$log" "http://$2$PATH_RLS" >"$OUT/$1.half.txt"
-  # Log lines: start time, HTTP status, duration (µs).
-  cut -f3 "$log" | sort -n | awk -v label="$1" -v offered="$((rps * CLIENTS))" '
-    { v[NR] = $1 }
-    END { printf "%-14s at %6d req/s offered: p50 %.0f us, p99 %.0f us (%d requests)\n",
-          label, offered, v[int(NR * 0.50) + 1], v[int(NR * 0.99) + 1], NR }'
-}
+source integration/bench/h2common.sh
 
 NOOP_PORT=$($BENCH free-port)
 $BENCH noop --addr "127.0.0.1:$NOOP_PORT" >"$TMP/noop.out" 2>&1 &
 started+=("$!")
 wait_ready "$TMP/noop.out" "noop ready" "$!"
-start() { # start NAME CONFIG_DIR ARGS...: sets ADDR
-  local name=$1 config=$2 grpc
-  shift 2
-  grpc=$($BENCH free-port)
-  $SLUICE serve --config "$config" --grpc-addr "127.0.0.1:$grpc" \
-    --admin-addr 127.0.0.1:0 --log-level warn "$@" >"$TMP/$name.out" 2>&1 &
-  started+=("$!")
-  wait_ready "$TMP/$name.out" "sluice ready" "$!"
-  ADDR=127.0.0.1:$grpc
-}
 start memory integration/bench/config --backend memory
 MEM_ADDR=$ADDR
 start redis integration/bench/config --backend redis --redis-url "$REDIS_URL" --redis-timeout "$REDIS_TIMEOUT"
