@@ -32,17 +32,33 @@ peak() {
   printf '%-14s peak %8.0f req/s  (%s; errored %s)\n' "$1" "$PEAK" "$codes" "$errored"
 }
 
-# half LABEL ADDR: open loop at half the peak; p50/p99 from the per-request log (µs).
-half() {
-  local log="$OUT/$1.half.log" rps
-  rps=$(awk -v p="$PEAK" -v c="$CLIENTS" 'BEGIN { r = p / 2 / c; print (r < 1 ? 1 : int(r)) }')
-  h2load -c "$CLIENTS" -m "$STREAMS" -D "$DURATION" --warm-up-time "$WARMUP" --rps "$rps" \
-    "${HEADERS[@]}" -d "$BODY" --log-file "$log" "http://$2$PATH_RLS" >"$OUT/$1.half.txt"
+# fixed LABEL ADDR RATE CONNECTIONS STREAMS: open loop at RATE req/s in all (--rps per
+# connection) over CONNECTIONS × STREAMS; prints p50/p90/p99 from the per-request log (µs).
+# h2load appends to a log file, so each run starts a new one.
+fixed() {
+  local name="$1.$3.c$4m$5" rps
+  local log="$OUT/$name.log"
+  rm -f "$log"
+  rps=$(awk -v r="$3" -v c="$4" 'BEGIN { r = r / c; print (r < 1 ? 1 : int(r)) }')
+  h2load -c "$4" -m "$5" -D "$DURATION" --warm-up-time "$WARMUP" --rps "$rps" \
+    "${HEADERS[@]}" -d "$BODY" --log-file "$log" "http://$2$PATH_RLS" >"$OUT/$name.txt"
   # Log lines: start time, HTTP status, duration (µs).
-  cut -f3 "$log" | sort -n | awk -v label="$1" -v offered="$((rps * CLIENTS))" '
+  # Answered below the offered rate: h2load fell behind (a connection's calls waited for its
+  # streams), so the latencies understate the offered load's.
+  cut -f3 "$log" | sort -n | awk -v label="$1" -v offered="$((rps * $4))" -v shape="$4 x $5" -v d="$DURATION" '
     { v[NR] = $1 }
-    END { printf "%-14s at %6d req/s offered: p50 %.0f us, p99 %.0f us (%d requests)\n",
-          label, offered, v[int(NR * 0.50) + 1], v[int(NR * 0.99) + 1], NR }'
+    END { printf "%-14s at %6d req/s offered over %-7s: p50 %5.0f us, p90 %5.0f us, p99 %6.0f us (answered %d/s)\n",
+          label, offered, shape, v[int(NR * 0.50) + 1], v[int(NR * 0.90) + 1], v[int(NR * 0.99) + 1], NR / d }'
+}
+
+# half LABEL ADDR: fixed load at half of PEAK, with the peak's connections and streams and with
+# one stream per connection (h2load's --rps releases a connection's calls in bursts of up to its
+# streams, which queue behind each other).
+half() {
+  local rate
+  rate=$(awk -v p="$PEAK" 'BEGIN { print int(p / 2) }')
+  fixed "$1" "$2" "$rate" "$CLIENTS" "$STREAMS"
+  fixed "$1" "$2" "$rate" "$CLIENTS" 1
 }
 
 start() { # start NAME CONFIG_DIR ARGS...: sets ADDR

@@ -9,7 +9,8 @@
 # backend, `lease: 100`: integration/bench/config-lease) with one gRPC
 # ShouldRateLimit request (domain bench, k=v1: the bench config's roomy rule, so every answer is
 # an OK decision) at `h2load -c 16 -m 32` for DURATION, then at half of each peak (--rps per
-# client) for the p50/p99 from h2load's per-request log; then the Redis script floor
+# client; 16 × 32 and 16 × 1) and at 1,000/s on one connection for the p50/p90/p99 from
+# h2load's per-request log; then the Redis script floor
 # (redis-benchmark EVALSHA of lua/limit.lua at the same 512 in flight, -P 1 and -P 16). Before
 # loading, each target's answer to that exact body is checked with curl: HTTP 200,
 # grpc-status 0 in the trailers and overall_code OK in the message, so the figures are
@@ -64,6 +65,8 @@ for target in "noop 127.0.0.1:$NOOP_PORT" "memory $MEM_ADDR" "redis $RED_ADDR" "
     'BEGIN { printf "%-14s script calls per request %.4f (%d calls, warm-up included; %d measured requests)\n", l, (r ? c / r : 0), c, r }'
   PEAKS[$label]=$PEAK
   half "$label" "$addr"
+  # The latency floor: 1,000 calls/s on one connection, one at a time.
+  fixed "$label" "$addr" 1000 1 1
   check "$addr"
 done
 
