@@ -911,3 +911,102 @@ async fn redis_script_matches_pure_algorithm() {
         "every algorithm is exercised: {decided:?}"
     );
 }
+
+/// Batching: several requests decided by one script call, each as its own call would decide it
+/// one after another. Random requests over random subsets of a sequence's keys (so requests of a
+/// batch share keys) go out concurrently and must match `algorithm::decide` run request by
+/// request in that order, and each step's batch must have been one call.
+#[tokio::test]
+async fn redis_batches_decide_as_requests_one_by_one() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let backend = RedisBackend::connect(options(vec![server.url()], RedisMode::Standalone))
+        .await
+        .expect("connect")
+        .with_test_clock(Arc::new(clock.clone()));
+    let mut inspect = server.conn();
+    let mut batched = 0u64;
+    let mut steps = 0u64;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut inspect)
+        .expect("CONFIG RESETSTAT");
+
+    for sequence in 0..SEQUENCES / 2 {
+        let seed = BASE_SEED ^ 0xba7c4 ^ sequence;
+        let mut rng = StdRng::seed_from_u64(seed);
+        let keys: Vec<String> = (0..rng.random_range(1..=4))
+            .map(|bucket| format!("batch:{{{seed}}}:{bucket}"))
+            .collect();
+        let algorithms: Vec<Algorithm> = keys.iter().map(|_| random_algorithm(&mut rng)).collect();
+        let shapes: Vec<BucketParams> = algorithms
+            .iter()
+            .map(|&a| random_params(&mut rng, a))
+            .collect();
+        let mut model: Vec<Option<State>> = vec![None; keys.len()];
+        let mut now = T0 + rng.random_range(0..60_000);
+
+        for step in 0..STEPS / 2 {
+            now = random_step(&mut rng, now);
+            clock.set(now);
+            // Every key is in the first request, so every TTL stays fresh (see above); the others
+            // take random subsets.
+            let requests: Vec<Vec<usize>> = (0..rng.random_range(1..=8))
+                .map(|request| {
+                    let mut picked: Vec<usize> = (0..keys.len())
+                        .filter(|_| request == 0 || rng.random_bool(0.5))
+                        .collect();
+                    if picked.is_empty() {
+                        picked.push(rng.random_range(0..keys.len()));
+                    }
+                    picked
+                })
+                .collect();
+            let mut expected = Vec::new();
+            let mut batch: Vec<Vec<Hit>> = Vec::new();
+            for picked in &requests {
+                let demands: Vec<Demand> = picked
+                    .iter()
+                    .map(|&i| random_demand(&mut rng, algorithms[i], shapes[i]))
+                    .collect();
+                let mut states: Vec<Option<State>> = picked.iter().map(|&i| model[i]).collect();
+                expected.push(algorithm::decide(now, &demands, &mut states));
+                for (&i, state) in picked.iter().zip(states) {
+                    model[i] = state;
+                }
+                batch.push(
+                    picked
+                        .iter()
+                        .zip(&demands)
+                        .map(|(&i, demand)| Hit {
+                            key: keys[i].clone(),
+                            demand: *demand,
+                            rule: None,
+                        })
+                        .collect(),
+                );
+            }
+            // Polled together on this one-thread runtime, all are queued before the batch
+            // worker runs, so they share one call.
+            let got = futures::future::join_all(batch.iter().map(|hits| backend.check(hits))).await;
+            for (request, (got, expected)) in got.into_iter().zip(&expected).enumerate() {
+                assert_eq!(
+                    &got.expect("check"),
+                    expected,
+                    "seed {seed}, step {step}, request {request} of {:?}, now {now}",
+                    requests
+                );
+            }
+            batched += requests.len() as u64;
+            steps += 1;
+        }
+
+        for (key, state) in keys.iter().zip(&model) {
+            let state = state.as_ref().expect("every key was touched");
+            assert_stored(&mut inspect, key, state, &format!("seed {seed}"));
+        }
+    }
+    let calls = harness::command_calls(&server, "evalsha") + harness::command_calls(&server, "eval");
+    println!("batched differential: {batched} requests in {calls} script calls ({steps} batches)");
+    assert_eq!(calls, steps, "one script call per batch");
+}

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice::algorithm::{Algorithm, BucketParams, Verdict};
-use sluice::backend::redis::{RedisBackend, RedisMode, RedisOptions};
+use sluice::backend::redis::{BatchSettings, RedisBackend, RedisMode, RedisOptions};
 use sluice::backend::{Backend, BackendError, Hit};
 use sluice::clock::ManualClock;
 use sluice::key::{RuleTag, bucket_key};
@@ -147,7 +147,24 @@ async fn one_evalsha_per_check() {
 #[tokio::test]
 async fn script_flush_while_checking_costs_one_eval() {
     let server = RedisServer::start();
-    let backend = standalone(&server).await;
+    for batch in [UNBATCHED, BatchSettings::default()] {
+        script_flush_while_checking(&server, batch).await;
+    }
+}
+
+/// One script call per request.
+const UNBATCHED: BatchSettings = BatchSettings {
+    max_requests: 1,
+    in_flight: 1,
+};
+
+async fn script_flush_while_checking(server: &RedisServer, batch: BatchSettings) {
+    let backend = RedisBackend::connect(RedisOptions {
+        batch,
+        ..options(vec![server.url()], RedisMode::Standalone)
+    })
+    .await
+    .expect("connect");
     for round in 0..5 {
         let _: String = server.cmd(&["SCRIPT", "FLUSH"]);
         reset_stats(&server);
@@ -159,26 +176,86 @@ async fn script_flush_while_checking_costs_one_eval() {
         for result in futures::future::join_all(checks).await {
             result.expect("a check during a script cache loss must not fail");
         }
-        // Every NOSCRIPT costs one EVAL, and EVAL re-cached the script.
+        // Every NOSCRIPT costs one EVAL, and EVAL re-cached the script. Batched, the 20 checks
+        // share fewer calls.
         let (evalsha, eval) = (
-            command_calls(&server, "evalsha"),
-            command_calls(&server, "eval"),
+            command_calls(server, "evalsha"),
+            command_calls(server, "eval"),
         );
-        assert_eq!(evalsha, 20, "round {round}");
-        assert!((1..=20).contains(&eval), "round {round}: {eval} EVAL");
-        reset_stats(&server);
+        if batch.enabled() {
+            assert!((1..20).contains(&evalsha), "round {round}: {evalsha} EVALSHA");
+        } else {
+            assert_eq!(evalsha, 20, "round {round}");
+        }
+        assert!((1..=evalsha).contains(&eval), "round {round}: {eval} EVAL");
+        reset_stats(server);
         backend
             .check(&[Hit::new(key("flush", "after"), ROOMY, 1)])
             .await
             .expect("check");
         assert_eq!(
             (
-                command_calls(&server, "evalsha"),
-                command_calls(&server, "eval")
+                command_calls(server, "evalsha"),
+                command_calls(server, "eval")
             ),
             (1, 0)
         );
     }
+}
+
+/// Concurrent checks share script calls, and each is decided as if alone, in arrival order:
+/// all-or-nothing within its own keys, seeing every earlier request's takes.
+#[tokio::test]
+async fn concurrent_checks_share_calls_and_keep_their_own_answers() {
+    let server = RedisServer::start();
+    let backend = standalone(&server).await;
+    let shared = key("batch", "shared");
+    let scarce = key("batch", "scarce");
+    let one = BucketParams {
+        capacity: 1,
+        requests_per_unit: 1,
+        unit_ms: 3_600_000,
+    };
+    let two = BucketParams {
+        capacity: 2,
+        ..one
+    };
+    // Drain `scarce`.
+    assert!(backend.check(&[Hit::new(&scarce, one, 1)]).await.unwrap()[0].allowed);
+    reset_stats(&server);
+
+    // The first request also needs `scarce`, so it takes nothing from `shared`; the next two
+    // get `shared`'s two tokens and the fourth finds it empty.
+    let requests = [
+        vec![Hit::new(&shared, two, 1), Hit::new(&scarce, one, 1)],
+        vec![Hit::new(&shared, two, 1)],
+        vec![Hit::new(&shared, two, 1)],
+        vec![Hit::new(&shared, two, 1)],
+    ];
+    // Polled together on this one-thread runtime, all four are queued before the batch worker
+    // runs: one call.
+    let answers = futures::future::join_all(requests.iter().map(|hits| backend.check(hits))).await;
+    let allowed: Vec<Vec<bool>> = answers
+        .into_iter()
+        .map(|verdicts| verdicts.unwrap().iter().map(|v| v.allowed).collect())
+        .collect();
+    assert_eq!(
+        allowed,
+        [vec![true, false], vec![true], vec![true], vec![false]]
+    );
+    assert_eq!(command_calls(&server, "evalsha"), 1);
+
+    // Past the batch size, the rest goes in the next call.
+    reset_stats(&server);
+    let max = BatchSettings::default().max_requests;
+    let many: Vec<Hit> = (0..max + 3)
+        .map(|i| Hit::new(key("batch", &format!("many{i}")), ROOMY, 1))
+        .collect();
+    let answers =
+        futures::future::join_all(many.iter().map(|hit| backend.check(std::slice::from_ref(hit))))
+            .await;
+    assert!(answers.iter().all(|a| a.as_ref().unwrap()[0].remaining == 999));
+    assert_eq!(command_calls(&server, "evalsha"), 2);
 }
 
 #[tokio::test]

@@ -1,14 +1,16 @@
 --[[
 sluice limit: decides every key of one request in one atomic call, each key by its own algorithm.
 
-KEYS    The request's keys, distinct, all in one Cluster slot (the caller groups by slot).
+KEYS    The keys of one request, or of several (a batch), all in one Cluster slot (the caller
+        groups by slot). Keys of one request are distinct; requests of a batch may share keys.
 ARGV[1] Now in ms, or "" to read Redis TIME. Production always passes "": Redis's clock is the
         only clock, so replicas whose own clocks disagree still decide alike. A number is a
         test-only override that lets a suite step time.
 ARGV[2] Expiry jitter in ms (>= 0), added to every key's TTL so keys written together do not all
         expire together (envoyproxy/ratelimit's EXPIRATION_JITTER_MAX_SECONDS); the caller draws it.
 ARGV[3 + 6*(i-1) ...] Six values for KEYS[i]:
-        algorithm (1 token_bucket, 2 fixed_window, 3 sliding_window, 4 gcra), capacity,
+        algorithm (1 token_bucket, 2 fixed_window, 3 sliding_window, 4 gcra; + 16 on the first
+        key of every request of a batch after the first: a group starts there), capacity,
         requests_per_unit, unit_ms, hits, flags = refund (1) + shadow (2) + 4 * lease, where
         lease > 0 makes a take of `hits` also take up to `lease` more whole tokens when it is
         taken (token_bucket and gcra; the windows ignore it), for the caller to spend locally.
@@ -31,6 +33,12 @@ Returns A flat array, 5 integers per key, in KEYS order:
         value - 2^64 (the caller reads the bits as u64), values from 2^64 up as -2 (saturated:
         u64::MAX), NaN and negatives as 0 -- exactly what Rust's `f64 as u64` gives.
 
+Why groups: concurrent requests on one connection can share a call (the caller batches them),
+which pays Redis's fixed cost of a call -- the command, EVALSHA's lookup, the script's set-up,
+TIME -- once for all of them. Each group is decided as its own call would decide it, in KEYS
+order: all of a group's keys are read only after every earlier group wrote, so a batch answers
+exactly as its requests would one after another, at one `now`. A call without +16 is one group.
+
 Why one script for every algorithm: all of a request's keys are decided in one call whatever
 their algorithms, in two passes -- first every key is read, brought to now and asked whether its
 demand fits; then, only if every non-shadow demand fits, takes are counted (a shadow take only
@@ -45,6 +53,7 @@ Needs Redis >= 5 (effects replication, so reading TIME before writing is allowed
 --]]
 
 local WIDTH = 6
+local GROUP_START = 16
 -- Locals, not `math.*` lookups: the script is interpreted on every call.
 local floor, ceil, min, max, format = math.floor, math.ceil, math.min, math.max, string.format
 local nkeys = #KEYS
@@ -91,7 +100,7 @@ local function double(x) return format('%.17g', x) end
 -- on every call cost a sixth of the script's time).
 local used = {}
 for i = 1, nkeys do
-  used[tonumber(ARGV[3 + WIDTH * (i - 1)]) or 0] = true
+  used[(tonumber(ARGV[3 + WIDTH * (i - 1)]) or 0) % GROUP_START] = true
 end
 
 local first_fit, most_that_fit
@@ -368,9 +377,9 @@ if used[4] then
   }
 end
 
-local keys = {}
-local all_allowed = true
-
+-- Every key's values are parsed before anything is read or written, so a malformed call fails
+-- having changed nothing. `ends` lists the last key of every group.
+local keys, ends = {}, {}
 for i = 1, nkeys do
   local base = 3 + WIDTH * (i - 1)
   local code = tonumber(ARGV[base])
@@ -382,32 +391,45 @@ for i = 1, nkeys do
   if not (code and capacity and per_unit and unit and hits and flags) then
     return redis.error_reply('ERR sluice limit: non-numeric ARGV for key ' .. i)
   end
+  if code >= GROUP_START then
+    code = code - GROUP_START
+    if i > 1 then ends[#ends + 1] = i - 1 end
+  end
   local algorithm = ALGORITHMS[code]
   if not algorithm then
     return redis.error_reply('ERR sluice limit: unknown algorithm ' .. code .. ' for key ' .. i)
   end
-  local k = {
+  keys[i] = {
     key = KEYS[i], algorithm = algorithm, capacity = capacity, per_unit = per_unit,
     unit = unit, window = max(unit, 1), hits = hits,
     refund = flags % 2 == 1, shadow = flags % 4 >= 2, lease = floor(flags / 4),
     granted = 0,
   }
-  local state = redis.call('HMGET', k.key, unpack(algorithm.fields))
-  k.fit = algorithm.load(k, state)
-  if not k.fit and not k.shadow then all_allowed = false end
-  keys[i] = k
 end
+ends[#ends + 1] = nkeys
 
 local reply = {}
-for i = 1, nkeys do
-  local k = keys[i]
-  local take = all_allowed and k.fit and not k.refund
-  local remaining, retry, until_full = k.algorithm.settle(k, take)
-  local at = 5 * (i - 1)
-  reply[at + 1] = k.fit and 1 or 0
-  reply[at + 2] = remaining
-  reply[at + 3] = retry
-  reply[at + 4] = until_full
-  reply[at + 5] = wire(k.granted)
+local first = 1
+for g = 1, #ends do
+  local last = ends[g]
+  local all_allowed = true
+  for i = first, last do
+    local k = keys[i]
+    local state = redis.call('HMGET', k.key, unpack(k.algorithm.fields))
+    k.fit = k.algorithm.load(k, state)
+    if not k.fit and not k.shadow then all_allowed = false end
+  end
+  for i = first, last do
+    local k = keys[i]
+    local take = all_allowed and k.fit and not k.refund
+    local remaining, retry, until_full = k.algorithm.settle(k, take)
+    local at = 5 * (i - 1)
+    reply[at + 1] = k.fit and 1 or 0
+    reply[at + 2] = remaining
+    reply[at + 3] = retry
+    reply[at + 4] = until_full
+    reply[at + 5] = wire(k.granted)
+  end
+  first = last + 1
 end
 return reply

@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use crate::admin::{self, AdminState, Readiness};
 use crate::backend::Backend;
 use crate::backend::memory::{MemoryBackend, MemoryOptions};
-use crate::backend::redis::{RedisBackend, RedisMode, RedisOptions};
+use crate::backend::redis::{BatchSettings, RedisBackend, RedisMode, RedisOptions};
 use crate::clock::MonotonicClock;
 use crate::config::{self, Config, ConfigErrors, ConfigStore};
 use crate::lease::{LeaseOptions, LeaseStore};
@@ -660,6 +660,10 @@ fn redis_options(settings: &Settings) -> RedisOptions {
             cooldown: settings.breaker_cooldown,
         },
         expiry_jitter_max: settings.expiry_jitter_max,
+        batch: BatchSettings {
+            max_requests: usize::try_from(settings.redis_max_batch).unwrap_or(usize::MAX),
+            ..BatchSettings::default()
+        },
     }
 }
 

@@ -121,6 +121,13 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_EXPIRY_JITTER_MAX", value_parser = parse_duration, default_value = "0s")]
     pub expiry_jitter_max: Duration,
 
+    /// Most concurrent requests one Redis script call decides (standalone mode). Checks share a
+    /// call only when earlier calls are still out, so an idle server answers each at once;
+    /// every request is still decided exactly as its own call would. 1: one call per request.
+    #[arg(long, env = "SLUICE_REDIS_MAX_BATCH", default_value_t = 32,
+          value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub redis_max_batch: u64,
+
     /// Prefix of every bucket key (must not contain `{` or `}`).
     #[arg(long, env = "SLUICE_KEY_PREFIX", default_value = "sluice:")]
     pub key_prefix: String,

@@ -19,6 +19,7 @@
 //! slots are separate calls (issued concurrently), each all-or-nothing on its own. Keys of one
 //! request that share domain and first entry share a hash tag, hence a slot.
 
+mod batch;
 mod cluster;
 mod heartbeat;
 mod script;
@@ -38,6 +39,8 @@ use crate::clock::{MonotonicClock, SharedClock};
 use crate::resilience::breaker::{BreakerSet, BreakerSettings, Endpoint};
 use crate::telemetry::{RedisCalls, traces};
 
+pub use self::batch::BatchSettings;
+use self::batch::Batcher;
 use self::cluster::ClusterLink;
 use self::sentinel::SentinelLink;
 
@@ -105,6 +108,8 @@ pub struct RedisOptions {
     /// written together (a fixed window's counters) do not all expire at once. Expiry only
     /// drops settled state, so the jitter never changes a decision. Zero: no jitter.
     pub expiry_jitter_max: Duration,
+    /// How concurrent checks share script calls (standalone mode).
+    pub batch: BatchSettings,
 }
 
 impl std::fmt::Debug for RedisOptions {
@@ -118,6 +123,7 @@ impl std::fmt::Debug for RedisOptions {
             .field("command_timeout", &self.command_timeout)
             .field("breaker", &self.breaker)
             .field("expiry_jitter_max", &self.expiry_jitter_max)
+            .field("batch", &self.batch)
             .finish()
     }
 }
@@ -160,6 +166,7 @@ impl Default for RedisOptions {
             command_timeout: Duration::from_millis(15),
             breaker: BreakerSettings::default(),
             expiry_jitter_max: Duration::ZERO,
+            batch: BatchSettings::default(),
         }
     }
 }
@@ -180,7 +187,8 @@ pub struct RedisBackend {
 
 #[derive(Clone)]
 enum Link {
-    Standalone(ConnectionManager, Endpoint),
+    /// The connection, its breaker, and the batch queue in front of it (none: batching off).
+    Standalone(ConnectionManager, Endpoint, Option<Batcher>),
     Sentinel(Arc<SentinelLink>),
     Cluster(Arc<ClusterLink>),
 }
@@ -210,7 +218,10 @@ impl RedisBackend {
                     return Err(config_error("standalone mode takes exactly one Redis URL"));
                 };
                 let (manager, address) = connect_standalone(url, &opts).await?;
-                Link::Standalone(manager, breakers.endpoint(&address))
+                let batcher = opts.batch.enabled().then(|| {
+                    Batcher::start(manager.clone(), opts.batch, opts.command_timeout)
+                });
+                Link::Standalone(manager, breakers.endpoint(&address), batcher)
             }
             RedisMode::Cluster => {
                 Link::Cluster(ClusterLink::connect(&opts, breakers.clone(), clock).await?)
@@ -257,7 +268,7 @@ impl RedisBackend {
         let cmd = heartbeat::command(key, member, ttl);
         let timeout = self.command_timeout;
         match &self.link {
-            Link::Standalone(manager, _) => {
+            Link::Standalone(manager, _, _) => {
                 let mut conn = manager.clone();
                 bounded(timeout, heartbeat::run(&mut conn, &cmd)).await
             }
@@ -296,7 +307,12 @@ impl RedisBackend {
             },
         };
         match &self.link {
-            Link::Standalone(manager, endpoint) => {
+            Link::Standalone(_, endpoint, Some(batcher)) => spread(
+                call.guarded(endpoint, hits.len(), None, batcher.check(hits, args))
+                    .await,
+                hits.len(),
+            ),
+            Link::Standalone(manager, endpoint, None) => {
                 let mut conn = manager.clone();
                 let result = call
                     .guarded(endpoint, hits.len(), None, async move {

@@ -44,19 +44,24 @@ const ARGS_PER_KEY: usize = 6;
 /// Upper bound on the encoded bytes of one key's values (a u64 has at most 20 digits).
 const ARG_BYTES_PER_KEY: usize = 1 + 20 + 20 + 20 + 20 + 1;
 
-/// Builds `EVALSHA <sha> ...` (or `EVAL <source> ...`) for `hits`; `count` is their number.
-/// Both buffers are sized up front, so building the command allocates twice, not per argument.
+/// Added to the algorithm code of the first key of every request of a batch after the first:
+/// the script decides each such group as its own call would (see `lua/limit.lua`).
+const GROUP_START: u8 = 16;
+
+/// Builds `EVALSHA <sha> ...` (or `EVAL <source> ...`) for `hits`, each paired with whether it
+/// starts a new request's group; `count` is their number. Both buffers are sized up front, so
+/// building the command allocates twice, not per argument.
 fn command<'a, I>(verb: &str, script: &str, hits: I, count: usize, args: CallArgs) -> Cmd
 where
-    I: Iterator<Item = &'a Hit> + Clone,
+    I: Iterator<Item = (&'a Hit, bool)> + Clone,
 {
-    let key_bytes: usize = hits.clone().map(|hit| hit.key.len()).sum();
+    let key_bytes: usize = hits.clone().map(|(hit, _)| hit.key.len()).sum();
     let mut cmd = Cmd::with_capacity(
         4 + count * (1 + ARGS_PER_KEY),
         verb.len() + script.len() + 20 + key_bytes + 40 + count * ARG_BYTES_PER_KEY,
     );
     cmd.arg(verb).arg(script).arg(count);
-    for hit in hits.clone() {
+    for (hit, _) in hits.clone() {
         cmd.arg(hit.key.as_str());
     }
     match args.now_ms {
@@ -64,7 +69,7 @@ where
         None => cmd.arg(""),
     };
     cmd.arg(args.jitter_ms);
-    for hit in hits {
+    for (hit, starts_group) in hits {
         let Demand {
             algorithm,
             params,
@@ -76,7 +81,8 @@ where
         // Config bounds a lease to a bucket size (u32), so the product is exact in Lua's doubles.
         let flags = (if refund { FLAG_REFUND } else { 0 } | if shadow { FLAG_SHADOW } else { 0 })
             + lease.saturating_mul(LEASE_UNIT);
-        cmd.arg(algorithm.wire_code())
+        let code = algorithm.wire_code() + if starts_group { GROUP_START } else { 0 };
+        cmd.arg(code)
             .arg(params.capacity)
             .arg(params.requests_per_unit)
             .arg(params.unit_ms)
@@ -97,6 +103,38 @@ pub(super) async fn run<'a, C, I>(
 where
     C: ConnectionLike,
     I: Iterator<Item = &'a Hit> + Clone,
+{
+    call(conn, hits.map(|hit| (hit, false)), count, args).await
+}
+
+/// Runs the script once over the hits of several requests, each decided as its own call
+/// would be, in order (a batch; see `lua/limit.lua`). The reply lists every hit in order.
+pub(super) async fn run_batch<C>(
+    conn: &mut C,
+    requests: &[&[Hit]],
+    args: CallArgs,
+) -> Result<Value, RedisError>
+where
+    C: ConnectionLike,
+{
+    let count = requests.iter().map(|hits| hits.len()).sum();
+    call(conn, grouped(requests), count, args).await
+}
+
+/// Every hit of `requests` in order, with whether it starts a request after the first.
+fn grouped<'a>(requests: &'a [&'a [Hit]]) -> impl Iterator<Item = (&'a Hit, bool)> + Clone + 'a {
+    requests.iter().enumerate().flat_map(|(request, hits)| {
+        hits.iter()
+            .enumerate()
+            .map(move |(at, hit)| (hit, request > 0 && at == 0))
+    })
+}
+
+/// EVALSHA, and EVAL after a NOSCRIPT.
+async fn call<'a, C, I>(conn: &mut C, hits: I, count: usize, args: CallArgs) -> Result<Value, RedisError>
+where
+    C: ConnectionLike,
+    I: Iterator<Item = (&'a Hit, bool)> + Clone,
 {
     let evalsha = command("EVALSHA", &SHA, hits.clone(), count, args);
     match evalsha.query_async::<Value>(conn).await {
@@ -124,7 +162,13 @@ where
     let mut pipe = redis::pipe();
     pipe.cmd("ASKING")
         .ignore()
-        .add_command(command("EVAL", SOURCE, hits, count, args));
+        .add_command(command(
+            "EVAL",
+            SOURCE,
+            hits.map(|hit| (hit, false)),
+            count,
+            args,
+        ));
     let mut replies: Vec<Value> = pipe.query_async(conn).await?;
     replies
         .pop()
@@ -251,7 +295,7 @@ mod tests {
         let cmd = command(
             "EVALSHA",
             &SHA,
-            hits.iter(),
+            hits.iter().map(|hit| (hit, false)),
             hits.len(),
             CallArgs::default(),
         );
@@ -272,17 +316,36 @@ mod tests {
         let cmd = command(
             "EVALSHA",
             &SHA,
-            std::iter::once(&lease),
+            std::iter::once((&lease, false)),
             1,
             CallArgs::default(),
         );
         assert_eq!(args(&cmd)[10..], ["1", "38"], "shadow (2) + 4 × 9");
         let window = Hit::new("{t}a", PARAMS, 2).using(Algorithm::FixedWindow);
-        let cmd = command("EVAL", SOURCE, std::slice::from_ref(&window).iter(), 1, at);
+        let cmd = command("EVAL", SOURCE, std::iter::once((&window, false)), 1, at);
         assert_eq!(
             args(&cmd)[3..],
             ["{t}a", "42", "7", "2", "10", "5", "1000", "2", "0"]
         );
+    }
+
+    #[test]
+    fn batch_marks_the_first_key_of_every_later_request() {
+        let first = [Hit::new("{a}x", PARAMS, 1), Hit::new("{a}y", PARAMS, 1)];
+        let second = [Hit::new("{a}x", PARAMS, 1).using(Algorithm::Gcra)];
+        let requests: [&[Hit]; 2] = [&first, &second];
+        let count = 3;
+        let cmd = command(
+            "EVALSHA",
+            &SHA,
+            grouped(&requests),
+            count,
+            CallArgs::default(),
+        );
+        let args = args(&cmd);
+        assert_eq!(args[2..6], ["3", "{a}x", "{a}y", "{a}x"]);
+        let codes: Vec<&str> = (0..count).map(|i| args[8 + 6 * i].as_str()).collect();
+        assert_eq!(codes, ["1", "1", "20"], "gcra (4) + GROUP_START (16)");
     }
 
     #[test]

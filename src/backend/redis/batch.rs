@@ -1,0 +1,172 @@
+//! Natural batching on the standalone connection: checks that arrive while earlier script calls
+//! are in flight share the next call.
+//!
+//! Redis spends about as much on a call itself (reading the command, EVALSHA's lookup, the
+//! script's set-up, TIME) as on deciding one key, and sluice spends a command's encoding, reply
+//! parsing and socket work per call. Under load those are paid once per batch. Nothing waits for
+//! a batch to fill: a check that finds a free call slot goes at once, alone, so an idle server
+//! answers as fast as without batching; only when [`BatchSettings::in_flight`] calls are already
+//! out do new checks queue, and the next free slot takes up to [`BatchSettings::max_requests`]
+//! of them in one call. The script decides each request of a batch as its own call would, in
+//! order (`lua/limit.lua`), so batching changes no answer.
+//!
+//! Each check keeps its own deadline and breaker outcome (the caller wraps [`Batcher::check`]
+//! in them): a check whose caller gave up before its batch left is dropped from it, so a queue
+//! that outgrew the deadline sheds load instead of spending Redis on answers nobody reads.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use super::{bounded, classify, script};
+use crate::algorithm::Verdict;
+use crate::backend::{BackendError, Hit};
+
+/// How checks share script calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchSettings {
+    /// Most requests decided by one script call; 1 turns batching off.
+    pub max_requests: usize,
+    /// Script calls out at once; checks queue only when this many are.
+    pub in_flight: usize,
+}
+
+impl Default for BatchSettings {
+    fn default() -> Self {
+        BatchSettings {
+            max_requests: 32,
+            in_flight: 2,
+        }
+    }
+}
+
+impl BatchSettings {
+    pub fn enabled(&self) -> bool {
+        self.max_requests > 1
+    }
+}
+
+/// Checks waiting for a call slot, at most. Past it a check waits to be queued (inside its
+/// deadline), which bounds the memory a stalled Redis can pin.
+const QUEUE: usize = 4096;
+
+struct Job {
+    hits: Vec<Hit>,
+    /// A batch runs at its first request's arguments (the test clock's now, the TTL jitter).
+    args: script::CallArgs,
+    reply: oneshot::Sender<Result<Vec<Verdict>, BackendError>>,
+}
+
+/// The queue in front of one connection. Cheap to clone; the worker stops when the last clone
+/// is dropped.
+#[derive(Clone)]
+pub(super) struct Batcher {
+    jobs: mpsc::Sender<Job>,
+}
+
+impl Batcher {
+    /// Starts the worker on the current Tokio runtime.
+    pub fn start(
+        conn: ConnectionManager,
+        settings: BatchSettings,
+        timeout: Duration,
+    ) -> Batcher {
+        let (jobs, queue) = mpsc::channel(QUEUE);
+        tokio::spawn(serve(queue, conn, settings, timeout));
+        Batcher { jobs }
+    }
+
+    /// Decides `hits` (one request) in the next call with a free slot.
+    pub async fn check(
+        &self,
+        hits: &[Hit],
+        args: script::CallArgs,
+    ) -> Result<Vec<Verdict>, BackendError> {
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            hits: hits.to_vec(),
+            args,
+            reply,
+        };
+        if self.jobs.send(job).await.is_err() {
+            return Err(stopped());
+        }
+        answer.await.unwrap_or_else(|_| Err(stopped()))
+    }
+}
+
+fn stopped() -> BackendError {
+    BackendError::Unavailable("the Redis batch worker stopped".into())
+}
+
+async fn serve(
+    mut queue: mpsc::Receiver<Job>,
+    conn: ConnectionManager,
+    settings: BatchSettings,
+    timeout: Duration,
+) {
+    let slots = Arc::new(Semaphore::new(settings.in_flight.max(1)));
+    let max_requests = settings.max_requests.max(1);
+    while let Some(job) = queue.recv().await {
+        // Waiting for a slot is what lets a batch form: checks arriving meanwhile queue up.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let mut batch = Vec::with_capacity(max_requests.min(queue.len() + 1));
+        let mut next = Some(job);
+        while let Some(job) = next {
+            // Its caller gave up (deadline): nobody reads the answer.
+            if !job.reply.is_closed() {
+                batch.push(job);
+            }
+            next = if batch.len() < max_requests {
+                queue.try_recv().ok()
+            } else {
+                None
+            };
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        let mut conn = conn.clone();
+        let args = batch[0].args;
+        tokio::spawn(async move {
+            // Bounded like any call, so a silent server cannot hold a slot for ever.
+            let result = bounded(timeout, async {
+                let requests: Vec<&[Hit]> = batch.iter().map(|job| job.hits.as_slice()).collect();
+                script::run_batch(&mut conn, &requests, args)
+                    .await
+                    .map_err(classify)
+            })
+            .await;
+            deliver(batch, result);
+            drop(slot);
+        });
+    }
+}
+
+/// Splits one call's reply among its requests, in order; a failed call fails each of them.
+fn deliver(batch: Vec<Job>, result: Result<redis::Value, BackendError>) {
+    let total = batch.iter().map(|job| job.hits.len()).sum();
+    let decoded = result.and_then(|reply| {
+        script::decode(&reply, total).map(|verdicts| verdicts.collect::<Vec<_>>())
+    });
+    let mut verdicts = match decoded {
+        Ok(verdicts) => verdicts.into_iter(),
+        Err(error) => {
+            for job in batch {
+                let _ = job.reply.send(Err(error.clone()));
+            }
+            return;
+        }
+    };
+    for job in batch {
+        // Each request takes exactly its own verdicts, whatever a bad one among them.
+        let own: Vec<_> = verdicts.by_ref().take(job.hits.len()).collect();
+        // A caller that gave up meanwhile reads nothing; its request was decided all the same,
+        // as a timed-out unbatched call is.
+        let _ = job.reply.send(own.into_iter().collect());
+    }
+}
