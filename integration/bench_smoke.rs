@@ -214,6 +214,9 @@ fn generator_counts_redis_commands_and_the_floor_runs() {
         &url,
         "--redis-timeout",
         "500ms",
+        // One script call per request, so the generator's counts have an exact expectation.
+        "--redis-max-batch",
+        "1",
     ]);
     let pids = [
         format!("sluice={}", sluice.pid()),

@@ -327,6 +327,7 @@ mod tests {
         assert_eq!(s.max_in_flight, 4096);
         assert_eq!(s.header_degraded, "x-ratelimit-degraded");
         assert_eq!(s.expiry_jitter_max, Duration::ZERO);
+        assert_eq!(s.redis_max_batch, 32);
         assert_eq!(
             s.config_ops.load.default_algorithm,
             crate::algorithm::Algorithm::TokenBucket

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Batching on the Redis backend (standalone): the h2load peak and the latency at a fixed load of
+# sluice with --redis-max-batch 1 (one script call per request) against the default (32),
+# alternating ROUNDS times on one redis-server, each with its script calls per request from
+# Redis's own counters.
+#
+#   integration/bench/batch.sh        # needs h2load (apt-get install nghttp2-client) and curl
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+OUT=${OUT:-target/bench/batch}
+CLIENTS=${CLIENTS:-16}
+STREAMS=${STREAMS:-32}
+DURATION=${DURATION:-5}
+WARMUP=${WARMUP:-1}
+ROUNDS=${ROUNDS:-2}
+REDIS_TIMEOUT=${REDIS_TIMEOUT:-200ms}
+for tool in h2load curl redis-server redis-cli; do
+  command -v "$tool" >/dev/null || { echo "error: $tool not found (h2load: apt-get install nghttp2-client)" >&2; exit 1; }
+done
+mkdir -p "$OUT"
+source integration/bench/common.sh
+start_redis
+source integration/bench/h2common.sh
+
+start unbatched integration/bench/config --backend redis --redis-url "$REDIS_URL" \
+  --redis-timeout "$REDIS_TIMEOUT" --redis-max-batch 1
+ONE=$ADDR
+start batched integration/bench/config --backend redis --redis-url "$REDIS_URL" \
+  --redis-timeout "$REDIS_TIMEOUT"
+MANY=$ADDR
+
+echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $(h2load --version | head -1)"
+script_calls() {
+  redis-cli -p "$REDIS_PORT" info commandstats |
+    awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ { n += $3 } END { print n + 0 }'
+}
+for round in $(seq "$ROUNDS"); do
+  for target in "max-batch-1 $ONE" "max-batch-32 $MANY"; do
+    read -r label addr <<<"$target"
+    check "$addr"
+    before=$(script_calls)
+    peak "$label" "$addr"
+    [ "$label" = max-batch-1 ] && ONE_PEAK=$PEAK
+    calls=$(($(script_calls) - before))
+    requests=$(awk '/^requests:/ { print $2; exit }' "$OUT/$label.peak.txt")
+    awk -v c="$calls" -v r="$requests" -v l="$label" -v n="$round" \
+      'BEGIN { printf "round %d %-14s script calls per request %.4f (warm-up included)\n", n, l, (r ? c / r : 0) }'
+  done
+done
+# Latency at one fixed load both can carry: half the last unbatched peak.
+HALF=$(awk -v p="$ONE_PEAK" 'BEGIN { print int(p / 2) }')
+fixed max-batch-1 "$ONE" "$HALF" "$CLIENTS" 1
+fixed max-batch-32 "$MANY" "$HALF" "$CLIENTS" 1
+fixed max-batch-1 "$ONE" 1000 1 1
+fixed max-batch-32 "$MANY" 1000 1 1
