@@ -458,6 +458,47 @@ async fn mission_one_evalsha_per_should_rate_limit() {
     assert_eq!(other, 0, "no extra reads or writes besides the script");
 }
 
+/// Concurrent calls share script calls (batching), and the limit stays exact: 300 calls at
+/// once on one client of capacity 20, through two replicas, admit exactly 20.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mission_concurrent_calls_share_script_calls_and_hold_the_limit() {
+    let redis = RedisServer::start();
+    // No over-limit cache: every call must reach Redis, so fewer script calls than calls means
+    // calls shared them.
+    let env = [("SLUICE_REPLICAS", "2"), ("SLUICE_OVER_LIMIT_CACHE", "false")];
+    let procs = [
+        Sluice::start_env(SLOW, &redis.url(), "standalone", &env),
+        Sluice::start_env(SLOW, &redis.url(), "standalone", &env),
+    ];
+    let mut clients = Vec::new();
+    for p in &procs {
+        let mut client = p.client().await;
+        client
+            .should_rate_limit(request("mission", &[&[("client", "warm")]]))
+            .await
+            .unwrap();
+        clients.push(client);
+    }
+    let before = command_calls(&redis, "evalsha") + command_calls(&redis, "eval");
+    let n = 300;
+    let calls = (0..n).map(|i| {
+        let mut client = clients[i % 2].clone();
+        async move {
+            client
+                .should_rate_limit(request("mission", &[&[("client", "crowd")]]))
+                .await
+                .map(|r| r.into_inner().overall_code)
+        }
+    });
+    let codes = futures::future::join_all(calls).await;
+    let scripts = command_calls(&redis, "evalsha") + command_calls(&redis, "eval") - before;
+    let allowed = codes.iter().filter(|c| *c.as_ref().unwrap() == OK).count();
+    assert!(codes.iter().all(|c| matches!(c, Ok(OK | OVER_LIMIT))));
+    println!("batching: {n} concurrent calls, {scripts} script calls, {allowed} allowed");
+    assert_eq!(allowed, 20);
+    assert!(scripts < n as u64, "{scripts} script calls for {n} calls: no batching");
+}
+
 /// Commands neither the script call itself, what the script runs inside Redis, nor this test's
 /// own INFO.
 fn calls_outside_script(redis: &RedisServer) -> u64 {
