@@ -1006,7 +1006,8 @@ async fn redis_batches_decide_as_requests_one_by_one() {
             assert_stored(&mut inspect, key, state, &format!("seed {seed}"));
         }
     }
-    let calls = harness::command_calls(&server, "evalsha") + harness::command_calls(&server, "eval");
+    let calls =
+        harness::command_calls(&server, "evalsha") + harness::command_calls(&server, "eval");
     println!("batched differential: {batched} requests in {calls} script calls ({steps} batches)");
     assert_eq!(calls, steps, "one script call per batch");
 }

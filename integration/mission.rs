@@ -465,7 +465,10 @@ async fn mission_concurrent_calls_share_script_calls_and_hold_the_limit() {
     let redis = RedisServer::start();
     // No over-limit cache: every call must reach Redis, so fewer script calls than calls means
     // calls shared them.
-    let env = [("SLUICE_REPLICAS", "2"), ("SLUICE_OVER_LIMIT_CACHE", "false")];
+    let env = [
+        ("SLUICE_REPLICAS", "2"),
+        ("SLUICE_OVER_LIMIT_CACHE", "false"),
+    ];
     let procs = [
         Sluice::start_env(SLOW, &redis.url(), "standalone", &env),
         Sluice::start_env(SLOW, &redis.url(), "standalone", &env),
@@ -496,7 +499,10 @@ async fn mission_concurrent_calls_share_script_calls_and_hold_the_limit() {
     assert!(codes.iter().all(|c| matches!(c, Ok(OK | OVER_LIMIT))));
     println!("batching: {n} concurrent calls, {scripts} script calls, {allowed} allowed");
     assert_eq!(allowed, 20);
-    assert!(scripts < n as u64, "{scripts} script calls for {n} calls: no batching");
+    assert!(
+        scripts < n as u64,
+        "{scripts} script calls for {n} calls: no batching"
+    );
 }
 
 /// Commands neither the script call itself, what the script runs inside Redis, nor this test's

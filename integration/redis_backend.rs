@@ -183,7 +183,10 @@ async fn script_flush_while_checking(server: &RedisServer, batch: BatchSettings)
             command_calls(server, "eval"),
         );
         if batch.enabled() {
-            assert!((1..20).contains(&evalsha), "round {round}: {evalsha} EVALSHA");
+            assert!(
+                (1..20).contains(&evalsha),
+                "round {round}: {evalsha} EVALSHA"
+            );
         } else {
             assert_eq!(evalsha, 20, "round {round}");
         }
@@ -216,10 +219,7 @@ async fn concurrent_checks_share_calls_and_keep_their_own_answers() {
         requests_per_unit: 1,
         unit_ms: 3_600_000,
     };
-    let two = BucketParams {
-        capacity: 2,
-        ..one
-    };
+    let two = BucketParams { capacity: 2, ..one };
     // Drain `scarce`.
     assert!(backend.check(&[Hit::new(&scarce, one, 1)]).await.unwrap()[0].allowed);
     reset_stats(&server);
@@ -251,10 +251,16 @@ async fn concurrent_checks_share_calls_and_keep_their_own_answers() {
     let many: Vec<Hit> = (0..max + 3)
         .map(|i| Hit::new(key("batch", &format!("many{i}")), ROOMY, 1))
         .collect();
-    let answers =
-        futures::future::join_all(many.iter().map(|hit| backend.check(std::slice::from_ref(hit))))
-            .await;
-    assert!(answers.iter().all(|a| a.as_ref().unwrap()[0].remaining == 999));
+    let answers = futures::future::join_all(
+        many.iter()
+            .map(|hit| backend.check(std::slice::from_ref(hit))),
+    )
+    .await;
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.as_ref().unwrap()[0].remaining == 999)
+    );
     assert_eq!(command_calls(&server, "evalsha"), 2);
 }
 

@@ -68,11 +68,7 @@ pub(super) struct Batcher {
 
 impl Batcher {
     /// Starts the worker on the current Tokio runtime.
-    pub fn start(
-        conn: ConnectionManager,
-        settings: BatchSettings,
-        timeout: Duration,
-    ) -> Batcher {
+    pub fn start(conn: ConnectionManager, settings: BatchSettings, timeout: Duration) -> Batcher {
         let (jobs, queue) = mpsc::channel(QUEUE);
         tokio::spawn(serve(queue, conn, settings, timeout));
         Batcher { jobs }

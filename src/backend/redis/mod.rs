@@ -218,9 +218,10 @@ impl RedisBackend {
                     return Err(config_error("standalone mode takes exactly one Redis URL"));
                 };
                 let (manager, address) = connect_standalone(url, &opts).await?;
-                let batcher = opts.batch.enabled().then(|| {
-                    Batcher::start(manager.clone(), opts.batch, opts.command_timeout)
-                });
+                let batcher = opts
+                    .batch
+                    .enabled()
+                    .then(|| Batcher::start(manager.clone(), opts.batch, opts.command_timeout));
                 Link::Standalone(manager, breakers.endpoint(&address), batcher)
             }
             RedisMode::Cluster => {

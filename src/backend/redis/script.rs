@@ -131,7 +131,12 @@ fn grouped<'a>(requests: &'a [&'a [Hit]]) -> impl Iterator<Item = (&'a Hit, bool
 }
 
 /// EVALSHA, and EVAL after a NOSCRIPT.
-async fn call<'a, C, I>(conn: &mut C, hits: I, count: usize, args: CallArgs) -> Result<Value, RedisError>
+async fn call<'a, C, I>(
+    conn: &mut C,
+    hits: I,
+    count: usize,
+    args: CallArgs,
+) -> Result<Value, RedisError>
 where
     C: ConnectionLike,
     I: Iterator<Item = (&'a Hit, bool)> + Clone,
@@ -160,15 +165,13 @@ where
     I: Iterator<Item = &'a Hit> + Clone,
 {
     let mut pipe = redis::pipe();
-    pipe.cmd("ASKING")
-        .ignore()
-        .add_command(command(
-            "EVAL",
-            SOURCE,
-            hits.map(|hit| (hit, false)),
-            count,
-            args,
-        ));
+    pipe.cmd("ASKING").ignore().add_command(command(
+        "EVAL",
+        SOURCE,
+        hits.map(|hit| (hit, false)),
+        count,
+        args,
+    ));
     let mut replies: Vec<Value> = pipe.query_async(conn).await?;
     replies
         .pop()
