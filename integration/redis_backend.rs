@@ -167,7 +167,7 @@ async fn script_flush_while_checking(server: &RedisServer, batch: BatchSettings)
     .expect("connect");
     for round in 0..5 {
         let _: String = server.cmd(&["SCRIPT", "FLUSH"]);
-        reset_stats(&server);
+        reset_stats(server);
         let checks = (0..20).map(|i| {
             let hit = Hit::new(key(&format!("flush{round}"), &i.to_string()), ROOMY, 1);
             let backend = &backend;
