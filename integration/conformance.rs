@@ -843,6 +843,33 @@ fn assert_stored(inspect: &mut redis::Connection, key: &str, state: &State, cont
     }
 }
 
+/// One differential sequence's buckets: 1–4 keys under `prefix`, each with a random algorithm
+/// and shape, their model state (untouched) and a start time.
+struct Sequence {
+    keys: Vec<String>,
+    algorithms: Vec<Algorithm>,
+    shapes: Vec<BucketParams>,
+    model: Vec<Option<State>>,
+    now: u64,
+}
+
+impl Sequence {
+    fn random(rng: &mut StdRng, prefix: &str) -> Self {
+        let keys: Vec<String> = (0..rng.random_range(1..=4))
+            .map(|bucket| format!("{prefix}:{bucket}"))
+            .collect();
+        let algorithms: Vec<Algorithm> = keys.iter().map(|_| random_algorithm(rng)).collect();
+        let shapes = algorithms.iter().map(|&a| random_params(rng, a)).collect();
+        Sequence {
+            model: vec![None; keys.len()],
+            now: T0 + rng.random_range(0..60_000),
+            keys,
+            algorithms,
+            shapes,
+        }
+    }
+}
+
 #[tokio::test]
 async fn redis_script_matches_pure_algorithm() {
     let server = RedisServer::start();
@@ -857,16 +884,13 @@ async fn redis_script_matches_pure_algorithm() {
     for sequence in 0..SEQUENCES {
         let seed = BASE_SEED + sequence;
         let mut rng = StdRng::seed_from_u64(seed);
-        let keys: Vec<String> = (0..rng.random_range(1..=4))
-            .map(|bucket| format!("diff:{{{seed}}}:{bucket}"))
-            .collect();
-        let algorithms: Vec<Algorithm> = keys.iter().map(|_| random_algorithm(&mut rng)).collect();
-        let shapes: Vec<BucketParams> = algorithms
-            .iter()
-            .map(|&a| random_params(&mut rng, a))
-            .collect();
-        let mut model: Vec<Option<State>> = vec![None; keys.len()];
-        let mut now = T0 + rng.random_range(0..60_000);
+        let Sequence {
+            keys,
+            algorithms,
+            shapes,
+            mut model,
+            mut now,
+        } = Sequence::random(&mut rng, &format!("diff:{{{seed}}}"));
 
         for step in 0..STEPS {
             now = random_step(&mut rng, now);
@@ -935,16 +959,13 @@ async fn redis_batches_decide_as_requests_one_by_one() {
     for sequence in 0..SEQUENCES / 2 {
         let seed = BASE_SEED ^ 0xba7c4 ^ sequence;
         let mut rng = StdRng::seed_from_u64(seed);
-        let keys: Vec<String> = (0..rng.random_range(1..=4))
-            .map(|bucket| format!("batch:{{{seed}}}:{bucket}"))
-            .collect();
-        let algorithms: Vec<Algorithm> = keys.iter().map(|_| random_algorithm(&mut rng)).collect();
-        let shapes: Vec<BucketParams> = algorithms
-            .iter()
-            .map(|&a| random_params(&mut rng, a))
-            .collect();
-        let mut model: Vec<Option<State>> = vec![None; keys.len()];
-        let mut now = T0 + rng.random_range(0..60_000);
+        let Sequence {
+            keys,
+            algorithms,
+            shapes,
+            mut model,
+            mut now,
+        } = Sequence::random(&mut rng, &format!("batch:{{{seed}}}"));
 
         for step in 0..STEPS / 2 {
             now = random_step(&mut rng, now);
