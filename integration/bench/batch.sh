@@ -9,19 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 OUT=${OUT:-target/bench/batch}
-CLIENTS=${CLIENTS:-16}
-STREAMS=${STREAMS:-32}
-DURATION=${DURATION:-5}
-WARMUP=${WARMUP:-1}
 ROUNDS=${ROUNDS:-2}
-REDIS_TIMEOUT=${REDIS_TIMEOUT:-200ms}
-for tool in h2load curl redis-server redis-cli; do
-  command -v "$tool" >/dev/null || { echo "error: $tool not found (h2load: apt-get install nghttp2-client)" >&2; exit 1; }
-done
-mkdir -p "$OUT"
-source integration/bench/common.sh
-start_redis
 source integration/bench/h2common.sh
+start_redis
 
 start unbatched integration/bench/config --backend redis --redis-url "$REDIS_URL" \
   --redis-timeout "$REDIS_TIMEOUT" --redis-max-batch 1
@@ -31,18 +21,14 @@ start batched integration/bench/config --backend redis --redis-url "$REDIS_URL" 
 MANY=$ADDR
 
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $(h2load --version | head -1)"
-script_calls() {
-  redis-cli -p "$REDIS_PORT" info commandstats |
-    awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ { n += $3 } END { print n + 0 }'
-}
 for round in $(seq "$ROUNDS"); do
   for target in "max-batch-1 $ONE" "max-batch-32 $MANY"; do
     read -r label addr <<<"$target"
     check "$addr"
-    before=$(script_calls)
+    before=$(script_calls "$REDIS_PORT")
     peak "$label" "$addr"
     [ "$label" = max-batch-1 ] && ONE_PEAK=$PEAK
-    calls=$(($(script_calls) - before))
+    calls=$(($(script_calls "$REDIS_PORT") - before))
     requests=$(awk '/^requests:/ { print $2; exit }' "$OUT/$label.peak.txt")
     awk -v c="$calls" -v r="$requests" -v l="$label" -v n="$round" \
       'BEGIN { printf "round %d %-14s script calls per request %.4f (warm-up included)\n", n, l, (r ? c / r : 0) }'

@@ -1,6 +1,24 @@
-# Shared by h2load.sh and shards.sh (sourced after common.sh, with OUT, CLIENTS, STREAMS,
-# DURATION and WARMUP set): the one gRPC request body, its check, the closed-loop peak and the
-# open-loop half-peak run.
+# Shared by h2load.sh, shards.sh and batch.sh (sourced with OUT set, and EXTRA_TOOLS naming any
+# tool beyond h2load, curl, redis-server and redis-cli): the load defaults, the tool check, then
+# common.sh; the one gRPC request body, its check, the closed-loop peak, the open-loop half-peak
+# run and a Redis node's script-call counter.
+CLIENTS=${CLIENTS:-16}
+STREAMS=${STREAMS:-32}
+DURATION=${DURATION:-5}
+WARMUP=${WARMUP:-1}
+REDIS_TIMEOUT=${REDIS_TIMEOUT:-200ms}
+for tool in h2load curl redis-server redis-cli ${EXTRA_TOOLS:-}; do
+  command -v "$tool" >/dev/null || { echo "error: $tool not found (h2load: apt-get install nghttp2-client)" >&2; exit 1; }
+done
+mkdir -p "$OUT"
+source integration/bench/common.sh
+
+# script_calls PORT: EVALSHA + EVAL calls the Redis node on PORT has run.
+script_calls() {
+  redis-cli -p "$1" info commandstats |
+    awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ { n += $3 } END { print n + 0 }'
+}
+
 # RateLimitRequest { domain: "bench", descriptors: [{ entries: [{ key: "k", value: "v1" }] }],
 # hits_addend: 1 } as protobuf (20 bytes), behind the 5-byte gRPC frame header.
 BODY=$OUT/request.bin

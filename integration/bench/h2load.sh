@@ -20,19 +20,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 OUT=${OUT:-target/bench/h2load}
-CLIENTS=${CLIENTS:-16}
-STREAMS=${STREAMS:-32}
-DURATION=${DURATION:-5}
-WARMUP=${WARMUP:-1}
-REDIS_TIMEOUT=${REDIS_TIMEOUT:-200ms}
-for tool in h2load curl redis-server redis-cli redis-benchmark; do
-  command -v "$tool" >/dev/null || { echo "error: $tool not found (h2load: apt-get install nghttp2-client)" >&2; exit 1; }
-done
-mkdir -p "$OUT"
-source integration/bench/common.sh
-start_redis
-
+EXTRA_TOOLS=redis-benchmark
 source integration/bench/h2common.sh
+start_redis
 
 NOOP_PORT=$($BENCH free-port)
 $BENCH noop --addr "127.0.0.1:$NOOP_PORT" >"$TMP/noop.out" 2>&1 &
@@ -50,16 +40,12 @@ LEASE_ADDR=$ADDR
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $(h2load --version | head -1)"
 declare -A PEAKS
 # Script calls per request of each target's peak run, from Redis's own command counters.
-script_calls() {
-  redis-cli -p "$REDIS_PORT" info commandstats |
-    awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ { n += $3 } END { print n + 0 }'
-}
 for target in "noop 127.0.0.1:$NOOP_PORT" "memory $MEM_ADDR" "redis $RED_ADDR" "lease $LEASE_ADDR"; do
   read -r label addr <<<"$target"
   check "$addr"
-  before=$(script_calls)
+  before=$(script_calls "$REDIS_PORT")
   peak "$label" "$addr"
-  calls=$(($(script_calls) - before))
+  calls=$(($(script_calls "$REDIS_PORT") - before))
   requests=$(awk '/^requests:/ { print $2; exit }' "$OUT/$label.peak.txt")
   awk -v c="$calls" -v r="$requests" -v l="$label" \
     'BEGIN { printf "%-14s script calls per request %.4f (%d calls, warm-up included; %d measured requests)\n", l, (r ? c / r : 0), c, r }'

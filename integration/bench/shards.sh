@@ -15,16 +15,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 OUT=${OUT:-target/bench/shards}
-CLIENTS=${CLIENTS:-16}
-STREAMS=${STREAMS:-32}
-DURATION=${DURATION:-5}
-WARMUP=${WARMUP:-1}
-REDIS_TIMEOUT=${REDIS_TIMEOUT:-200ms}
-for tool in h2load curl redis-server redis-cli; do
-  command -v "$tool" >/dev/null || { echo "error: $tool not found (h2load: apt-get install nghttp2-client)" >&2; exit 1; }
-done
-mkdir -p "$OUT"
-source integration/bench/common.sh
 source integration/bench/h2common.sh
 
 ports=()
@@ -50,11 +40,6 @@ done
 urls=$(printf 'redis://127.0.0.1:%s,' "${ports[@]}")
 urls=${urls%,}
 
-calls_on() { # calls_on PORT: EVALSHA + EVAL calls that node has run
-  redis-cli -p "$1" info commandstats |
-    awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ { n += $3 } END { print n + 0 }'
-}
-
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); 3 masters on ports ${ports[*]}"
 for target in "unsplit integration/bench/config-cluster" "shards-4 integration/bench/config-shards"; do
   read -r label config <<<"$target"
@@ -62,11 +47,11 @@ for target in "unsplit integration/bench/config-cluster" "shards-4 integration/b
     --redis-timeout "$REDIS_TIMEOUT"
   check "$ADDR"
   before=()
-  for port in "${ports[@]}"; do before+=("$(calls_on "$port")"); done
+  for port in "${ports[@]}"; do before+=("$(script_calls "$port")"); done
   peak "$label" "$ADDR"
   shares=() total=0 most=0
   for i in 0 1 2; do
-    n=$(($(calls_on "${ports[$i]}") - before[i]))
+    n=$(($(script_calls "${ports[$i]}") - before[i]))
     shares+=("$n")
     total=$((total + n))
     [ "$n" -gt "$most" ] && most=$n
