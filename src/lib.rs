@@ -18,6 +18,7 @@
 //!   sliding window, GCRA); time is an argument. `lua/limit.lua` mirrors it.
 //! - [`clock`]: injected time, so tests step it.
 //! - [`backend`]: the `Backend` trait; `memory` and `redis` implementations.
+//! - [`lease`]: token leasing — a replica spends a batch of tokens taken in one script call.
 //! - [`limiter`]: request → rules → one backend call → [`limiter::Decision`].
 //! - [`resilience`]: when Redis is slow or gone — circuit breakers, the `local` policy's buckets,
 //!   the over-limit cache, the in-flight bound, readiness rules.
@@ -28,6 +29,7 @@
 //! - [`cli`]: the `check-config` subcommand's output and exit code.
 //! - [`security`]: TLS/mTLS, caller policy, HTTP/2 limits, strict request decoding.
 //! - [`settings`]: CLI flags and environment → [`settings::Settings`].
+//! - [`runtime`]: the tokio runtime `serve` runs on (LIFO slot off, worker threads).
 //! - [`server`]: `run(settings, shutdown)` — wires the pieces and serves.
 //! - [`xds`]: config pushed by an xDS management server (ADS), validated like files.
 
@@ -46,6 +48,7 @@ pub mod limiter;
 pub mod request;
 pub mod resilience;
 pub mod rule;
+pub mod runtime;
 pub mod security;
 pub mod server;
 pub mod service;

@@ -1,12 +1,11 @@
-//! `sluice`: flags → settings → `run(settings, shutdown)`.
+//! `sluice`: flags → settings → runtime → `run(settings, shutdown)`.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use sluice::settings::{Cli, Command};
+use sluice::settings::{Cli, Command, Settings};
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let (args, compat) = match sluice::compat::serve_args() {
         Ok(translated) => translated,
         Err(errors) => {
@@ -20,24 +19,42 @@ async fn main() -> ExitCode {
     match cli.command {
         Command::CheckConfig(args) => sluice::cli::check_config(&args),
         Command::Explain(args) => sluice::cli::explain(&args),
-        Command::Serve(mut settings) => {
-            settings.telemetry.otlp = sluice::telemetry::OtlpSettings::from_process_env();
-            let telemetry = sluice::telemetry::init(
-                &settings.log_level,
-                settings.log_format,
-                &settings.telemetry,
-            );
-            compat.log();
-            let result = sluice::server::run(*settings, sluice::server::shutdown_signal()).await;
-            telemetry.shutdown().await;
-            match result {
-                Ok(()) => ExitCode::SUCCESS,
+        Command::Serve(settings) => {
+            // The runtime is built here, from the settings, rather than by `#[tokio::main]`:
+            // its worker count is a flag (src/runtime.rs).
+            match sluice::runtime::build(settings.worker_threads) {
+                Ok(runtime) => runtime.block_on(serve(*settings, compat)),
                 Err(e) => {
-                    tracing::error!("{e}");
-                    eprintln!("sluice: {e}");
+                    eprintln!("sluice: cannot start the runtime: {e}");
                     ExitCode::FAILURE
                 }
             }
+        }
+    }
+}
+
+async fn serve(mut settings: Settings, compat: sluice::compat::Translation) -> ExitCode {
+    settings.telemetry.otlp = sluice::telemetry::OtlpSettings::from_process_env();
+    let telemetry = sluice::telemetry::init(
+        &settings.log_level,
+        settings.log_format,
+        &settings.telemetry,
+    );
+    compat.log();
+    if !sluice::runtime::LIFO_SLOT_DISABLED {
+        tracing::warn!(
+            "built without --cfg tokio_unstable: tokio's LIFO slot stays on and responses are \
+             flushed one write each (see src/runtime.rs)"
+        );
+    }
+    let result = sluice::server::run(settings, sluice::server::shutdown_signal()).await;
+    telemetry.shutdown().await;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("sluice: {e}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -32,6 +32,11 @@ struct Cli {
     /// Worker threads of the generator's runtime (it shares the machine with the server).
     #[arg(long, global = true, default_value_t = 2)]
     threads: usize,
+    /// Keep tokio's LIFO slot (tokio's default scheduling). Without this the runtime is
+    /// sluice's own (src/runtime.rs, LIFO slot off), so the no-op server is the floor under the
+    /// same scheduling; with it, `noop` is a tonic server on tokio's defaults.
+    #[arg(long, global = true)]
+    tokio_lifo_slot: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -641,11 +646,11 @@ fn summarize(
 
 fn main() {
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cli.threads.max(1))
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let runtime = sluice::runtime::build_with(
+        std::num::NonZeroUsize::new(cli.threads.max(1)),
+        !cli.tokio_lifo_slot,
+    )
+    .expect("tokio runtime");
     if let Err(e) = runtime.block_on(run(cli.command)) {
         eprintln!("sluice-bench: {e}");
         std::process::exit(1);
