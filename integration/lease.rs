@@ -124,7 +124,12 @@ async fn a_rejected_request_does_not_spend_leased_tokens() {
     // `scarce` pays once; the leased `hot` token is paid locally.
     let both = ask(&sluice, &[("hot", "kept"), ("scarce", "x")]).await;
     assert_eq!(both.overall_code, OK);
-    assert_eq!(both.statuses[0].limit_remaining, 98);
+    assert_eq!(
+        both.statuses[0].limit_remaining,
+        98,
+        "{both:?} redis {}",
+        bucket_tokens(&redis, "kept")
+    );
     for _ in 0..5 {
         let rejected = ask(&sluice, &[("hot", "kept"), ("scarce", "x")]).await;
         assert_eq!(rejected.overall_code, OVER_LIMIT);

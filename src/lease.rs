@@ -114,6 +114,11 @@ struct Lease {
     stale: u64,
     remote: Remote,
     origin: Origin,
+    /// Backend calls in flight that will refill this lease: the sweep and eviction keep a lease
+    /// being refilled even while it is empty and expired (a new one is both), so the refill
+    /// lands in it instead of being handed back as an orphan and the next request paying for
+    /// another.
+    refilling: u32,
 }
 
 impl Lease {
@@ -218,6 +223,7 @@ impl LeaseStore {
                 };
             }
             let taken = std::mem::take(&mut lease.left);
+            lease.refilling = lease.refilling.saturating_add(1);
             return Reservation::Short {
                 taken,
                 expires_ms: lease.expires_ms,
@@ -234,6 +240,7 @@ impl LeaseStore {
                     stale: 0,
                     remote: Remote::default(),
                     origin: Origin::of(hit),
+                    refilling: 1,
                 },
             );
         }
@@ -260,6 +267,7 @@ impl LeaseStore {
         let mut shard = self.shard(&hit.key);
         match shard.leases.get_mut(hit.key.as_str()) {
             Some(lease) => {
+                lease.refilling = lease.refilling.saturating_sub(1);
                 lease.remote = remote;
                 lease.add(tokens, now_ms.saturating_add(self.lifetime_ms), now_ms);
                 lease.left
@@ -277,7 +285,11 @@ impl LeaseStore {
     /// Ends a [`Reservation::Short`] that took nothing from the backend (rejected, failed, not
     /// asked): the `taken` tokens go back into the lease.
     pub fn abandon(&self, key: &str, taken: u64, expires_ms: u64, now_ms: u64) {
-        self.put_back(key, taken, expires_ms, now_ms);
+        let mut shard = self.shard(key);
+        if let Some(lease) = shard.leases.get_mut(key) {
+            lease.refilling = lease.refilling.saturating_sub(1);
+            lease.add(taken, expires_ms, now_ms);
+        }
     }
 
     /// Counts hits paid locally and not given back.
@@ -290,7 +302,7 @@ impl LeaseStore {
     pub fn sweep(&self, now_ms: u64) -> Vec<Hit> {
         self.collect(|lease| {
             lease.age(now_ms);
-            lease.expires_ms <= now_ms
+            lease.expires_ms <= now_ms && lease.refilling == 0
         })
     }
 
@@ -382,7 +394,7 @@ fn evict_one(shard: &mut Shard) -> bool {
         .leases
         .iter()
         .take(EVICTION_PROBES)
-        .find(|(_, lease)| lease.is_empty())
+        .find(|(_, lease)| lease.is_empty() && lease.refilling == 0)
         .map(|(key, _)| key.clone());
     match victim {
         Some(key) => {
@@ -564,6 +576,39 @@ mod tests {
             s.reserve(&hit("new", 1), 0),
             Reservation::Short { refill: true, .. }
         ));
+    }
+
+    /// A sweep while a new lease's first refill is in flight (the lease is empty and expired
+    /// then) keeps it: the refill lands in the lease, not among the orphans, and the next
+    /// request is paid from it.
+    #[test]
+    fn a_sweep_keeps_a_lease_whose_refill_is_in_flight() {
+        let s = store(100);
+        assert!(matches!(
+            s.reserve(&hit("k", 1), 0),
+            Reservation::Short { refill: true, .. }
+        ));
+        assert!(s.sweep(0).is_empty());
+        assert_eq!(s.refilled(&hit("k", 1), 9, remote(90), 0), 9);
+        assert!(matches!(
+            s.reserve(&hit("k", 1), 1),
+            Reservation::Paid { left: 8, .. }
+        ));
+        assert!(s.sweep(1).is_empty(), "nothing orphaned, nothing expired");
+        // A refill of an existing lease that comes back empty ends its hold: once expired and
+        // empty, the lease is forgotten.
+        assert!(matches!(
+            s.reserve(&hit("k", 9), 2),
+            Reservation::Short {
+                taken: 8,
+                refill: true,
+                ..
+            }
+        ));
+        assert!(s.sweep(2).is_empty());
+        s.abandon("k", 8, 1_000, 2);
+        assert_eq!(s.sweep(1_000).len(), 1, "the 8 go back once expired");
+        assert!(s.is_empty());
     }
 
     /// A refill that finds its lease gone (drained, or evicted while empty) is handed back by
