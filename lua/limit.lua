@@ -36,8 +36,10 @@ Returns A flat array, 5 integers per key, in KEYS order:
 Why groups: concurrent requests on one connection can share a call (the caller batches them),
 which pays Redis's fixed cost of a call -- the command, EVALSHA's lookup, the script's set-up,
 TIME -- once for all of them. Each group is decided as its own call would decide it, in KEYS
-order: all of a group's keys are read only after every earlier group wrote, so a batch answers
-exactly as its requests would one after another, at one `now`. A call without +16 is one group.
+order: all of a group's keys are read only after every earlier group wrote (to the call's own
+view of its keys, which reaches Redis once at the end: a key shared by many requests of a batch
+costs one read and one write), so a batch answers exactly as its requests would one after
+another, at one `now`. A call without +16 is one group.
 
 Why one script for every algorithm: all of a request's keys are decided in one call whatever
 their algorithms, in two passes -- first every key is read, brought to now and asked whether its
@@ -47,8 +49,8 @@ when it fits itself). Refunds are always applied. So a rejected request counts n
 The arithmetic is src/algorithm/{token_bucket,fixed_window,sliding_window,gcra}.rs operation for
 operation (same doubles, same order; each file states its contract), so this script and
 `algorithm::decide` give bit-identical answers. need = max(hits, 1) everywhere.
-One HMGET per key to read and one HSET + PEXPIRE per key to write: O(keys), no scans; the
-searches for retry-after and remaining take at most 8 steps per key.
+One HMGET per distinct key to read and one HSET + PEXPIRE per distinct key to write, at the end:
+O(keys), no scans; the searches for retry-after and remaining take at most 8 steps per key.
 Needs Redis >= 5 (effects replication, so reading TIME before writing is allowed).
 --]]
 
@@ -134,11 +136,71 @@ if used[3] or used[4] then
   end
 end
 
+-- A key's hash as this call sees it, field -> value (false: absent), and its deferred write:
+-- requests of a batch often share a key (a hot tenant), so each distinct key is read from Redis
+-- once, kept here between its requests, and written once at the end (`flush`). No other client
+-- runs while the script does, so the result is the same as reading and writing every time.
+-- Written values stay numbers until the flush formats them: the formats round-trip (%.17g any
+-- double, %.0f the whole numbers it is given), so `tonumber` of a kept number is what reading
+-- the written string back would give, without the formatting and parsing in between.
+local seen, written, write_order = {}, {}, {}
+
+local function read(key, fields)
+  local hash = seen[key]
+  if not hash then
+    hash = {}
+    seen[key] = hash
+  end
+  local missing = {}
+  for j = 1, #fields do
+    if hash[fields[j]] == nil then missing[#missing + 1] = fields[j] end
+  end
+  if #missing > 0 then
+    local values = redis.call('HMGET', key, unpack(missing))
+    for j = 1, #missing do hash[missing[j]] = values[j] end
+  end
+  local values = {}
+  for j = 1, #fields do values[j] = hash[fields[j]] end
+  return values
+end
+
 local function store(key, settles_in, ...)
   local ttl = settles_in + EXPIRY_MARGIN_MS + jitter
   if ttl > MAX_TTL_MS then ttl = MAX_TTL_MS end
-  redis.call('HSET', key, ...)
-  redis.call('PEXPIRE', key, exact(ttl))
+  local hash = seen[key]
+  local pending = written[key]
+  if not pending then
+    pending = {fields = {}, formats = {}}
+    written[key] = pending
+    write_order[#write_order + 1] = key
+  end
+  pending.ttl = ttl
+  -- (field, number, format) triples.
+  local assignments = {...}
+  for j = 1, #assignments, 3 do
+    local field = assignments[j]
+    if not pending.formats[field] then
+      pending.fields[#pending.fields + 1] = field
+    end
+    pending.formats[field] = assignments[j + 2]
+    hash[field] = assignments[j + 1]
+  end
+end
+
+-- One HSET + PEXPIRE per written key, with its last state and TTL, in first-write order.
+local function flush()
+  for i = 1, #write_order do
+    local key = write_order[i]
+    local pending, hash = written[key], seen[key]
+    local args = {}
+    for j = 1, #pending.fields do
+      local field = pending.fields[j]
+      args[#args + 1] = field
+      args[#args + 1] = pending.formats[field](hash[field])
+    end
+    redis.call('HSET', key, unpack(args))
+    redis.call('PEXPIRE', key, exact(pending.ttl))
+  end
 end
 
 -- Each algorithm: `fields` to HMGET, `load(k, values)` brings the state to now and returns
@@ -186,7 +248,7 @@ ALGORITHMS[1] = {
     end
     local until_full = ceil((capacity - after) / rate)
     if until_full ~= until_full then until_full = 0 end
-    store(k.key, until_full, 't', double(after), 'u', exact(k.updated))
+    store(k.key, until_full, 't', after, double, 'u', k.updated, exact)
     return wire(floor(after)), retry, wire(until_full)
   end,
 }
@@ -227,7 +289,7 @@ if used[2] then
       local reset = window_end - (now - now % 1000)
       local settles_in = 0
       if count > 0 then settles_in = window_end - now end
-      store(k.key, settles_in, 'w', exact(k.start), 'c', exact(count))
+      store(k.key, settles_in, 'w', k.start, exact, 'c', count, exact)
       return wire(max(limit - count, 0)), retry, wire(reset)
     end,
   }
@@ -305,7 +367,7 @@ if used[3] then
       elseif previous > 0 then
         until_full = start + window - now
       end
-      store(k.key, until_full, 'w', exact(start), 'c', exact(current), 'p', exact(previous))
+      store(k.key, until_full, 'w', start, exact, 'c', current, exact, 'p', previous, exact)
       return wire(remaining), retry, wire(until_full)
     end,
   }
@@ -371,7 +433,7 @@ if used[4] then
       end
       local until_full = tat - now
       if frac > 0 then until_full = until_full + 1 end
-      store(k.key, until_full, 'a', exact(tat), 'f', double(frac))
+      store(k.key, until_full, 'a', tat, exact, 'f', frac, double)
       return wire(remaining), retry, wire(until_full)
     end,
   }
@@ -415,7 +477,7 @@ for g = 1, #ends do
   local all_allowed = true
   for i = first, last do
     local k = keys[i]
-    local state = redis.call('HMGET', k.key, unpack(k.algorithm.fields))
+    local state = read(k.key, k.algorithm.fields)
     k.fit = k.algorithm.load(k, state)
     if not k.fit and not k.shadow then all_allowed = false end
   end
@@ -432,4 +494,5 @@ for g = 1, #ends do
   end
   first = last + 1
 end
+flush()
 return reply
