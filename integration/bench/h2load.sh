@@ -5,7 +5,9 @@
 #
 #   integration/bench/h2load.sh        # needs h2load (apt-get install nghttp2-client) and curl
 #
-# Drives the no-op server, sluice (memory backend), sluice (Redis backend) and sluice (Redis
+# Drives two no-op servers (one on sluice's runtime, src/runtime.rs, with tokio's LIFO slot off;
+# one, noop-tokio, on tokio's defaults, as a plain tonic server runs), sluice (memory backend),
+# sluice (Redis backend, on two workers and on one: --worker-threads 1) and sluice (Redis
 # backend, `lease: 100`: integration/bench/config-lease) with one gRPC
 # ShouldRateLimit request (domain bench, k=v1: the bench config's roomy rule, so every answer is
 # an OK decision) at `h2load -c 16 -m 32` for DURATION, then at half of each peak (--rps per
@@ -28,10 +30,18 @@ NOOP_PORT=$($BENCH free-port)
 $BENCH noop --addr "127.0.0.1:$NOOP_PORT" >"$TMP/noop.out" 2>&1 &
 started+=("$!")
 wait_ready "$TMP/noop.out" "noop ready" "$!"
+NOOP_TOKIO_PORT=$($BENCH free-port)
+$BENCH --tokio-lifo-slot noop --addr "127.0.0.1:$NOOP_TOKIO_PORT" >"$TMP/noop-tokio.out" 2>&1 &
+started+=("$!")
+wait_ready "$TMP/noop-tokio.out" "noop ready" "$!"
 start memory integration/bench/config --backend memory
 MEM_ADDR=$ADDR
 start redis integration/bench/config --backend redis --redis-url "$REDIS_URL" --redis-timeout "$REDIS_TIMEOUT"
 RED_ADDR=$ADDR
+# One worker: on a machine whose cores the load and Redis share, fewer cross-thread wake-ups.
+start redis-1w integration/bench/config --backend redis --redis-url "$REDIS_URL" \
+  --redis-timeout "$REDIS_TIMEOUT" --worker-threads 1
+RED1_ADDR=$ADDR
 # The same Redis backend with `lease: 100` on the rule (integration/bench/config-lease).
 start lease integration/bench/config-lease --backend redis --redis-url "$REDIS_URL" \
   --redis-timeout "$REDIS_TIMEOUT"
@@ -40,7 +50,8 @@ LEASE_ADDR=$ADDR
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $(h2load --version | head -1)"
 declare -A PEAKS
 # Script calls per request of each target's peak run, from Redis's own command counters.
-for target in "noop 127.0.0.1:$NOOP_PORT" "memory $MEM_ADDR" "redis $RED_ADDR" "lease $LEASE_ADDR"; do
+for target in "noop 127.0.0.1:$NOOP_PORT" "noop-tokio 127.0.0.1:$NOOP_TOKIO_PORT" "memory $MEM_ADDR" \
+  "redis $RED_ADDR" "redis-1w $RED1_ADDR" "lease $LEASE_ADDR"; do
   read -r label addr <<<"$target"
   check "$addr"
   before=$(script_calls "$REDIS_PORT")
@@ -65,10 +76,14 @@ floor() { # floor P: calls/s of redis-benchmark -P P
 P1=$(floor 1)
 P16=$(floor 16)
 echo "== ratios (h2load -c $CLIENTS -m $STREAMS)"
-awk -v n="${PEAKS[noop]}" -v m="${PEAKS[memory]}" -v r="${PEAKS[redis]}" -v l="${PEAKS[lease]}" -v p1="$P1" -v p16="$P16" 'BEGIN {
-  printf "memory / no-op %.2f (target >= 0.85)\n", m / n
-  printf "redis / no-op  %.2f (target >= 0.4)\n", r / n
-  printf "redis / redis-benchmark -P 1  %.2f (target >= 0.7)\n", r / p1
-  printf "redis / redis-benchmark -P 16 %.2f\n", r / p16
-  printf "lease 100 / no-op %.2f (target >= 0.7)\n", l / n
+awk -v n="${PEAKS[noop]}" -v t="${PEAKS[noop-tokio]}" -v m="${PEAKS[memory]}" -v r="${PEAKS[redis]}" \
+  -v r1="${PEAKS[redis-1w]}" -v l="${PEAKS[lease]}" -v p1="$P1" -v p16="$P16" 'BEGIN {
+  printf "%-30s %14s %14s\n", "", "/ no-op", "/ no-op-tokio"
+  printf "%-30s %14.2f %14.2f  (target >= 0.85)\n", "memory", m / n, m / t
+  printf "%-30s %14.2f %14.2f  (target >= 0.4)\n", "redis", r / n, r / t
+  printf "%-30s %14.2f %14.2f  (target >= 0.4)\n", "redis, 1 worker", r1 / n, r1 / t
+  printf "%-30s %14.2f %14.2f  (target >= 0.7)\n", "lease 100", l / n, l / t
+  printf "no-op / no-op-tokio %.2f (what the LIFO slot costs a server that does nothing)\n", n / t
+  printf "redis / redis-benchmark -P 1  %.2f, 1 worker %.2f (target >= 0.7)\n", r / p1, r1 / p1
+  printf "redis / redis-benchmark -P 16 %.2f, 1 worker %.2f\n", r / p16, r1 / p16
 }' | tee "$OUT/ratios.txt"

@@ -644,6 +644,10 @@ fn summarize(
     )
 }
 
+// sluice's allocator (src/main.rs), so the no-op server's floor is measured on the same one.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let cli = Cli::parse();
     let runtime = sluice::runtime::build_with(
