@@ -11,10 +11,11 @@
 //!   woken connection task queues behind the other finished calls and flushes them together
 //!   (0.21 and 0.04 `writev` per call): the memory backend's peak rose from ~113k to ~145k
 //!   calls/s, the Redis backend's from ~46k to ~49k.
-//! - **Worker threads** are `--worker-threads` (default: the CPUs this process may use).
-//!   Fewer workers mean fewer wake-ups across threads; on a machine shared with Redis and the
-//!   load, one worker took the Redis backend from ~49k to ~63k calls/s, while the memory
-//!   backend, which needs no cross-task hand-off, ran best on two.
+//! - **Worker threads** are `--worker-threads` (default: the CPUs this process may use). Fewer
+//!   workers mean fewer wake-ups across threads: before mimalloc and the script's one write per
+//!   distinct key, one worker took the Redis backend from ~49k to ~63k calls/s on a machine
+//!   shared with Redis and the load; since, two workers do as well or better (README,
+//!   Benchmarks), so the default stays and the flag lets a deployment choose.
 //!
 //! `disable_lifo_slot` is an unstable tokio API: built without the cfg, sluice still works,
 //! with tokio's default scheduling, and [`LIFO_SLOT_DISABLED`] says so in the start-up log.
