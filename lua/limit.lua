@@ -207,16 +207,19 @@ end
 -- whether the demand fits, `settle(k, take)` writes the new state and returns the reply values.
 local ALGORITHMS = {}
 
--- 1: token bucket. rate = per_unit / unit_ms; tokens = min(capacity, tokens + elapsed * rate).
+-- 1: token bucket. tokens = min(capacity, tokens + elapsed * per_unit / unit_ms); the waits are
+-- ceil(tokens short * unit_ms / per_unit). Each product before its division, never a rate per
+-- ms: a rate is rounded once and again when used (2 per hour over 1,800,000 ms came to
+-- 0.9999999999999999 tokens, a wait of 1,800,001 ms); multiplied first, only the division
+-- rounds, and a product of whole numbers is exact below 2^53.
 ALGORITHMS[1] = {
   fields = {'t', 'u'},
   load = function(k, v)
-    k.rate = k.per_unit / k.unit
     local stored_tokens, stored_updated = tonumber(v[1]), tonumber(v[2])
     if stored_tokens and stored_updated then
       local elapsed = now - stored_updated
       if elapsed < 0 then elapsed = 0 end
-      k.tokens = min(k.capacity, stored_tokens + elapsed * k.rate)
+      k.tokens = min(k.capacity, stored_tokens + elapsed * k.per_unit / k.unit)
       k.updated = max(stored_updated, now)
     else
       k.tokens = k.capacity
@@ -225,7 +228,7 @@ ALGORITHMS[1] = {
     return k.refund or k.tokens >= max(k.hits, 1)
   end,
   settle = function(k, take)
-    local capacity, rate, hits, tokens = k.capacity, k.rate, k.hits, k.tokens
+    local capacity, per_unit, unit, hits, tokens = k.capacity, k.per_unit, k.unit, k.hits, k.tokens
     local after
     if k.refund then
       after = min(tokens + hits, capacity)
@@ -244,9 +247,9 @@ ALGORITHMS[1] = {
     elseif need > capacity then
       retry = -1
     else
-      retry = wire(ceil((need - tokens) / rate))
+      retry = wire(ceil((need - tokens) * unit / per_unit))
     end
-    local until_full = ceil((capacity - after) / rate)
+    local until_full = ceil((capacity - after) * unit / per_unit)
     if until_full ~= until_full then until_full = 0 end
     store(k.key, until_full, 't', after, double, 'u', k.updated, exact)
     return wire(floor(after)), retry, wire(until_full)

@@ -264,7 +264,7 @@ pub fn explain(
                 requests_per_unit: rate.requests_per_unit,
                 unit: rate.unit,
                 capacity: params.capacity,
-                refill_per_second: params.rate_per_ms() * 1_000.0,
+                refill_per_second: params.tokens_over(1_000.0),
                 cost: rule.cost,
                 lease: rule.lease,
                 shards: rule.shards.map(|n| {
@@ -274,7 +274,7 @@ pub fn explain(
                         count: n,
                         requests_per_unit: shard.requests_per_unit,
                         capacity: p.capacity,
-                        refill_per_second: p.rate_per_ms() * 1_000.0,
+                        refill_per_second: p.tokens_over(1_000.0),
                     }
                 }),
             };

@@ -123,9 +123,13 @@ pub struct BucketParams {
 }
 
 impl BucketParams {
-    /// Tokens per millisecond. Computed as one division of two doubles, exactly as the Lua does.
-    pub fn rate_per_ms(&self) -> f64 {
-        self.requests_per_unit as f64 / self.unit_ms as f64
+    /// Tokens the token bucket refills over `ms` milliseconds: `ms * requests_per_unit / unit_ms`,
+    /// multiplied before dividing, exactly as `lua/limit.lua` does. The one rounding is the
+    /// division's (the product of whole ms and whole requests is exact below 2^53), so a whole
+    /// number of tokens comes out exactly: 2 per hour over 1,800,000 ms is 1.0, where a rate per
+    /// ms, `2 / 3_600_000`, gave 0.9999999999999999.
+    pub fn tokens_over(&self, ms: f64) -> f64 {
+        ms * self.requests_per_unit as f64 / self.unit_ms as f64
     }
 }
 

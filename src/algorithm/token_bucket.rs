@@ -2,8 +2,8 @@
 //!
 //! The contract shared with `lua/limit.lua` (keep them in step):
 //! 1. `refill`: missing state is a full bucket; `elapsed = max(0, now - updated)`;
-//!    `tokens = min(capacity, tokens + elapsed * rate)`; the new `updated` is `max(updated, now)`
-//!    so a clock that steps back never refills twice.
+//!    `tokens = min(capacity, tokens + elapsed * requests_per_unit / unit_ms)`; the new `updated`
+//!    is `max(updated, now)` so a clock that steps back never refills twice.
 //! 2. `need = max(tokens_demanded, 1)` for takes; a take fits when `tokens >= need`.
 //! 3. The request is allowed when every non-shadow key fits; only then are takes deducted (a
 //!    shadow take is deducted only when it alone can pay, so a bucket never goes negative).
@@ -11,8 +11,19 @@
 //! 4. A lease take (`lease > 0`) that is taken also takes
 //!    `extra = min(lease, floor(tokens - tokens_demanded))` whole tokens: as many as the bucket
 //!    holds beyond the demand, up to the lease. `granted = tokens_demanded + extra` when taken.
-//! 5. `remaining = floor(tokens_after)`; `retry_after = ceil((need - tokens) / rate)` for a
-//!    rejected take, `None` when `need > capacity`; `until_full = ceil((capacity - tokens_after) / rate)`.
+//! 5. `remaining = floor(tokens_after)`; for a rejected take
+//!    `retry_after = ceil((need - tokens) * unit_ms / requests_per_unit)`, `None` when
+//!    `need > capacity`; `until_full = ceil((capacity - tokens_after) * unit_ms / requests_per_unit)`.
+//!
+//! All in doubles, left to right: each product before its division, never through a rate per
+//! ms. A rate `requests_per_unit / unit_ms` is itself rounded, and rounded again when multiplied
+//! or divided by, so exact cases came out wrong: at 2 per hour, 1,800,000 ms times
+//! `2 / 3_600_000` is 0.9999999999999999 tokens, and the wait for one token was 1,800,001 ms.
+//! Multiplied first, the only rounding is the division's: the product of whole numbers (ms times
+//! requests per unit, whole tokens times the unit) is exact while it is below 2^53, so a quotient
+//! that is a whole number comes out exactly and any other is correctly rounded. A fractional
+//! token count still rounds in `need - tokens` and in the refill's addition, so a wait from such
+//! a state can be a millisecond off the first one the refill admits.
 //!
 //! Stored as `HSET key t <tokens> u <updated_ms>` in Redis; this layout predates the other
 //! algorithms and is kept as it was, so upgrading sluice keeps every bucket.
@@ -26,7 +37,7 @@ pub fn refill(state: Option<BucketState>, now_ms: u64, params: &BucketParams) ->
         None => (capacity, now_ms),
         Some(s) => {
             let elapsed = now_ms.saturating_sub(s.updated_ms) as f64;
-            let tokens = (s.tokens + elapsed * params.rate_per_ms()).min(capacity);
+            let tokens = (s.tokens + params.tokens_over(elapsed)).min(capacity);
             (tokens, s.updated_ms.max(now_ms))
         }
     }
@@ -45,7 +56,6 @@ pub(super) fn settle(
     take: bool,
 ) -> (BucketState, Verdict) {
     let capacity = demand.params.capacity as f64;
-    let rate = demand.params.rate_per_ms();
     let tokens = state.tokens;
     let mut granted = 0;
     let after = if demand.refund {
@@ -64,13 +74,13 @@ pub(super) fn settle(
     } else if needed > capacity {
         None
     } else {
-        Some(((needed - tokens) / rate).ceil() as u64)
+        Some(wait_ms(needed - tokens, &demand.params) as u64)
     };
     let verdict = Verdict {
         allowed: fits,
         remaining: after.floor() as u64,
         retry_after_ms,
-        until_full_ms: ((capacity - after) / rate).ceil() as u64,
+        until_full_ms: wait_ms(capacity - after, &demand.params) as u64,
         granted,
     };
     let state = BucketState {
@@ -82,8 +92,16 @@ pub(super) fn settle(
 
 /// When the bucket is full again.
 pub(super) fn settled_at_ms(state: &BucketState, params: &BucketParams) -> u64 {
-    let until_full = ((params.capacity as f64 - state.tokens) / params.rate_per_ms()).ceil() as u64;
+    let until_full = wait_ms(params.capacity as f64 - state.tokens, params) as u64;
     state.updated_ms.saturating_add(until_full)
+}
+
+/// Whole ms until `tokens` more have refilled: `ceil(tokens * unit_ms / requests_per_unit)`, the
+/// inverse of [`BucketParams::tokens_over`] with the product again first. NaN (0 tokens at a
+/// zero rate) becomes 0 and anything past `u64::MAX` saturates under `as u64`, as `wire` does in
+/// the Lua.
+fn wait_ms(tokens: f64, params: &BucketParams) -> f64 {
+    (tokens * params.unit_ms as f64 / params.requests_per_unit as f64).ceil()
 }
 
 #[cfg(test)]
@@ -264,6 +282,31 @@ mod tests {
         // 2 missing at 0.25/ms is exactly 8 ms.
         let (v, _) = decide_one(0, take(QUARTER, 5), at(3.0, 0));
         assert_eq!(v.retry_after_ms, Some(8));
+    }
+
+    #[test]
+    fn slow_rates_wait_exactly_whole_intervals() {
+        // 2 per hour: one token every 1,800,000 ms. Through a rate per ms the refill over that
+        // time is just under one token (two roundings), and the wait came out 1,800,001 ms.
+        let p = params(2, 2, 3_600_000);
+        let rate_per_ms = p.requests_per_unit as f64 / p.unit_ms as f64;
+        assert_eq!(1_800_000.0 * rate_per_ms, 0.9999999999999999);
+        let (_, s) = decide_one(0, take(p, 1), None);
+        let (v, s) = decide_one(0, take(p, 1), Some(s));
+        assert!(v.allowed);
+        assert_eq!(s.tokens, 0.0);
+        let (v, s) = decide_one(0, take(p, 1), Some(s));
+        assert!(!v.allowed);
+        assert_eq!(v.retry_after_ms, Some(1_800_000));
+        assert_eq!(v.until_full_ms, 3_600_000);
+        assert_eq!(settled_at_ms(&s, &p), 3_600_000);
+        // One ms early is still short; on time one whole token is back.
+        assert!(!decide_one(1_799_999, take(p, 1), Some(s)).0.allowed);
+        assert_eq!(refill(Some(s), 1_800_000, &p), (1.0, 1_800_000));
+        let (v, s) = decide_one(1_800_000, take(p, 1), Some(s));
+        assert!(v.allowed);
+        assert_eq!((v.remaining, v.until_full_ms), (0, 3_600_000));
+        assert_eq!(s.tokens, 0.0);
     }
 
     #[test]
@@ -468,7 +511,6 @@ mod tests {
             p in any_params(),
             steps in prop::collection::vec((0u64..5_000, 0u64..200), 1..100),
         ) {
-            let rate = p.rate_per_ms();
             let mut now: u64 = 1_000_000;
             let mut state = None;
             // (time, tokens granted) per decision.
@@ -483,7 +525,7 @@ mod tests {
                 let mut granted = 0u64;
                 for &(t, g) in &grants[i..] {
                     granted += g;
-                    let bound = p.capacity as f64 + rate * (t - grants[i].0) as f64;
+                    let bound = p.capacity as f64 + p.tokens_over((t - grants[i].0) as f64);
                     prop_assert!(granted as f64 <= bound + 1e-9, "{granted} > {bound}");
                 }
             }
@@ -551,6 +593,33 @@ mod tests {
                     prop_assert!(refill(Some(s), 5_000 + wait - 1, &p).0 < need, "wait {wait} too long");
                 }
             }
+        }
+
+        /// From a whole number of tokens, a wait that is a whole number of ms is reported
+        /// exactly and refills exactly: the products are of whole numbers below 2^53, so the
+        /// only rounding is the division's, which has nothing to round.
+        #[test]
+        fn whole_waits_are_exact(
+            requests_per_unit in 1u64..=1_000,
+            unit_ms in prop::sample::select(vec![1_000u64, 60_000, 3_600_000, 86_400_000]),
+            wholes in 1u64..=20,
+            start_tokens in 0u64..1_000,
+            room in 0u64..1_000,
+        ) {
+            // `missing` tokens refill in a whole number of ms: a multiple of rpu / gcd(rpu, unit).
+            let (mut a, mut b) = (requests_per_unit, unit_ms);
+            while b != 0 {
+                (a, b) = (b, a % b);
+            }
+            let missing = requests_per_unit / a * wholes;
+            let tokens = start_tokens + missing;
+            let p = params(tokens + room, requests_per_unit, unit_ms);
+            let wait = missing * unit_ms / requests_per_unit;
+            let (v, s) = decide_one(5_000, take(p, tokens), at(start_tokens as f64, 5_000));
+            prop_assert!(!v.allowed);
+            prop_assert_eq!(v.retry_after_ms, Some(wait));
+            prop_assert_eq!(refill(Some(s), 5_000 + wait, &p).0, tokens as f64);
+            prop_assert!(refill(Some(s), 5_000 + wait - 1, &p).0 < tokens as f64);
         }
 
         #[test]

@@ -854,7 +854,7 @@ mod tests {
         }
         ticking.await.unwrap();
         let elapsed = clock.now_ms() - start;
-        let bound = TEN.capacity as f64 + TEN.rate_per_ms() * elapsed as f64;
+        let bound = TEN.capacity as f64 + TEN.tokens_over(elapsed as f64);
         let granted = granted.load(Ordering::Relaxed);
         assert!(granted as f64 <= bound, "granted {granted} > {bound}");
         assert!(
