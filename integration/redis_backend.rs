@@ -154,7 +154,7 @@ async fn script_flush_while_checking_costs_one_eval() {
 
 /// One script call per request.
 const UNBATCHED: BatchSettings = BatchSettings {
-    max_requests: 1,
+    max_keys: 1,
     in_flight: 1,
 };
 
@@ -247,7 +247,7 @@ async fn concurrent_checks_share_calls_and_keep_their_own_answers() {
 
     // Past the batch size, the rest goes in the next call.
     reset_stats(&server);
-    let max = BatchSettings::default().max_requests;
+    let max = BatchSettings::default().max_keys;
     let many: Vec<Hit> = (0..max + 3)
         .map(|i| Hit::new(key("batch", &format!("many{i}")), ROOMY, 1))
         .collect();
@@ -262,6 +262,46 @@ async fn concurrent_checks_share_calls_and_keep_their_own_answers() {
             .all(|a| a.as_ref().unwrap()[0].remaining == 999)
     );
     assert_eq!(command_calls(&server, "evalsha"), 2);
+}
+
+/// A batch is bounded in keys, and a request is never split: queued requests go in order, each
+/// in the first call with room for all of its keys, and one with more keys than the bound goes
+/// alone.
+#[tokio::test]
+async fn batches_are_bounded_in_keys_and_never_split_a_request() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::connect(RedisOptions {
+        batch: BatchSettings {
+            max_keys: 4,
+            in_flight: 1,
+        },
+        ..options(vec![server.url()], RedisMode::Standalone)
+    })
+    .await
+    .expect("connect");
+    let request = |name: &str, keys: usize| -> Vec<Hit> {
+        (0..keys)
+            .map(|i| Hit::new(key("bound", &format!("{name}{i}")), ROOMY, 1))
+            .collect()
+    };
+    // Keys 3, 1 | 2, 2 | 6 | 3: four calls, each of at most 4 keys except the 6-key request's.
+    let requests = [
+        request("a", 3),
+        request("b", 1),
+        request("c", 2),
+        request("d", 2),
+        request("e", 6),
+        request("f", 3),
+    ];
+    reset_stats(&server);
+    // Polled together on this one-thread runtime: all six are queued before the worker runs.
+    let answers = futures::future::join_all(requests.iter().map(|hits| backend.check(hits))).await;
+    for (hits, answer) in requests.iter().zip(&answers) {
+        let verdicts = answer.as_ref().expect("check");
+        assert_eq!(verdicts.len(), hits.len());
+        assert!(verdicts.iter().all(|v| v.allowed && v.remaining == 999));
+    }
+    assert_eq!(command_calls(&server, "evalsha"), 4);
 }
 
 #[tokio::test]

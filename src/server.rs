@@ -661,8 +661,8 @@ fn redis_options(settings: &Settings) -> RedisOptions {
         },
         expiry_jitter_max: settings.expiry_jitter_max,
         batch: BatchSettings {
-            max_requests: usize::try_from(settings.redis_max_batch).unwrap_or(usize::MAX),
-            ..BatchSettings::default()
+            max_keys: usize::try_from(settings.redis_max_batch).unwrap_or(usize::MAX),
+            in_flight: usize::try_from(settings.redis_batch_calls).unwrap_or(usize::MAX),
         },
     }
 }

@@ -121,12 +121,20 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_EXPIRY_JITTER_MAX", value_parser = parse_duration, default_value = "0s")]
     pub expiry_jitter_max: Duration,
 
-    /// Most concurrent requests one Redis script call decides (standalone mode). Checks share a
-    /// call only when earlier calls are still out, so an idle server answers each at once;
-    /// every request is still decided exactly as its own call would. 1: one call per request.
-    #[arg(long, env = "SLUICE_REDIS_MAX_BATCH", default_value_t = 32,
+    /// Most keys (descriptors) one Redis script call decides for concurrent requests
+    /// (standalone mode); a request is never split, one with more keys goes alone. Checks share
+    /// a call only when earlier calls are still out, so an idle server answers each at once;
+    /// every request is still decided exactly as its own call would. The bound caps how long
+    /// one call holds Redis (about 13 µs per fresh key). 1: one call per request.
+    #[arg(long, env = "SLUICE_REDIS_MAX_BATCH", default_value_t = 128,
           value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub redis_max_batch: u64,
+
+    /// Script calls out at once on the standalone connection before new checks queue for the
+    /// next batch. More calls: each waits less for a batch to form, batches are smaller.
+    #[arg(long, env = "SLUICE_REDIS_BATCH_CALLS", default_value_t = 2,
+          value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub redis_batch_calls: u64,
 
     /// Prefix of every bucket key (must not contain `{` or `}`).
     #[arg(long, env = "SLUICE_KEY_PREFIX", default_value = "sluice:")]
@@ -332,7 +340,8 @@ mod tests {
         assert_eq!(s.max_in_flight, 4096);
         assert_eq!(s.header_degraded, "x-ratelimit-degraded");
         assert_eq!(s.expiry_jitter_max, Duration::ZERO);
-        assert_eq!(s.redis_max_batch, 32);
+        assert_eq!(s.redis_max_batch, 128);
+        assert_eq!(s.redis_batch_calls, 2);
         assert_eq!(
             s.worker_threads, None,
             "tokio's default: the available CPUs"

@@ -6,9 +6,15 @@
 //! parsing and socket work per call. Under load those are paid once per batch. Nothing waits for
 //! a batch to fill: a check that finds a free call slot goes at once, alone, so an idle server
 //! answers as fast as without batching; only when [`BatchSettings::in_flight`] calls are already
-//! out do new checks queue, and the next free slot takes up to [`BatchSettings::max_requests`]
-//! of them in one call. The script decides each request of a batch as its own call would, in
-//! order (`lua/limit.lua`), so batching changes no answer.
+//! out do new checks queue, and the next free slot takes as many of them, in order, as fit in
+//! [`BatchSettings::max_keys`] keys (a request is never split; one with more keys goes alone).
+//! The script decides each request of a batch as its own call would, in order
+//! (`lua/limit.lua`), so batching changes no answer.
+//!
+//! The bound is in keys, not requests, because keys are what a call costs Redis: about 13 µs
+//! of script time per fresh key on this project's 2-core machine (1.6 ms for a call of 128),
+//! and Redis runs nothing else meanwhile. Requests of eight descriptors at a bound of 32
+//! requests made 14 ms calls, as long as the default deadline.
 //!
 //! Each check keeps its own deadline and breaker outcome (the caller wraps [`Batcher::check`]
 //! in them): a check whose caller gave up before its batch left is dropped from it, so a queue
@@ -27,8 +33,9 @@ use crate::backend::{BackendError, Hit};
 /// How checks share script calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BatchSettings {
-    /// Most requests decided by one script call; 1 turns batching off.
-    pub max_requests: usize,
+    /// Most keys decided by one script call (a request with more goes alone); 1 turns batching
+    /// off.
+    pub max_keys: usize,
     /// Script calls out at once; checks queue only when this many are.
     pub in_flight: usize,
 }
@@ -36,7 +43,7 @@ pub struct BatchSettings {
 impl Default for BatchSettings {
     fn default() -> Self {
         BatchSettings {
-            max_requests: 32,
+            max_keys: 128,
             in_flight: 2,
         }
     }
@@ -44,7 +51,7 @@ impl Default for BatchSettings {
 
 impl BatchSettings {
     pub fn enabled(&self) -> bool {
-        self.max_requests > 1
+        self.max_keys > 1
     }
 }
 
@@ -104,20 +111,36 @@ async fn serve(
     timeout: Duration,
 ) {
     let slots = Arc::new(Semaphore::new(settings.in_flight.max(1)));
-    let max_requests = settings.max_requests.max(1);
-    while let Some(job) = queue.recv().await {
+    let max_keys = settings.max_keys.max(1);
+    // The job that did not fit in the last batch: the first of the next.
+    let mut carried: Option<Job> = None;
+    loop {
+        let Some(job) = (match carried.take() {
+            Some(job) => Some(job),
+            None => queue.recv().await,
+        }) else {
+            return;
+        };
         // Waiting for a slot is what lets a batch form: checks arriving meanwhile queue up.
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
-        let mut batch = Vec::with_capacity(max_requests.min(queue.len() + 1));
+        let mut batch = Vec::with_capacity(max_keys.min(queue.len() + 1));
+        let mut keys = 0;
         let mut next = Some(job);
         while let Some(job) = next {
             // Its caller gave up (deadline): nobody reads the answer.
-            if !job.reply.is_closed() {
-                batch.push(job);
+            if job.reply.is_closed() {
+                next = queue.try_recv().ok();
+                continue;
             }
-            next = if batch.len() < max_requests {
+            if !batch.is_empty() && keys + job.hits.len() > max_keys {
+                carried = Some(job);
+                break;
+            }
+            keys += job.hits.len();
+            batch.push(job);
+            next = if keys < max_keys {
                 queue.try_recv().ok()
             } else {
                 None
