@@ -136,70 +136,56 @@ if used[3] or used[4] then
   end
 end
 
--- A key's hash as this call sees it, field -> value (false: absent), and its deferred write:
--- requests of a batch often share a key (a hot tenant), so each distinct key is read from Redis
--- once, kept here between its requests, and written once at the end (`flush`). No other client
--- runs while the script does, so the result is the same as reading and writing every time.
--- Written values stay numbers until the flush formats them: the formats round-trip (%.17g any
--- double, %.0f the whole numbers it is given), so `tonumber` of a kept number is what reading
--- the written string back would give, without the formatting and parsing in between.
-local seen, written, write_order = {}, {}, {}
+-- A key's state as this call sees it, and its deferred write: requests of a batch often share a
+-- key (a hot tenant), so each distinct key is read from Redis once, kept here between its
+-- requests, and written once at the end (`flush`). No other client runs while the script does,
+-- so the result is the same as reading and writing every time. `seen[key]` is the array of the
+-- key's algorithm's fields in `fields` order -- HMGET's reply, then updated in place -- and
+-- `algorithm_of[key]` that algorithm: a key names its algorithm (sluice tags every key but a
+-- token bucket's), so one key never has two in a call, and a call that tries fails before
+-- anything is written. Written values stay numbers until the flush formats them: the formats
+-- round-trip (%.17g any double, %.0f the whole numbers it is given), so `tonumber` of a kept
+-- number is what reading the written string back would give. Plain arrays and no varargs: this
+-- runs for every key of every call, and each table the script builds is garbage Redis's Lua
+-- must collect.
+local seen, algorithm_of, ttl_of, write_order = {}, {}, {}, {}
 
-local function read(key, fields)
-  local hash = seen[key]
-  if not hash then
-    hash = {}
-    seen[key] = hash
+local function read(key, algorithm)
+  local values = seen[key]
+  if values then
+    if algorithm_of[key] ~= algorithm then
+      error('sluice limit: key ' .. key .. ' has two algorithms in one call')
+    end
+    return values
   end
-  local missing = {}
-  for j = 1, #fields do
-    if hash[fields[j]] == nil then missing[#missing + 1] = fields[j] end
-  end
-  if #missing > 0 then
-    local values = redis.call('HMGET', key, unpack(missing))
-    for j = 1, #missing do hash[missing[j]] = values[j] end
-  end
-  local values = {}
-  for j = 1, #fields do values[j] = hash[fields[j]] end
+  values = redis.call('HMGET', key, unpack(algorithm.fields))
+  seen[key], algorithm_of[key] = values, algorithm
   return values
 end
 
-local function store(key, settles_in, ...)
+-- The key's new state, in its algorithm's field order (c only for three fields).
+local function store(key, settles_in, a, b, c)
   local ttl = settles_in + EXPIRY_MARGIN_MS + jitter
   if ttl > MAX_TTL_MS then ttl = MAX_TTL_MS end
-  local hash = seen[key]
-  local pending = written[key]
-  if not pending then
-    pending = {fields = {}, formats = {}}
-    written[key] = pending
-    write_order[#write_order + 1] = key
-  end
-  pending.ttl = ttl
-  -- (field, number, format) triples.
-  local assignments = {...}
-  for j = 1, #assignments, 3 do
-    local field = assignments[j]
-    if not pending.formats[field] then
-      pending.fields[#pending.fields + 1] = field
-    end
-    pending.formats[field] = assignments[j + 2]
-    hash[field] = assignments[j + 1]
-  end
+  if not ttl_of[key] then write_order[#write_order + 1] = key end
+  ttl_of[key] = ttl
+  local values = seen[key]
+  values[1], values[2], values[3] = a, b, c
 end
 
 -- One HSET + PEXPIRE per written key, with its last state and TTL, in first-write order.
 local function flush()
   for i = 1, #write_order do
     local key = write_order[i]
-    local pending, hash = written[key], seen[key]
-    local args = {}
-    for j = 1, #pending.fields do
-      local field = pending.fields[j]
-      args[#args + 1] = field
-      args[#args + 1] = pending.formats[field](hash[field])
+    local algorithm, values = algorithm_of[key], seen[key]
+    local f, as = algorithm.fields, algorithm.formats
+    if #f == 2 then
+      redis.call('HSET', key, f[1], as[1](values[1]), f[2], as[2](values[2]))
+    else
+      redis.call('HSET', key, f[1], as[1](values[1]), f[2], as[2](values[2]),
+        f[3], as[3](values[3]))
     end
-    redis.call('HSET', key, unpack(args))
-    redis.call('PEXPIRE', key, exact(pending.ttl))
+    redis.call('PEXPIRE', key, exact(ttl_of[key]))
   end
 end
 
@@ -214,6 +200,7 @@ local ALGORITHMS = {}
 -- rounds, and a product of whole numbers is exact below 2^53.
 ALGORITHMS[1] = {
   fields = {'t', 'u'},
+  formats = {double, exact},
   load = function(k, v)
     local stored_tokens, stored_updated = tonumber(v[1]), tonumber(v[2])
     if stored_tokens and stored_updated then
@@ -251,7 +238,7 @@ ALGORITHMS[1] = {
     end
     local until_full = ceil((capacity - after) * unit / per_unit)
     if until_full ~= until_full then until_full = 0 end
-    store(k.key, until_full, 't', after, double, 'u', k.updated, exact)
+    store(k.key, until_full, after, k.updated)
     return wire(floor(after)), retry, wire(until_full)
   end,
 }
@@ -260,6 +247,7 @@ if used[2] then
   -- 2: fixed window, aligned to the unit on the clock (envoyproxy/ratelimit's windows).
   ALGORITHMS[2] = {
     fields = {'w', 'c'},
+    formats = {exact, exact},
     load = function(k, v)
       local start = now - now % k.window
       local stored_start, stored_count = tonumber(v[1]), tonumber(v[2])
@@ -292,7 +280,7 @@ if used[2] then
       local reset = window_end - (now - now % 1000)
       local settles_in = 0
       if count > 0 then settles_in = window_end - now end
-      store(k.key, settles_in, 'w', k.start, exact, 'c', count, exact)
+      store(k.key, settles_in, k.start, count)
       return wire(max(limit - count, 0)), retry, wire(reset)
     end,
   }
@@ -317,6 +305,7 @@ if used[3] then
 
   ALGORITHMS[3] = {
     fields = {'w', 'c', 'p'},
+    formats = {exact, exact, exact},
     load = function(k, v)
       local start, current, previous = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
       if not (start and current and previous) then start = nil end
@@ -370,7 +359,7 @@ if used[3] then
       elseif previous > 0 then
         until_full = start + window - now
       end
-      store(k.key, until_full, 'w', start, exact, 'c', current, exact, 'p', previous, exact)
+      store(k.key, until_full, start, current, previous)
       return wire(remaining), retry, wire(until_full)
     end,
   }
@@ -380,6 +369,7 @@ if used[4] then
   -- 4: GCRA. T = unit_ms / per_unit, tolerance = T * capacity, slack = min(T / 2^20, 1 ms).
   ALGORITHMS[4] = {
     fields = {'a', 'f'},
+    formats = {exact, double},
     load = function(k, v)
       local interval = k.window / max(k.per_unit, 1)
       local slack = interval / 1048576
@@ -436,7 +426,7 @@ if used[4] then
       end
       local until_full = tat - now
       if frac > 0 then until_full = until_full + 1 end
-      store(k.key, until_full, 'a', tat, exact, 'f', frac, double)
+      store(k.key, until_full, tat, frac)
       return wire(remaining), retry, wire(until_full)
     end,
   }
@@ -480,7 +470,7 @@ for g = 1, #ends do
   local all_allowed = true
   for i = first, last do
     local k = keys[i]
-    local state = read(k.key, k.algorithm.fields)
+    local state = read(k.key, k.algorithm)
     k.fit = k.algorithm.load(k, state)
     if not k.fit and not k.shadow then all_allowed = false end
   end
