@@ -461,6 +461,13 @@ impl<B: Backend> Limiter<B> {
             .zip(leases)
             .map(|(hit, lease)| lease.map(|_| store.reserve(hit, now_ms)))
             .collect();
+        let mut unsettled = Unsettled {
+            store,
+            hits,
+            reservations: &reservations,
+            now_ms,
+            armed: true,
+        };
         // The hits the backend must see, and where each came from.
         let mut sent: Vec<Hit> = Vec::new();
         let mut origin: Vec<usize> = Vec::new();
@@ -499,6 +506,7 @@ impl<B: Backend> Limiter<B> {
             let remote = match remote {
                 Ok(remote) => remote,
                 Err(error) => {
+                    unsettled.armed = false;
                     settle_leases(
                         store,
                         hits,
@@ -533,6 +541,7 @@ impl<B: Backend> Limiter<B> {
                 _ => None,
             })
             .collect();
+        unsettled.armed = false;
         let left = settle_leases(
             store,
             hits,
@@ -817,6 +826,37 @@ fn paid_locally(tokens: u64, left: u64, remote: Remote) -> Verdict {
 /// Settles every reservation once the request's fate is known (see
 /// [`Limiter::leased_outcomes`]). `verdicts[j]` is the backend's verdict for `sent[j]`, where it
 /// decided. Returns, per sent hit, the tokens its lease holds after a refill.
+/// The refilling reservations of a decision until [`settle_leases`] ends them. A decision
+/// dropped while its backend call is out (the caller gave up: Envoy's timeout cancels the call)
+/// never gets there, so on drop each is abandoned: its taken tokens go back to its lease and
+/// the lease is no longer held as being refilled, so the sweep and eviction can drop it again.
+struct Unsettled<'a> {
+    store: &'a LeaseStore,
+    hits: &'a [Hit],
+    reservations: &'a [Option<Reservation>],
+    now_ms: u64,
+    /// Cleared just before `settle_leases`, which ends every reservation itself.
+    armed: bool,
+}
+
+impl Drop for Unsettled<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        for (hit, reservation) in self.hits.iter().zip(self.reservations) {
+            if let Some(Reservation::Short {
+                taken,
+                expires_ms,
+                refill: true,
+            }) = *reservation
+            {
+                self.store.abandon(&hit.key, taken, expires_ms, self.now_ms);
+            }
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn settle_leases(
     store: &LeaseStore,
@@ -1030,7 +1070,9 @@ fn degraded(target: Target) -> Status {
 mod tests {
     use std::collections::HashSet;
     use std::sync::Mutex;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    use futures::FutureExt as _;
 
     use super::*;
     use crate::backend::memory::{MemoryBackend, MemoryOptions};
@@ -1046,6 +1088,8 @@ mod tests {
         inner: MemoryBackend,
         calls: AtomicUsize,
         failing: Mutex<HashSet<String>>,
+        /// While set, every check waits for ever (a Redis that stopped answering).
+        stalled: AtomicBool,
     }
 
     impl Flaky {
@@ -1075,6 +1119,9 @@ mod tests {
         }
         async fn check_each(&self, hits: &[Hit]) -> Vec<Result<Verdict, BackendError>> {
             self.calls.fetch_add(1, Ordering::SeqCst);
+            if self.stalled.load(Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
             let healthy: Vec<Hit> = hits
                 .iter()
                 .filter(|h| !self.is_failing(&h.key))
@@ -1133,6 +1180,7 @@ descriptors:
             inner: MemoryBackend::new(Arc::new(clock.clone()), MemoryOptions::default()),
             calls: AtomicUsize::new(0),
             failing: Mutex::new(HashSet::new()),
+            stalled: AtomicBool::new(false),
         });
         let resilience = Resilience::new(
             &ResilienceOptions {
@@ -1406,6 +1454,7 @@ descriptors:
             inner: MemoryBackend::new(Arc::new(clock.clone()), MemoryOptions::default()),
             calls: AtomicUsize::new(0),
             failing: Mutex::new(HashSet::new()),
+            stalled: AtomicBool::new(false),
         });
         let resilience = Resilience::new(
             &ResilienceOptions::default(),
@@ -1495,6 +1544,36 @@ descriptors:
         // The bucket had 15: 2 for the request and 3 more for the lease (batch 5).
         assert_eq!(d.statuses[0].remaining, 10 + 3);
         assert_eq!(store.tokens(rig.clock.now_ms()), 3);
+    }
+
+    /// A decision dropped while its backend call is out (the caller's deadline) gives back what
+    /// it took from its lease and stops holding the lease as being refilled.
+    #[tokio::test]
+    async fn a_cancelled_decision_gives_its_reservations_back() {
+        let (rig, store) = leased_rig();
+        rig.backend.stalled.store(true, Ordering::SeqCst);
+        let new_key = request("lease", &[("hot", "new")]);
+        assert!(rig.limiter.decide(&new_key).now_or_never().is_none());
+        rig.backend.stalled.store(false, Ordering::SeqCst);
+        // The new lease is empty and expired: nothing holds it, the sweep drops it.
+        assert_eq!(rig.limiter.return_expired_leases().await, 0);
+        assert!(
+            store.is_empty(),
+            "the cancelled refill no longer holds the lease"
+        );
+
+        assert_eq!(code(&rig, &[("hot", "k")]).await, Code::Ok);
+        assert_eq!(store.tokens(rig.clock.now_ms()), 4);
+        // Five hits: the lease's 4 are taken, the call for the rest stalls and is dropped.
+        rig.backend.stalled.store(true, Ordering::SeqCst);
+        let mut five = request("lease", &[("hot", "k")]);
+        five.hits_addend = 5;
+        assert!(rig.limiter.decide(&five).now_or_never().is_none());
+        rig.backend.stalled.store(false, Ordering::SeqCst);
+        assert_eq!(store.tokens(rig.clock.now_ms()), 4, "the 4 are back");
+        rig.clock.advance(1_000);
+        assert_eq!(rig.limiter.return_expired_leases().await, 4);
+        assert!(store.is_empty());
     }
 
     #[tokio::test]
