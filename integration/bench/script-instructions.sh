@@ -14,19 +14,14 @@ SRC=${SRC:-lua/limit.lua}
 CALLS=${CALLS:-3000}
 PIPELINE=${PIPELINE:-1}
 KEYS_PER_CALL=${KEYS_PER_CALL:-1 4}
-for tool in valgrind callgrind_control callgrind_annotate redis-server redis-cli redis-benchmark; do
-  command -v "$tool" >/dev/null || { echo "error: $tool not found" >&2; exit 1; }
-done
-TMP=$(mktemp -d)
-pid=
-cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$TMP"; }
-trap cleanup EXIT
+source integration/bench/script-common.sh
+needs valgrind callgrind_control callgrind_annotate redis-server redis-cli redis-benchmark
 for k in $KEYS_PER_CALL; do
-  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  port=$(free_port)
   valgrind --tool=callgrind --callgrind-out-file="$TMP/cg.%p" redis-server --bind 127.0.0.1 \
     --port "$port" --save '' --appendonly no >/dev/null 2>&1 &
   pid=$!
-  for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done
+  wait_for_redis "$port"
   sha=$(redis-cli -p "$port" script load "$(cat "$SRC")")
   args=()
   for i in $(seq "$k"); do args+=("{bench}k$i"); done

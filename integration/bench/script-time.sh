@@ -14,17 +14,12 @@ cd "$(dirname "$0")/../.."
 SRCS=${SRCS:-lua/limit.lua}
 ROUNDS=${ROUNDS:-1}
 CALLS=${CALLS:-100000}
-for tool in redis-server redis-cli redis-benchmark; do
-  command -v "$tool" >/dev/null || { echo "error: $tool not found" >&2; exit 1; }
-done
-TMP=$(mktemp -d)
-pid=
-cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$TMP"; }
-trap cleanup EXIT
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+source integration/bench/script-common.sh
+needs redis-server redis-cli redis-benchmark
+port=$(free_port)
 redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no --dir "$TMP" >/dev/null 2>&1 &
 pid=$!
-for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+wait_for_redis "$port"
 
 # usec N ARGS...: Redis's µs per EVALSHA over N calls from 16 clients.
 usec() {
