@@ -105,22 +105,22 @@ for i = 1, nkeys do
   used[(tonumber(ARGV[3 + WIDTH * (i - 1)]) or 0) % GROUP_START] = true
 end
 
-local first_fit, most_that_fit
-if used[3] or used[4] then
-  -- The smallest d >= 1 near guess with ok(d), ok monotone: the first ms a demand fits.
-  first_fit = function(guess, ok)
-    local d = guess
-    if not (d >= 1) then d = 1 end
-    for _ = 1, SEARCH_STEPS do
-      if ok(d) then break end
-      d = d + 1
-    end
-    for _ = 1, SEARCH_STEPS do
-      if d > 1 and ok(d - 1) then d = d - 1 else break end
-    end
-    return d
+-- The smallest d >= 1 near guess with ok(d), ok monotone: the first ms a demand fits.
+local function first_fit(guess, ok)
+  local d = guess
+  if not (d >= 1) then d = 1 end
+  for _ = 1, SEARCH_STEPS do
+    if ok(d) then break end
+    d = d + 1
   end
+  for _ = 1, SEARCH_STEPS do
+    if d > 1 and ok(d - 1) then d = d - 1 else break end
+  end
+  return d
+end
 
+local most_that_fit
+if used[3] or used[4] then
   -- The largest n in [0, cap] near guess with ok(n): hits that would still fit now.
   most_that_fit = function(guess, cap, ok)
     local n = floor(guess)
@@ -194,7 +194,7 @@ end
 local ALGORITHMS = {}
 
 -- 1: token bucket. tokens = min(capacity, tokens + elapsed * per_unit / unit_ms); the waits are
--- ceil(tokens short * unit_ms / per_unit). Each product before its division, never a rate per
+-- ceil(tokens short * unit_ms / per_unit), retry-after corrected by first_fit against the refill. Each product before its division, never a rate per
 -- ms: a rate is rounded once and again when used (2 per hour over 1,800,000 ms came to
 -- 0.9999999999999999 tokens, a wait of 1,800,001 ms); multiplied first, only the division
 -- rounds, and a product of whole numbers is exact below 2^53.
@@ -234,7 +234,11 @@ ALGORITHMS[1] = {
     elseif need > capacity then
       retry = -1
     else
-      retry = wire(ceil((need - tokens) * unit / per_unit))
+      -- The estimate can be a ms off from a fraction of a token; the search finds the first ms
+      -- the refill admits.
+      retry = wire(first_fit(ceil((need - tokens) * unit / per_unit), function(d)
+        return min(capacity, tokens + d * per_unit / unit) >= need
+      end))
     end
     local until_full = ceil((capacity - after) * unit / per_unit)
     if until_full ~= until_full then until_full = 0 end

@@ -12,7 +12,8 @@
 //!    `extra = min(lease, floor(tokens - tokens_demanded))` whole tokens: as many as the bucket
 //!    holds beyond the demand, up to the lease. `granted = tokens_demanded + extra` when taken.
 //! 5. `remaining = floor(tokens_after)`; for a rejected take
-//!    `retry_after = ceil((need - tokens) * unit_ms / requests_per_unit)`, `None` when
+//!    `retry_after` is the first ms `d >= 1` at which `min(capacity, tokens + d * requests_per_unit
+//!    / unit_ms) >= need`, searched from `ceil((need - tokens) * unit_ms / requests_per_unit)`; `None` when
 //!    `need > capacity`; `until_full = ceil((capacity - tokens_after) * unit_ms / requests_per_unit)`.
 //!
 //! All in doubles, left to right: each product before its division, never through a rate per
@@ -22,13 +23,15 @@
 //! Multiplied first, the only rounding is the division's: the product of whole numbers (ms times
 //! requests per unit, whole tokens times the unit) is exact while it is below 2^53, so a quotient
 //! that is a whole number comes out exactly and any other is correctly rounded. A fractional
-//! token count still rounds in `need - tokens` and in the refill's addition, so a wait from such
-//! a state can be a millisecond off the first one the refill admits.
+//! token count still rounds in `need - tokens` and in the refill's addition, so a wait estimated
+//! from such a state can be a millisecond off the first one the refill admits; the retry-after is
+//! therefore the estimate corrected by `first_fit` against the refill itself (as the GCRA and the
+//! sliding window do), and is exact.
 //!
 //! Stored as `HSET key t <tokens> u <updated_ms>` in Redis; this layout predates the other
 //! algorithms and is kept as it was, so upgrading sluice keeps every bucket.
 
-use super::{BucketParams, BucketState, Demand, Verdict, need};
+use super::{BucketParams, BucketState, Demand, Verdict, first_fit, need};
 
 /// Tokens in the bucket at `now_ms`, and the refill timestamp to store.
 pub fn refill(state: Option<BucketState>, now_ms: u64, params: &BucketParams) -> (f64, u64) {
@@ -74,7 +77,10 @@ pub(super) fn settle(
     } else if needed > capacity {
         None
     } else {
-        Some(wait_ms(needed - tokens, &demand.params) as u64)
+        // The estimate can be a ms off where the bucket holds a fraction (`needed - tokens` and
+        // the refill's addition each round); the search lands on the first ms the refill admits.
+        let fits_at = |d: f64| (tokens + demand.params.tokens_over(d)).min(capacity) >= needed;
+        Some(first_fit(wait_ms(needed - tokens, &demand.params), fits_at) as u64)
     };
     let verdict = Verdict {
         allowed: fits,
@@ -307,6 +313,40 @@ mod tests {
         assert!(v.allowed);
         assert_eq!((v.remaining, v.until_full_ms), (0, 3_600_000));
         assert_eq!(s.tokens, 0.0);
+    }
+
+    #[test]
+    fn retry_after_from_a_partial_refill_is_exact() {
+        // Fractions of a token come from refills of part of an interval, and there
+        // `need - tokens` and the refill's own addition round: the estimated wait can be a ms off
+        // the first ms the refill admits. Every state an empty bucket refills to in its first
+        // 2,000 ms, at rates whose intervals are not whole ms, must wait exactly.
+        let mut checked = 0;
+        for unit_ms in [1_000, 60_000, 3_600_000] {
+            for requests_per_unit in [3, 7, 9, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47] {
+                for capacity in [1, 2, 5, 50] {
+                    let p = params(capacity, requests_per_unit, unit_ms);
+                    for elapsed in 1..2_000 {
+                        let (v, s) = decide_one(elapsed, take(p, capacity), at(0.0, 0));
+                        if v.allowed {
+                            continue;
+                        }
+                        let wait = v.retry_after_ms.expect("capacity can always fit");
+                        let need = capacity as f64;
+                        assert!(
+                            refill(Some(s), elapsed + wait, &p).0 >= need,
+                            "{p:?} after {elapsed} ms: wait {wait} too short"
+                        );
+                        assert!(
+                            refill(Some(s), elapsed + wait - 1, &p).0 < need,
+                            "{p:?} after {elapsed} ms: wait {wait} too long"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked > 100_000, "{checked}");
     }
 
     #[test]
