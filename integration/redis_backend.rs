@@ -503,6 +503,84 @@ async fn token_buckets_stored_before_the_upgrade_are_kept() {
     assert_eq!(fields[0], "2", "the bucket was not touched by the others");
 }
 
+/// The script refuses a malformed call with a reply naming what is wrong, and a refused call
+/// writes nothing: every argument is parsed, and every key's algorithm checked, before the first
+/// write. sluice never sends such calls; the script's contract (its header) says so anyway.
+#[test]
+fn malformed_script_calls_are_refused_and_write_nothing() {
+    let server = RedisServer::start();
+    let source = include_str!("../lua/limit.lua");
+    let mut conn = server.conn();
+    let eval = |conn: &mut redis::Connection, keys: &[&str], args: &[&str]| {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(source).arg(keys.len()).arg(keys).arg(args);
+        cmd.query::<redis::Value>(conn)
+    };
+    // A token bucket of 5, 1 per second, 1 hit: a key's six values.
+    const BUCKET: [&str; 6] = ["1", "5", "1", "1000", "1", "0"];
+    fn call<'a>(keys: &[&[&'a str]]) -> Vec<&'a str> {
+        let mut args = vec!["", "0"];
+        keys.iter()
+            .for_each(|values| args.extend_from_slice(values));
+        args
+    }
+    let refusals: [(&[&str], Vec<&str>, &str); 6] = [
+        (
+            &["a"],
+            vec!["", "0", "1", "5"],
+            "expected 2 + 6 ARGV per key",
+        ),
+        (&[], vec!["", "0"], "expected 2 + 6 ARGV per key"),
+        (
+            &["a"],
+            [&["soon", "0"][..], &BUCKET].concat(),
+            "ARGV[1] must be empty or a number",
+        ),
+        (
+            &["a"],
+            [&["", "-1"][..], &BUCKET].concat(),
+            "ARGV[2] must be a number >= 0",
+        ),
+        (
+            &["a", "b"],
+            call(&[&BUCKET, &["1", "5", "x", "1000", "1", "0"]]),
+            "non-numeric ARGV for key 2",
+        ),
+        (
+            &["a", "b"],
+            call(&[&BUCKET, &["7", "5", "1", "1000", "1", "0"]]),
+            "unknown algorithm 7 for key 2",
+        ),
+    ];
+    for (keys, args, message) in refusals {
+        let err = eval(&mut conn, keys, &args).expect_err(message);
+        assert!(
+            err.to_string().contains(message),
+            "{keys:?} {args:?}: {err}"
+        );
+    }
+    // Two requests of a batch (the second starts a group: 1 + 16) naming one key with two
+    // algorithms: refused at the second, after the first was decided, yet nothing is written.
+    let args = call(&[&BUCKET, &["18", "5", "1", "1000", "1", "0"]]);
+    let err = eval(&mut conn, &["a", "a"], &args).expect_err("two algorithms on one key");
+    assert!(
+        err.to_string().contains("has two algorithms in one call"),
+        "{err}"
+    );
+    for key in ["a", "b"] {
+        let exists: i64 = server.cmd(&["EXISTS", key]);
+        assert_eq!(exists, 0, "{key} was written by a refused call");
+    }
+    // The same call well formed is decided and written.
+    let reply = eval(&mut conn, &["a"], &call(&[&BUCKET])).expect("a well-formed call");
+    assert_eq!(
+        redis::from_redis_value::<Vec<i64>>(reply).expect("five integers"),
+        [1, 4, 0, 1000, 1]
+    );
+    let exists: i64 = server.cmd(&["EXISTS", "a"]);
+    assert_eq!(exists, 1);
+}
+
 /// Measures what one key of each algorithm costs Redis (`MEMORY USAGE key SAMPLES 0`) for a
 /// realistic two-entry descriptor, and prints the figures quoted in the README.
 #[tokio::test]

@@ -56,8 +56,15 @@ Needs Redis >= 5 (effects replication, so reading TIME before writing is allowed
 
 local WIDTH = 6
 local GROUP_START = 16
+-- Why the body is shaped so: Redis runs this whole chunk on every call, so every closure, table
+-- and table field it creates is built anew and then collected -- at one key that set-up, not the
+-- four Redis commands, was most of the call. So the set-up is a fixed handful of flat arrays
+-- whatever the number of keys (no table per key, none per algorithm), an algorithm is a branch on
+-- its code whose functions are built only when the call uses it, and a key's state is HMGET's own
+-- reply, brought to now and then updated in place.
 -- Locals, not `math.*` lookups: the script is interpreted on every call.
 local floor, ceil, min, max, format = math.floor, math.ceil, math.min, math.max, string.format
+local tonumber = tonumber
 local nkeys = #KEYS
 if nkeys == 0 or #ARGV ~= 2 + WIDTH * nkeys then
   return redis.error_reply('ERR sluice limit: expected 2 + 6 ARGV per key')
@@ -78,6 +85,35 @@ if not jitter or jitter < 0 then
   return redis.error_reply('ERR sluice limit: ARGV[2] must be a number >= 0')
 end
 
+-- Every key's values are parsed before anything is read or written, so a malformed call fails
+-- having changed nothing: `arg[b + 1 .. b + 6]`, b = 6 * (i - 1), are key i's algorithm code
+-- (group mark removed), capacity, per_unit, unit_ms, hits and flags. `ends` lists the last key
+-- of every group; `uses[code]` which algorithms the call needs.
+local arg, ends, uses = {}, {}, {false, false, false, false}
+for i = 1, nkeys do
+  local b = WIDTH * (i - 1)
+  local code = tonumber(ARGV[b + 3])
+  local capacity = tonumber(ARGV[b + 4])
+  local per_unit = tonumber(ARGV[b + 5])
+  local unit = tonumber(ARGV[b + 6])
+  local hits = tonumber(ARGV[b + 7])
+  local flags = tonumber(ARGV[b + 8])
+  if not (code and capacity and per_unit and unit and hits and flags) then
+    return redis.error_reply('ERR sluice limit: non-numeric ARGV for key ' .. i)
+  end
+  if code >= GROUP_START then
+    code = code - GROUP_START
+    if i > 1 then ends[#ends + 1] = i - 1 end
+  end
+  if uses[code] == nil then
+    return redis.error_reply('ERR sluice limit: unknown algorithm ' .. code .. ' for key ' .. i)
+  end
+  uses[code] = true
+  arg[b + 1], arg[b + 2], arg[b + 3], arg[b + 4], arg[b + 5], arg[b + 6] =
+    code, capacity, per_unit, unit, hits, flags
+end
+ends[#ends + 1] = nkeys
+
 local TWO_63 = 9223372036854775808
 local TWO_64 = 18446744073709551616
 -- 2^53 ms is 285,000 years: a key further from settling is as good as never settled, and the
@@ -95,16 +131,6 @@ local function wire(x)
   return x
 end
 
-local function exact(x) return format('%.0f', x) end
-local function double(x) return format('%.17g', x) end
-
--- Which algorithms this call uses: only their tables and closures are built (building all four
--- on every call cost a sixth of the script's time).
-local used = {}
-for i = 1, nkeys do
-  used[(tonumber(ARGV[3 + WIDTH * (i - 1)]) or 0) % GROUP_START] = true
-end
-
 -- The smallest d >= 1 near guess with ok(d), ok monotone: the first ms a demand fits.
 local function first_fit(guess, ok)
   local d = guess
@@ -119,9 +145,84 @@ local function first_fit(guess, ok)
   return d
 end
 
+-- A key's state as this call sees it, and its deferred write: requests of a batch often share a
+-- key (a hot tenant), so each distinct key is read from Redis once, kept here between its
+-- requests, and written once at the end. No other client runs while the script does, so the
+-- result is the same as reading and writing every time. `seen[key]` is the array of the key's
+-- algorithm's fields in its HSET order -- HMGET's reply, then brought to now by `load` and
+-- updated by `settle` in place -- and `code_of[key]` that algorithm: a key names its algorithm
+-- (sluice tags every key but a token bucket's), so one key never has two in a call, and a call
+-- that tries fails before anything is written. Values stay numbers until the flush formats them:
+-- the formats round-trip (%.17g any double, %.0f the whole numbers it is given), so `tonumber` of
+-- a kept number is what reading the written string back would give.
+-- `ttl_of[key]` is the TTL of its last state, `write_order` the keys in first-write order.
+local seen, code_of, ttl_of, write_order = {}, {}, {}, {}
+
+-- Each algorithm: `load(i, b, v)` brings the state `v` of key i (its values start at arg[b + 1])
+-- to now (in place; GCRA keeps how far ahead of now it is in `backlog[i]`) and returns whether
+-- its demand fits; `settle(i, b, v, fit, take)` updates `v` to the new state and returns remaining,
+-- retry_after, until_full, granted and the ms until the state settles (the TTL's base).
+-- flags = refund (1) + shadow (2) + 4 * lease.
+
+-- 1: token bucket. tokens = min(capacity, tokens + elapsed * per_unit / unit_ms); the waits are
+-- ceil(tokens short * unit_ms / per_unit), retry-after corrected by first_fit against the refill.
+-- Each product before its division, never a rate per ms: a rate is rounded once and again when
+-- used (2 per hour over 1,800,000 ms came to 0.9999999999999999 tokens, a wait of 1,800,001 ms);
+-- multiplied first, only the division rounds, and a product of whole numbers is exact below 2^53.
+local function bucket_load(i, b, v)
+  local capacity = arg[b + 2]
+  local stored_tokens, stored_updated = tonumber(v[1]), tonumber(v[2])
+  local tokens
+  if stored_tokens and stored_updated then
+    local elapsed = now - stored_updated
+    if elapsed < 0 then elapsed = 0 end
+    tokens = min(capacity, stored_tokens + elapsed * arg[b + 3] / arg[b + 4])
+    v[2] = max(stored_updated, now)
+  else
+    tokens = capacity
+    v[2] = now
+  end
+  v[1] = tokens
+  return arg[b + 6] % 2 == 1 or tokens >= max(arg[b + 5], 1)
+end
+
+local function bucket_settle(i, b, v, fit, take)
+  local capacity, per_unit, unit, hits, flags = arg[b + 2], arg[b + 3], arg[b + 4], arg[b + 5], arg[b + 6]
+  local tokens = v[1]
+  local after, granted = tokens, 0
+  if flags % 2 == 1 then
+    after = min(tokens + hits, capacity)
+  elseif take then
+    local left = tokens - hits
+    local extra = min(floor(left), floor(flags / 4))
+    granted = hits + extra
+    after = left - extra
+  end
+  local need = max(hits, 1)
+  local retry
+  if fit then
+    retry = 0
+  elseif need > capacity then
+    retry = -1
+  else
+    -- The estimate can be a ms off from a fraction of a token; the search finds the first ms
+    -- the refill admits.
+    retry = wire(first_fit(ceil((need - tokens) * unit / per_unit), function(d)
+      return min(capacity, tokens + d * per_unit / unit) >= need
+    end))
+  end
+  local until_full = ceil((capacity - after) * unit / per_unit)
+  if until_full ~= until_full then until_full = 0 end
+  v[1] = after
+  return wire(floor(after)), retry, wire(until_full), granted, until_full
+end
+
+local window_load, window_settle, sliding_load, sliding_settle, gcra_load, gcra_settle
+local backlog
+
+-- The largest n in [0, cap] near guess with ok(n): hits that would still fit now.
 local most_that_fit
-if used[3] or used[4] then
-  -- The largest n in [0, cap] near guess with ok(n): hits that would still fit now.
+if uses[3] or uses[4] then
   most_that_fit = function(guess, cap, ok)
     local n = floor(guess)
     if n ~= n or n < 0 then n = 0 end
@@ -136,163 +237,50 @@ if used[3] or used[4] then
   end
 end
 
--- A key's state as this call sees it, and its deferred write: requests of a batch often share a
--- key (a hot tenant), so each distinct key is read from Redis once, kept here between its
--- requests, and written once at the end (`flush`). No other client runs while the script does,
--- so the result is the same as reading and writing every time. `seen[key]` is the array of the
--- key's algorithm's fields in `fields` order -- HMGET's reply, then updated in place -- and
--- `algorithm_of[key]` that algorithm: a key names its algorithm (sluice tags every key but a
--- token bucket's), so one key never has two in a call, and a call that tries fails before
--- anything is written. Written values stay numbers until the flush formats them: the formats
--- round-trip (%.17g any double, %.0f the whole numbers it is given), so `tonumber` of a kept
--- number is what reading the written string back would give. Plain arrays and no varargs: this
--- runs for every key of every call, and each table the script builds is garbage Redis's Lua
--- must collect.
-local seen, algorithm_of, ttl_of, write_order = {}, {}, {}, {}
-
-local function read(key, algorithm)
-  local values = seen[key]
-  if values then
-    if algorithm_of[key] ~= algorithm then
-      error('sluice limit: key ' .. key .. ' has two algorithms in one call')
-    end
-    return values
-  end
-  values = redis.call('HMGET', key, unpack(algorithm.fields))
-  seen[key], algorithm_of[key] = values, algorithm
-  return values
-end
-
--- The key's new state, in its algorithm's field order (c only for three fields).
-local function store(key, settles_in, a, b, c)
-  local ttl = settles_in + EXPIRY_MARGIN_MS + jitter
-  if ttl > MAX_TTL_MS then ttl = MAX_TTL_MS end
-  if not ttl_of[key] then write_order[#write_order + 1] = key end
-  ttl_of[key] = ttl
-  local values = seen[key]
-  values[1], values[2], values[3] = a, b, c
-end
-
--- One HSET + PEXPIRE per written key, with its last state and TTL, in first-write order.
-local function flush()
-  for i = 1, #write_order do
-    local key = write_order[i]
-    local algorithm, values = algorithm_of[key], seen[key]
-    local f, as = algorithm.fields, algorithm.formats
-    if #f == 2 then
-      redis.call('HSET', key, f[1], as[1](values[1]), f[2], as[2](values[2]))
+if uses[2] then
+  -- 2: fixed window, aligned to the unit on the clock (envoyproxy/ratelimit's windows).
+  window_load = function(i, b, v)
+    local window = max(arg[b + 4], 1)
+    local start = now - now % window
+    local stored_start, stored_count = tonumber(v[1]), tonumber(v[2])
+    if stored_start and stored_count and stored_start >= start then
+      v[1], v[2] = stored_start, stored_count
     else
-      redis.call('HSET', key, f[1], as[1](values[1]), f[2], as[2](values[2]),
-        f[3], as[3](values[3]))
+      v[1], v[2] = start, 0
     end
-    redis.call('PEXPIRE', key, exact(ttl_of[key]))
+    return arg[b + 6] % 2 == 1 or v[2] + max(arg[b + 5], 1) <= arg[b + 3]
   end
-end
 
--- Each algorithm: `fields` to HMGET, `load(k, values)` brings the state to now and returns
--- whether the demand fits, `settle(k, take)` writes the new state and returns the reply values.
-local ALGORITHMS = {}
-
--- 1: token bucket. tokens = min(capacity, tokens + elapsed * per_unit / unit_ms); the waits are
--- ceil(tokens short * unit_ms / per_unit), retry-after corrected by first_fit against the refill. Each product before its division, never a rate per
--- ms: a rate is rounded once and again when used (2 per hour over 1,800,000 ms came to
--- 0.9999999999999999 tokens, a wait of 1,800,001 ms); multiplied first, only the division
--- rounds, and a product of whole numbers is exact below 2^53.
-ALGORITHMS[1] = {
-  fields = {'t', 'u'},
-  formats = {double, exact},
-  load = function(k, v)
-    local stored_tokens, stored_updated = tonumber(v[1]), tonumber(v[2])
-    if stored_tokens and stored_updated then
-      local elapsed = now - stored_updated
-      if elapsed < 0 then elapsed = 0 end
-      k.tokens = min(k.capacity, stored_tokens + elapsed * k.per_unit / k.unit)
-      k.updated = max(stored_updated, now)
-    else
-      k.tokens = k.capacity
-      k.updated = now
-    end
-    return k.refund or k.tokens >= max(k.hits, 1)
-  end,
-  settle = function(k, take)
-    local capacity, per_unit, unit, hits, tokens = k.capacity, k.per_unit, k.unit, k.hits, k.tokens
-    local after
-    if k.refund then
-      after = min(tokens + hits, capacity)
+  window_settle = function(i, b, v, fit, take)
+    local limit, hits = arg[b + 3], arg[b + 5]
+    local start = v[1]
+    local window_end = start + max(arg[b + 4], 1)
+    local count, granted = v[2], 0
+    if arg[b + 6] % 2 == 1 then
+      count = max(count - hits, 0)
     elseif take then
-      local left = tokens - hits
-      local extra = min(floor(left), k.lease)
-      k.granted = hits + extra
-      after = left - extra
-    else
-      after = tokens
+      count = count + hits
+      granted = hits
     end
-    local need = max(hits, 1)
     local retry
-    if k.fit then
+    if fit then
       retry = 0
-    elseif need > capacity then
+    elseif max(hits, 1) > limit then
       retry = -1
     else
-      -- The estimate can be a ms off from a fraction of a token; the search finds the first ms
-      -- the refill admits.
-      retry = wire(first_fit(ceil((need - tokens) * unit / per_unit), function(d)
-        return min(capacity, tokens + d * per_unit / unit) >= need
-      end))
+      retry = wire(window_end - now)
     end
-    local until_full = ceil((capacity - after) * unit / per_unit)
-    if until_full ~= until_full then until_full = 0 end
-    store(k.key, until_full, after, k.updated)
-    return wire(floor(after)), retry, wire(until_full)
-  end,
-}
-
-if used[2] then
-  -- 2: fixed window, aligned to the unit on the clock (envoyproxy/ratelimit's windows).
-  ALGORITHMS[2] = {
-    fields = {'w', 'c'},
-    formats = {exact, exact},
-    load = function(k, v)
-      local start = now - now % k.window
-      local stored_start, stored_count = tonumber(v[1]), tonumber(v[2])
-      if stored_start and stored_count and stored_start >= start then
-        k.start, k.count = stored_start, stored_count
-      else
-        k.start, k.count = start, 0
-      end
-      return k.refund or k.count + max(k.hits, 1) <= k.per_unit
-    end,
-    settle = function(k, take)
-      local limit, hits = k.per_unit, k.hits
-      local window_end = k.start + k.window
-      local count = k.count
-      if k.refund then
-        count = max(count - hits, 0)
-      elseif take then
-        count = count + hits
-        k.granted = hits
-      end
-      local retry
-      if k.fit then
-        retry = 0
-      elseif max(hits, 1) > limit then
-        retry = -1
-      else
-        retry = wire(window_end - now)
-      end
-      -- envoyproxy/ratelimit's duration_until_reset: whole seconds from the start of now's second.
-      local reset = window_end - (now - now % 1000)
-      local settles_in = 0
-      if count > 0 then settles_in = window_end - now end
-      store(k.key, settles_in, k.start, count)
-      return wire(max(limit - count, 0)), retry, wire(reset)
-    end,
-  }
-
-  -- 3: sliding window counter: previous * (W - elapsed) / W + current.
+    -- envoyproxy/ratelimit's duration_until_reset: whole seconds from the start of now's second.
+    local reset = window_end - (now - now % 1000)
+    local settles_in = 0
+    if count > 0 then settles_in = window_end - now end
+    v[2] = count
+    return wire(max(limit - count, 0)), retry, wire(reset), granted, settles_in
+  end
 end
 
-if used[3] then
+if uses[3] then
+  -- 3: sliding window counter: previous * (W - elapsed) / W + current.
   local function roll(start, current, previous, t, window)
     local now_start = t - t % window
     if start == nil then return now_start, 0, 0 end
@@ -307,189 +295,225 @@ if used[3] then
     return previous * (window - elapsed) / window + current
   end
 
-  ALGORITHMS[3] = {
-    fields = {'w', 'c', 'p'},
-    formats = {exact, exact, exact},
-    load = function(k, v)
-      local start, current, previous = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
-      if not (start and current and previous) then start = nil end
-      k.start, k.current, k.previous = roll(start, current, previous, now, k.window)
-      local estimated = estimate(k.start, k.current, k.previous, now, k.window)
-      return k.refund or estimated + max(k.hits, 1) <= k.per_unit
-    end,
-    settle = function(k, take)
-      local window, limit, hits, start = k.window, k.per_unit, k.hits, k.start
-      local current, previous = k.current, k.previous
-      if k.refund then
-        local from_current = min(hits, current)
-        current = current - from_current
-        previous = max(previous - (hits - from_current), 0)
-      elseif take then
-        current = current + hits
-        k.granted = hits
+  sliding_load = function(i, b, v)
+    local window = max(arg[b + 4], 1)
+    local start, current, previous = tonumber(v[1]), tonumber(v[2]), tonumber(v[3])
+    if not (start and current and previous) then start = nil end
+    start, current, previous = roll(start, current, previous, now, window)
+    v[1], v[2], v[3] = start, current, previous
+    local estimated = estimate(start, current, previous, now, window)
+    return arg[b + 6] % 2 == 1 or estimated + max(arg[b + 5], 1) <= arg[b + 3]
+  end
+
+  sliding_settle = function(i, b, v, fit, take)
+    local window, limit, hits = max(arg[b + 4], 1), arg[b + 3], arg[b + 5]
+    local start, current, previous = v[1], v[2], v[3]
+    local granted = 0
+    if arg[b + 6] % 2 == 1 then
+      local from_current = min(hits, current)
+      current = current - from_current
+      previous = max(previous - (hits - from_current), 0)
+    elseif take then
+      current = current + hits
+      granted = hits
+    end
+    local estimated = estimate(start, current, previous, now, window)
+    local remaining = most_that_fit(limit - estimated, limit, function(n)
+      return estimated + n <= limit
+    end)
+    local need = max(hits, 1)
+    local retry
+    if fit then
+      retry = 0
+    elseif need > limit then
+      retry = -1
+    else
+      local function fits_at(d)
+        local t = now + d
+        local s, c, p = roll(start, current, previous, t, window)
+        return estimate(s, c, p, t, window) + need <= limit
       end
-      local estimated = estimate(start, current, previous, now, window)
-      local remaining = most_that_fit(limit - estimated, limit, function(n)
-        return estimated + n <= limit
-      end)
-      local need = max(hits, 1)
-      local retry
-      if k.fit then
-        retry = 0
-      elseif need > limit then
-        retry = -1
+      local elapsed = now - start
+      if elapsed < 0 then elapsed = 0 end
+      local guess
+      if current + need <= limit and previous > 0 then
+        guess = ceil((window - elapsed) - (limit - need - current) * window / previous)
       else
-        local function fits_at(d)
-          local t = now + d
-          local s, c, p = roll(start, current, previous, t, window)
-          return estimate(s, c, p, t, window) + need <= limit
-        end
-        local elapsed = now - start
-        if elapsed < 0 then elapsed = 0 end
-        local guess
-        if current + need <= limit and previous > 0 then
-          guess = ceil((window - elapsed) - (limit - need - current) * window / previous)
-        else
-          local into_next = 0
-          if current > 0 then into_next = window - (limit - need) * window / current end
-          if into_next < 0 then into_next = 0 end
-          guess = (start + window - now) + ceil(into_next)
-        end
-        retry = wire(first_fit(guess, fits_at))
+        local into_next = 0
+        if current > 0 then into_next = window - (limit - need) * window / current end
+        if into_next < 0 then into_next = 0 end
+        guess = (start + window - now) + ceil(into_next)
       end
-      local until_full = 0
-      if current > 0 then
-        until_full = start + 2 * window - now
-      elseif previous > 0 then
-        until_full = start + window - now
-      end
-      store(k.key, until_full, start, current, previous)
-      return wire(remaining), retry, wire(until_full)
-    end,
-  }
+      retry = wire(first_fit(guess, fits_at))
+    end
+    local until_full = 0
+    if current > 0 then
+      until_full = start + 2 * window - now
+    elseif previous > 0 then
+      until_full = start + window - now
+    end
+    v[2], v[3] = current, previous
+    return wire(remaining), retry, wire(until_full), granted, until_full
+  end
 end
 
-if used[4] then
+if uses[4] then
   -- 4: GCRA. T = unit_ms / per_unit, tolerance = T * capacity, slack = min(T / 2^20, 1 ms).
-  ALGORITHMS[4] = {
-    fields = {'a', 'f'},
-    formats = {exact, double},
-    load = function(k, v)
-      local interval = k.window / max(k.per_unit, 1)
-      local slack = interval / 1048576
-      if slack > 1 then slack = 1 end
-      k.interval, k.tolerance, k.slack = interval, interval * k.capacity, slack
-      local whole, frac = tonumber(v[1]), tonumber(v[2])
-      local backlog = 0
-      if whole and frac then
-        backlog = (whole - now) + frac
-        if backlog < 0 then backlog = 0 end
+  -- The state is the arrival time in whole ms and its fraction; `backlog[i]`, how far it is ahead
+  -- of now, is what load and settle share.
+  backlog = {}
+  local function shape(b)
+    local interval = max(arg[b + 4], 1) / max(arg[b + 3], 1)
+    local slack = interval / 1048576
+    if slack > 1 then slack = 1 end
+    return interval, interval * arg[b + 2], slack
+  end
+
+  gcra_load = function(i, b, v)
+    local interval, tolerance, slack = shape(b)
+    local whole, frac = tonumber(v[1]), tonumber(v[2])
+    local ahead = 0
+    if whole and frac then
+      ahead = (whole - now) + frac
+      if ahead < 0 then ahead = 0 end
+    end
+    backlog[i] = ahead
+    local need = max(arg[b + 5], 1)
+    return arg[b + 6] % 2 == 1
+      or (need <= arg[b + 2] and ahead + need * interval <= tolerance + slack)
+  end
+
+  gcra_settle = function(i, b, v, fit, take)
+    local interval, tolerance, slack = shape(b)
+    local burst, hits, flags = arg[b + 2], arg[b + 5], arg[b + 6]
+    local after, granted = backlog[i], 0
+    if flags % 2 == 1 then
+      after = after - hits * interval
+      if after < 0 then after = 0 end
+    elseif take then
+      after = after + hits * interval
+      local extra = 0
+      local lease = floor(flags / 4)
+      if lease > 0 then
+        extra = most_that_fit((tolerance + slack - after) / interval, lease, function(n)
+          return after + n * interval <= tolerance + slack
+        end)
+        after = after + extra * interval
       end
-      k.backlog = backlog
-      local need = max(k.hits, 1)
-      return k.refund or (need <= k.capacity and backlog + need * interval <= k.tolerance + slack)
-    end,
-    settle = function(k, take)
-      local interval, tolerance, slack, burst = k.interval, k.tolerance, k.slack, k.capacity
-      local hits = k.hits
-      local after = k.backlog
-      if k.refund then
-        after = after - hits * interval
-        if after < 0 then after = 0 end
-      elseif take then
-        after = after + hits * interval
-        local extra = 0
-        if k.lease > 0 then
-          extra = most_that_fit((tolerance + slack - after) / interval, k.lease, function(n)
-            return after + n * interval <= tolerance + slack
-          end)
-          after = after + extra * interval
-        end
-        k.granted = hits + extra
+      granted = hits + extra
+    end
+    local whole = floor(after)
+    local frac = after - whole
+    local tat = now + whole
+    local remaining = most_that_fit((tolerance + slack - after) / interval, burst, function(n)
+      return after + n * interval <= tolerance + slack
+    end)
+    local need = max(hits, 1)
+    local retry
+    if fit then
+      retry = 0
+    elseif need > burst then
+      retry = -1
+    else
+      local function fits_at(d)
+        local ahead = (tat - (now + d)) + frac
+        if ahead < 0 then ahead = 0 end
+        return need <= burst and ahead + need * interval <= tolerance + slack
       end
-      local whole = floor(after)
-      local frac = after - whole
-      local tat = now + whole
-      local remaining = most_that_fit((tolerance + slack - after) / interval, burst, function(n)
-        return after + n * interval <= tolerance + slack
-      end)
-      local need = max(hits, 1)
-      local retry
-      if k.fit then
-        retry = 0
-      elseif need > burst then
-        retry = -1
-      else
-        local function fits_at(d)
-          local ahead = (tat - (now + d)) + frac
-          if ahead < 0 then ahead = 0 end
-          return need <= burst and ahead + need * interval <= tolerance + slack
-        end
-        local guess = ceil(after + need * interval - tolerance - slack)
-        retry = wire(first_fit(guess, fits_at))
-      end
-      local until_full = tat - now
-      if frac > 0 then until_full = until_full + 1 end
-      store(k.key, until_full, tat, frac)
-      return wire(remaining), retry, wire(until_full)
-    end,
-  }
+      local guess = ceil(after + need * interval - tolerance - slack)
+      retry = wire(first_fit(guess, fits_at))
+    end
+    local until_full = tat - now
+    if frac > 0 then until_full = until_full + 1 end
+    v[1], v[2] = tat, frac
+    return wire(remaining), retry, wire(until_full), granted, until_full
+  end
 end
 
--- Every key's values are parsed before anything is read or written, so a malformed call fails
--- having changed nothing. `ends` lists the last key of every group.
-local keys, ends = {}, {}
-for i = 1, nkeys do
-  local base = 3 + WIDTH * (i - 1)
-  local code = tonumber(ARGV[base])
-  local capacity = tonumber(ARGV[base + 1])
-  local per_unit = tonumber(ARGV[base + 2])
-  local unit = tonumber(ARGV[base + 3])
-  local hits = tonumber(ARGV[base + 4])
-  local flags = tonumber(ARGV[base + 5])
-  if not (code and capacity and per_unit and unit and hits and flags) then
-    return redis.error_reply('ERR sluice limit: non-numeric ARGV for key ' .. i)
-  end
-  if code >= GROUP_START then
-    code = code - GROUP_START
-    if i > 1 then ends[#ends + 1] = i - 1 end
-  end
-  local algorithm = ALGORITHMS[code]
-  if not algorithm then
-    return redis.error_reply('ERR sluice limit: unknown algorithm ' .. code .. ' for key ' .. i)
-  end
-  keys[i] = {
-    key = KEYS[i], algorithm = algorithm, capacity = capacity, per_unit = per_unit,
-    unit = unit, window = max(unit, 1), hits = hits,
-    refund = flags % 2 == 1, shadow = flags % 4 >= 2, lease = floor(flags / 4),
-    granted = 0,
-  }
-end
-ends[#ends + 1] = nkeys
-
-local reply = {}
+local reply, fits = {}, {}
 local first = 1
 for g = 1, #ends do
   local last = ends[g]
   local all_allowed = true
   for i = first, last do
-    local k = keys[i]
-    local state = read(k.key, k.algorithm)
-    k.fit = k.algorithm.load(k, state)
-    if not k.fit and not k.shadow then all_allowed = false end
+    local b = WIDTH * (i - 1)
+    local code = arg[b + 1]
+    local key = KEYS[i]
+    local v = seen[key]
+    if v then
+      if code_of[key] ~= code then
+        error('sluice limit: key ' .. key .. ' has two algorithms in one call')
+      end
+    else
+      if code == 1 then
+        v = redis.call('HMGET', key, 't', 'u')
+      elseif code == 2 then
+        v = redis.call('HMGET', key, 'w', 'c')
+      elseif code == 3 then
+        v = redis.call('HMGET', key, 'w', 'c', 'p')
+      else
+        v = redis.call('HMGET', key, 'a', 'f')
+      end
+      seen[key], code_of[key] = v, code
+    end
+    local fit
+    if code == 1 then
+      fit = bucket_load(i, b, v)
+    elseif code == 2 then
+      fit = window_load(i, b, v)
+    elseif code == 3 then
+      fit = sliding_load(i, b, v)
+    else
+      fit = gcra_load(i, b, v)
+    end
+    fits[i] = fit
+    if not fit and arg[b + 6] % 4 < 2 then all_allowed = false end
   end
   for i = first, last do
-    local k = keys[i]
-    local take = all_allowed and k.fit and not k.refund
-    local remaining, retry, until_full = k.algorithm.settle(k, take)
+    local b = WIDTH * (i - 1)
+    local code, fit = arg[b + 1], fits[i]
+    local take = all_allowed and fit and arg[b + 6] % 2 == 0
+    local key = KEYS[i]
+    local v = seen[key]
+    local remaining, retry, until_full, granted, settles_in
+    if code == 1 then
+      remaining, retry, until_full, granted, settles_in = bucket_settle(i, b, v, fit, take)
+    elseif code == 2 then
+      remaining, retry, until_full, granted, settles_in = window_settle(i, b, v, fit, take)
+    elseif code == 3 then
+      remaining, retry, until_full, granted, settles_in = sliding_settle(i, b, v, fit, take)
+    else
+      remaining, retry, until_full, granted, settles_in = gcra_settle(i, b, v, fit, take)
+    end
+    -- The key is written at the flush with this state, to expire once it settles.
+    local ttl = settles_in + EXPIRY_MARGIN_MS + jitter
+    if ttl > MAX_TTL_MS then ttl = MAX_TTL_MS end
+    if not ttl_of[key] then write_order[#write_order + 1] = key end
+    ttl_of[key] = ttl
     local at = 5 * (i - 1)
-    reply[at + 1] = k.fit and 1 or 0
+    reply[at + 1] = fit and 1 or 0
     reply[at + 2] = remaining
     reply[at + 3] = retry
     reply[at + 4] = until_full
-    reply[at + 5] = wire(k.granted)
+    reply[at + 5] = wire(granted)
   end
   first = last + 1
 end
-flush()
+
+-- One HSET + PEXPIRE per written key, with its last state and TTL, in first-write order.
+for n = 1, #write_order do
+  local key = write_order[n]
+  local code, v = code_of[key], seen[key]
+  if code == 1 then
+    redis.call('HSET', key, 't', format('%.17g', v[1]), 'u', format('%.0f', v[2]))
+  elseif code == 2 then
+    redis.call('HSET', key, 'w', format('%.0f', v[1]), 'c', format('%.0f', v[2]))
+  elseif code == 3 then
+    redis.call('HSET', key, 'w', format('%.0f', v[1]), 'c', format('%.0f', v[2]),
+      'p', format('%.0f', v[3]))
+  else
+    redis.call('HSET', key, 'a', format('%.0f', v[1]), 'f', format('%.17g', v[2]))
+  end
+  redis.call('PEXPIRE', key, format('%.0f', ttl_of[key]))
+end
 return reply
