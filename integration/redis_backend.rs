@@ -811,6 +811,24 @@ async fn sentinel_checks_go_to_the_master_and_follow_a_failover() {
     let old = sentinel.master().port();
     assert_eq!(command_calls(sentinel.master(), "evalsha"), 1);
     backend.probe().await.expect("probe");
+    // Concurrent checks share one call on the master, as on a standalone server.
+    let concurrent = |tag: &'static str| -> Vec<Vec<Hit>> {
+        (0..4)
+            .map(|n| vec![Hit::new(key(tag, &format!("c{n}")), ONE_PER_MINUTE, 1)])
+            .collect()
+    };
+    let shares_one_call = async |master: &RedisServer, requests: &[Vec<Hit>]| {
+        reset_stats(master);
+        let answers =
+            futures::future::join_all(requests.iter().map(|hits| backend.check(hits))).await;
+        assert!(
+            answers
+                .iter()
+                .all(|a| a.as_ref().expect("check")[0].remaining == 9)
+        );
+        assert_eq!(command_calls(master, "evalsha"), 1, "{requests:?}");
+    };
+    shares_one_call(sentinel.master(), &concurrent("sentinel-before")).await;
 
     // Let the replica catch up, so the promoted one holds the bucket.
     let offset = |node: &RedisServer| node.info("replication").get("master_repl_offset").cloned();
@@ -833,4 +851,6 @@ async fn sentinel_checks_go_to_the_master_and_follow_a_failover() {
     let new_master = sentinel.master();
     assert_ne!(new_master.port(), old);
     assert!(command_calls(new_master, "evalsha") + command_calls(new_master, "eval") >= 1);
+    // The new master has its own batch queue.
+    shares_one_call(new_master, &concurrent("sentinel-after")).await;
 }

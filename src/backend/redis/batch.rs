@@ -1,5 +1,5 @@
-//! Natural batching on the standalone connection: checks that arrive while earlier script calls
-//! are in flight share the next call.
+//! Natural batching on one connection (standalone, or Sentinel mode's current master): checks
+//! that arrive while earlier script calls are in flight share the next call.
 //!
 //! Redis spends about as much on a call itself (reading the command, EVALSHA's lookup, the
 //! script's set-up, TIME) as on deciding one key, and sluice spends a command's encoding, reply
@@ -23,7 +23,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use redis::aio::ConnectionLike;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::{bounded, classify, script};
@@ -74,8 +74,12 @@ pub(super) struct Batcher {
 }
 
 impl Batcher {
-    /// Starts the worker on the current Tokio runtime.
-    pub fn start(conn: ConnectionManager, settings: BatchSettings, timeout: Duration) -> Batcher {
+    /// Starts the worker on the current Tokio runtime, in front of `conn` (the standalone
+    /// connection manager, or the connection to the master Sentinel mode resolved).
+    pub fn start<C>(conn: C, settings: BatchSettings, timeout: Duration) -> Batcher
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+    {
         let (jobs, queue) = mpsc::channel(QUEUE);
         tokio::spawn(serve(queue, conn, settings, timeout));
         Batcher { jobs }
@@ -104,12 +108,14 @@ fn stopped() -> BackendError {
     BackendError::Unavailable("the Redis batch worker stopped".into())
 }
 
-async fn serve(
+async fn serve<C>(
     mut queue: mpsc::Receiver<Job>,
-    conn: ConnectionManager,
+    conn: C,
     settings: BatchSettings,
     timeout: Duration,
-) {
+) where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
     let slots = Arc::new(Semaphore::new(settings.in_flight.max(1)));
     let max_keys = settings.max_keys.max(1);
     // The job that did not fit in the last batch: the first of the next.

@@ -108,7 +108,8 @@ pub struct RedisOptions {
     /// written together (a fixed window's counters) do not all expire at once. Expiry only
     /// drops settled state, so the jitter never changes a decision. Zero: no jitter.
     pub expiry_jitter_max: Duration,
-    /// How concurrent checks share script calls (standalone mode).
+    /// How concurrent checks share script calls (standalone and Sentinel modes; Cluster calls
+    /// go one per request and slot).
     pub batch: BatchSettings,
 }
 

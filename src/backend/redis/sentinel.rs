@@ -15,6 +15,7 @@ use redis::aio::MultiplexedConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{AsyncConnectionConfig, Cmd, ConnectionAddr, IntoConnectionInfo, TlsMode, Value};
 
+use super::batch::{BatchSettings, Batcher};
 use super::{
     Call, RedisOptions, bounded, classify, collect, heartbeat, invalid_url, is_connection_error,
     script,
@@ -36,12 +37,18 @@ pub(super) struct SentinelLink {
     connect_timeout: Duration,
     conn_config: AsyncConnectionConfig,
     breakers: Arc<BreakerSet>,
+    /// Each master's batch queue is started with these; its worker stops once a failover has
+    /// replaced the master and the last check on it is done.
+    batch: BatchSettings,
+    command_timeout: Duration,
 }
 
 struct Master {
     addr: ConnectionAddr,
     conn: MultiplexedConnection,
     endpoint: Endpoint,
+    /// The batch queue in front of `conn` (none: batching off).
+    batcher: Option<Batcher>,
 }
 
 impl SentinelLink {
@@ -86,12 +93,15 @@ impl SentinelLink {
                 .set_connection_timeout(Some(opts.connect_timeout))
                 .set_response_timeout(None),
             breakers,
+            batch: opts.batch,
+            command_timeout: opts.command_timeout,
         });
         link.resolve(true).await?;
         Ok(link)
     }
 
-    /// One script call on the current master; an error schedules a re-resolution.
+    /// One script call on the current master (shared with concurrent checks when batching is
+    /// on); an error schedules a re-resolution.
     pub(super) async fn check(
         self: &Arc<Self>,
         hits: &[Hit],
@@ -104,15 +114,27 @@ impl SentinelLink {
                 "no Redis master resolved through the sentinels yet".into(),
             ));
         };
-        let mut conn = master.conn.clone();
-        let result = call
-            .guarded(&master.endpoint, hits.len(), None, async {
-                let reply = script::run(&mut conn, hits.iter(), hits.len(), args)
-                    .await
-                    .map_err(classify)?;
-                collect(&reply, hits.len())
-            })
-            .await;
+        let result = match &master.batcher {
+            Some(batcher) => {
+                call.guarded(
+                    &master.endpoint,
+                    hits.len(),
+                    None,
+                    batcher.check(hits, args),
+                )
+                .await
+            }
+            None => {
+                let mut conn = master.conn.clone();
+                call.guarded(&master.endpoint, hits.len(), None, async {
+                    let reply = script::run(&mut conn, hits.iter(), hits.len(), args)
+                        .await
+                        .map_err(classify)?;
+                    collect(&reply, hits.len())
+                })
+                .await
+            }
+        };
         match &result {
             Err(err) if is_connection_error(err) => self.refresh(true),
             // A stalled master keeps its socket open, and a skipped one may have been replaced:
@@ -191,10 +213,15 @@ impl SentinelLink {
         let name = addr.to_string();
         let endpoint = self.breakers.endpoint(&name);
         self.breakers.retain(|endpoint| endpoint == name);
+        let batcher = self
+            .batch
+            .enabled()
+            .then(|| Batcher::start(conn.clone(), self.batch, self.command_timeout));
         self.master.store(Some(Arc::new(Master {
             addr,
             conn,
             endpoint,
+            batcher,
         })));
         Ok(())
     }
