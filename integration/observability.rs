@@ -16,7 +16,7 @@ use common::{OK, OVER_LIMIT, TestServer, desc, http_get, req};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use sluice::settings::BackendKind;
 
-use harness::{RedisServer, wait_until};
+use harness::{RedisServer, command_calls, wait_until};
 
 /// One scrape: (sample name, labels) → value, and the families of `# TYPE` lines.
 #[derive(Debug, Default)]
@@ -396,6 +396,66 @@ async fn redis_server(redis: &RedisServer) -> TestServer {
     .await
 }
 
+/// `sluice_redis_batch_requests` counts every batched script call and the requests it decided:
+/// its count is Redis's own count of script calls and its sum the requests (the probe's check
+/// is one), however they batched. Redis is stopped while 50 checks arrive, so the first two calls (`--redis-batch-calls`)
+/// hang and the other 48 queue: once it resumes they go in one more call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_sizes_count_every_script_call_and_its_requests() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let s = TestServer::start_with(REDIS_CONFIG, move |settings| {
+        settings.backend = BackendKind::Redis;
+        settings.redis_url = vec![url];
+        settings.redis_timeout = Duration::from_secs(5);
+    })
+    .await;
+    let script_calls = || command_calls(&redis, "evalsha") + command_calls(&redis, "eval");
+    let batches = |m: &Scrape| {
+        (
+            m.get("sluice_redis_batch_requests_count", &[]),
+            m.get("sluice_redis_batch_requests_sum", &[]),
+        )
+    };
+    // An answer keeps the health loop from probing Redis for the next 500 ms (it probes only
+    // when nothing was answered for that long), longer than the burst below takes.
+    let mut client = s.client.clone();
+    let warm_up = req("open", vec![desc(&[("client", "warm-up")])]);
+    client.should_rate_limit(warm_up).await.expect("warm-up");
+    let (calls_before, requests_before) = batches(&scrape(s.admin_addr()));
+    let redis_before = script_calls();
+
+    redis.pause();
+    let checks: Vec<_> = (0..50)
+        .map(|n| {
+            let mut client = s.client.clone();
+            tokio::spawn(async move {
+                let request = req("open", vec![desc(&[("client", &format!("c{n}"))])]);
+                client.should_rate_limit(request).await
+            })
+        })
+        .collect();
+    let admin = s.admin_addr();
+    wait_until("the checks queued", Duration::from_secs(5), || {
+        batches(&scrape(admin)).0 - calls_before >= 2.0
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    redis.resume();
+    for check in checks {
+        let answer = check.await.expect("task").expect("answered by Redis");
+        assert_eq!(answer.into_inner().overall_code, OK);
+    }
+
+    let (calls, requests) = batches(&scrape(s.admin_addr()));
+    assert_eq!(requests - requests_before, 50.0);
+    assert_eq!(calls - calls_before, (script_calls() - redis_before) as f64);
+    assert_eq!(
+        calls - calls_before,
+        3.0,
+        "two hung calls, then the queue in one"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_calls_errors_and_degraded_decisions_are_counted() {
     let redis = RedisServer::start();
@@ -406,6 +466,11 @@ async fn redis_calls_errors_and_degraded_decisions_are_counted() {
     }
     let m = scrape(s.admin_addr());
     assert_eq!(m.get("sluice_redis_call_duration_seconds_count", &[]), 4.0);
+    // One after another, each call decides one request (the readiness probe's calls included:
+    // the histogram counts every batched script call).
+    let calls = m.get("sluice_redis_batch_requests_count", &[]);
+    assert!(calls >= 4.0, "{calls}");
+    assert_eq!(m.get("sluice_redis_batch_requests_sum", &[]), calls);
     assert_eq!(m.get("sluice_redis_timeout_seconds", &[]), 0.015);
     assert_eq!(
         m.get("sluice_redis_errors_total", &[("kind", "timeout")]),

@@ -36,6 +36,11 @@ pub const LATENCY_BUCKETS: [f64; 14] = [
     0.5,
 ];
 
+/// Buckets of `sluice_redis_batch_requests`: powers of two up to `--redis-max-batch`'s range.
+const BATCH_BUCKETS: [f64; 11] = [
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+];
+
 /// Series one per-rule metric may hold before the SDK folds the rest into an overflow series
 /// (`otel_metric_overflow="true"`). The SDK reserves room for it up front.
 pub const RULE_SERIES_LIMIT: usize = 10_000;
@@ -164,6 +169,7 @@ struct Inner {
     response_time: Histogram<f64>,
     response_time_attrs: [KeyValue; 1],
     redis_duration: Histogram<f64>,
+    redis_batch: Histogram<u64>,
 }
 
 /// Handle to one server's metrics; cheap to clone. Empty (all no-ops) when metrics are off.
@@ -246,6 +252,11 @@ impl Metrics {
             .with_description("Time of one Redis decision (one script call; in Cluster mode the concurrent calls of one request), errors included")
             .with_boundaries(LATENCY_BUCKETS.to_vec())
             .build();
+        let redis_batch = meter
+            .u64_histogram("sluice_redis_batch_requests")
+            .with_description("Requests decided by one batched script call (standalone and Sentinel modes): _sum / _count is the mean batch, _count the calls")
+            .with_boundaries(BATCH_BUCKETS.to_vec())
+            .build();
         Ok(Metrics(Some(Arc::new(Inner {
             provider,
             registry,
@@ -253,6 +264,7 @@ impl Metrics {
             response_time,
             response_time_attrs: [KeyValue::new("grpc_method", "ShouldRateLimit")],
             redis_duration,
+            redis_batch,
         }))))
     }
 
@@ -387,6 +399,15 @@ impl RedisCalls {
             inner.shared.redis_errors[i].fetch_add(1, Ordering::Relaxed);
         }
         result
+    }
+}
+
+impl RedisCalls {
+    /// Counts one batched script call of `requests` requests.
+    pub fn batch(&self, requests: usize) {
+        if let Some(inner) = &self.0 {
+            inner.redis_batch.record(requests as u64, &[]);
+        }
     }
 }
 

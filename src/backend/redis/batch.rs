@@ -20,7 +20,7 @@
 //! in them): a check whose caller gave up before its batch left is dropped from it, so a queue
 //! that outgrew the deadline sheds load instead of spending Redis on answers nobody reads.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
@@ -29,6 +29,11 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use super::{bounded, classify, script};
 use crate::algorithm::Verdict;
 use crate::backend::{BackendError, Hit};
+use crate::telemetry::metrics::RedisCalls;
+
+/// Where a batch worker counts its calls: set once the backend is given its metrics, which may
+/// be after the worker started (Sentinel mode starts one per resolved master).
+pub(super) type BatchMetrics = Arc<OnceLock<RedisCalls>>;
 
 /// How checks share script calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,12 +81,17 @@ pub(super) struct Batcher {
 impl Batcher {
     /// Starts the worker on the current Tokio runtime, in front of `conn` (the standalone
     /// connection manager, or the connection to the master Sentinel mode resolved).
-    pub fn start<C>(conn: C, settings: BatchSettings, timeout: Duration) -> Batcher
+    pub fn start<C>(
+        conn: C,
+        settings: BatchSettings,
+        timeout: Duration,
+        metrics: BatchMetrics,
+    ) -> Batcher
     where
         C: ConnectionLike + Clone + Send + Sync + 'static,
     {
         let (jobs, queue) = mpsc::channel(QUEUE);
-        tokio::spawn(serve(queue, conn, settings, timeout));
+        tokio::spawn(serve(queue, conn, settings, timeout, metrics));
         Batcher { jobs }
     }
 
@@ -113,6 +123,7 @@ async fn serve<C>(
     conn: C,
     settings: BatchSettings,
     timeout: Duration,
+    metrics: BatchMetrics,
 ) where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
@@ -154,6 +165,9 @@ async fn serve<C>(
         }
         if batch.is_empty() {
             continue;
+        }
+        if let Some(calls) = metrics.get() {
+            calls.batch(batch.len());
         }
         let mut conn = conn.clone();
         let args = batch[0].args;

@@ -40,7 +40,7 @@ use crate::resilience::breaker::{BreakerSet, BreakerSettings, Endpoint};
 use crate::telemetry::{RedisCalls, traces};
 
 pub use self::batch::BatchSettings;
-use self::batch::Batcher;
+use self::batch::{BatchMetrics, Batcher};
 use self::cluster::ClusterLink;
 use self::sentinel::SentinelLink;
 
@@ -184,6 +184,8 @@ pub struct RedisBackend {
     test_clock: Option<SharedClock>,
     /// Latency and failures of every decision's calls (empty unless [`RedisBackend::with_metrics`]).
     calls: RedisCalls,
+    /// The same, for the batch workers to count their calls' sizes.
+    batch_metrics: BatchMetrics,
 }
 
 #[derive(Clone)]
@@ -212,6 +214,7 @@ impl RedisBackend {
             return Err(config_error("no Redis URL given"));
         }
         let clock: SharedClock = Arc::new(MonotonicClock::new());
+        let batch_metrics = BatchMetrics::default();
         let breakers = BreakerSet::new(opts.breaker, clock.clone());
         let link = match opts.mode {
             RedisMode::Standalone => {
@@ -219,10 +222,14 @@ impl RedisBackend {
                     return Err(config_error("standalone mode takes exactly one Redis URL"));
                 };
                 let (manager, address) = connect_standalone(url, &opts).await?;
-                let batcher = opts
-                    .batch
-                    .enabled()
-                    .then(|| Batcher::start(manager.clone(), opts.batch, opts.command_timeout));
+                let batcher = opts.batch.enabled().then(|| {
+                    Batcher::start(
+                        manager.clone(),
+                        opts.batch,
+                        opts.command_timeout,
+                        batch_metrics.clone(),
+                    )
+                });
                 Link::Standalone(manager, breakers.endpoint(&address), batcher)
             }
             RedisMode::Cluster => {
@@ -233,7 +240,14 @@ impl RedisBackend {
                     return Err(config_error("sentinel mode needs a sentinel master name"));
                 };
                 Link::Sentinel(
-                    SentinelLink::connect(&opts.urls, master, &opts, breakers.clone()).await?,
+                    SentinelLink::connect(
+                        &opts.urls,
+                        master,
+                        &opts,
+                        breakers.clone(),
+                        batch_metrics.clone(),
+                    )
+                    .await?,
                 )
             }
         };
@@ -244,11 +258,14 @@ impl RedisBackend {
             jitter_max_ms: u64::try_from(opts.expiry_jitter_max.as_millis()).unwrap_or(u64::MAX),
             test_clock: None,
             calls: RedisCalls::default(),
+            batch_metrics,
         })
     }
 
     /// Records the latency and failure kind of every decision's Redis calls into `calls`.
     pub fn with_metrics(mut self, calls: RedisCalls) -> Self {
+        // A second call keeps the batch workers on the first metrics (a server sets them once).
+        let _ = self.batch_metrics.set(calls.clone());
         self.calls = calls;
         self
     }

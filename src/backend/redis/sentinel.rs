@@ -15,7 +15,7 @@ use redis::aio::MultiplexedConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{AsyncConnectionConfig, Cmd, ConnectionAddr, IntoConnectionInfo, TlsMode, Value};
 
-use super::batch::{BatchSettings, Batcher};
+use super::batch::{BatchMetrics, BatchSettings, Batcher};
 use super::{
     Call, RedisOptions, bounded, classify, collect, heartbeat, invalid_url, is_connection_error,
     script,
@@ -40,6 +40,7 @@ pub(super) struct SentinelLink {
     /// Each master's batch queue is started with these; its worker stops once a failover has
     /// replaced the master and the last check on it is done.
     batch: BatchSettings,
+    batch_metrics: BatchMetrics,
     command_timeout: Duration,
 }
 
@@ -57,6 +58,7 @@ impl SentinelLink {
         master_name: &str,
         opts: &RedisOptions,
         breakers: Arc<BreakerSet>,
+        batch_metrics: BatchMetrics,
     ) -> Result<Arc<SentinelLink>, BackendError> {
         let mut sentinels = Vec::with_capacity(urls.len());
         for (index, url) in urls.iter().enumerate() {
@@ -94,6 +96,7 @@ impl SentinelLink {
                 .set_response_timeout(None),
             breakers,
             batch: opts.batch,
+            batch_metrics,
             command_timeout: opts.command_timeout,
         });
         link.resolve(true).await?;
@@ -213,10 +216,14 @@ impl SentinelLink {
         let name = addr.to_string();
         let endpoint = self.breakers.endpoint(&name);
         self.breakers.retain(|endpoint| endpoint == name);
-        let batcher = self
-            .batch
-            .enabled()
-            .then(|| Batcher::start(conn.clone(), self.batch, self.command_timeout));
+        let batcher = self.batch.enabled().then(|| {
+            Batcher::start(
+                conn.clone(),
+                self.batch,
+                self.command_timeout,
+                self.batch_metrics.clone(),
+            )
+        });
         self.master.store(Some(Arc::new(Master {
             addr,
             conn,
