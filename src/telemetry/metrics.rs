@@ -400,9 +400,7 @@ impl RedisCalls {
         }
         result
     }
-}
 
-impl RedisCalls {
     /// Counts one batched script call of `requests` requests.
     pub fn batch(&self, requests: usize) {
         if let Some(inner) = &self.0 {

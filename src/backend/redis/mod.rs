@@ -29,7 +29,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 use tracing::Instrument as _;
 
@@ -326,23 +326,11 @@ impl RedisBackend {
             },
         };
         match &self.link {
-            Link::Standalone(_, endpoint, Some(batcher)) => spread(
-                call.guarded(endpoint, hits.len(), None, batcher.check(hits, args))
+            Link::Standalone(manager, endpoint, batcher) => spread(
+                call.on_connection(endpoint, manager, batcher.as_ref(), hits, args)
                     .await,
                 hits.len(),
             ),
-            Link::Standalone(manager, endpoint, None) => {
-                let mut conn = manager.clone();
-                let result = call
-                    .guarded(endpoint, hits.len(), None, async move {
-                        let reply = script::run(&mut conn, hits.iter(), hits.len(), args)
-                            .await
-                            .map_err(classify)?;
-                        collect(&reply, hits.len())
-                    })
-                    .await;
-                spread(result, hits.len())
-            }
             Link::Sentinel(link) => spread(link.check(hits, args, call).await, hits.len()),
             Link::Cluster(link) => link.check_each(hits, args, call).await,
         }
@@ -525,6 +513,34 @@ impl Call<'_> {
         }
         endpoint.record(permit, result.as_ref().map(drop));
         result
+    }
+}
+
+impl Call<'_> {
+    /// Decides one request on one connection, guarded (see [`Call::guarded`]): through the
+    /// connection's batch queue when batching is on, else in a script call of its own. The
+    /// standalone connection and Sentinel mode's master are both decided so.
+    async fn on_connection<C: ConnectionLike + Clone>(
+        self,
+        endpoint: &Endpoint,
+        conn: &C,
+        batcher: Option<&Batcher>,
+        hits: &[Hit],
+        args: script::CallArgs,
+    ) -> Result<Vec<Verdict>, BackendError> {
+        if let Some(batcher) = batcher {
+            return self
+                .guarded(endpoint, hits.len(), None, batcher.check(hits, args))
+                .await;
+        }
+        let mut conn = conn.clone();
+        self.guarded(endpoint, hits.len(), None, async move {
+            let reply = script::run(&mut conn, hits.iter(), hits.len(), args)
+                .await
+                .map_err(classify)?;
+            collect(&reply, hits.len())
+        })
+        .await
     }
 }
 

@@ -17,8 +17,7 @@ use redis::{AsyncConnectionConfig, Cmd, ConnectionAddr, IntoConnectionInfo, TlsM
 
 use super::batch::{BatchMetrics, BatchSettings, Batcher};
 use super::{
-    Call, RedisOptions, bounded, classify, collect, heartbeat, invalid_url, is_connection_error,
-    script,
+    Call, RedisOptions, bounded, classify, heartbeat, invalid_url, is_connection_error, script,
 };
 use crate::algorithm::Verdict;
 use crate::backend::{BackendError, Hit};
@@ -117,27 +116,15 @@ impl SentinelLink {
                 "no Redis master resolved through the sentinels yet".into(),
             ));
         };
-        let result = match &master.batcher {
-            Some(batcher) => {
-                call.guarded(
-                    &master.endpoint,
-                    hits.len(),
-                    None,
-                    batcher.check(hits, args),
-                )
-                .await
-            }
-            None => {
-                let mut conn = master.conn.clone();
-                call.guarded(&master.endpoint, hits.len(), None, async {
-                    let reply = script::run(&mut conn, hits.iter(), hits.len(), args)
-                        .await
-                        .map_err(classify)?;
-                    collect(&reply, hits.len())
-                })
-                .await
-            }
-        };
+        let result = call
+            .on_connection(
+                &master.endpoint,
+                &master.conn,
+                master.batcher.as_ref(),
+                hits,
+                args,
+            )
+            .await;
         match &result {
             Err(err) if is_connection_error(err) => self.refresh(true),
             // A stalled master keeps its socket open, and a skipped one may have been replaced:
