@@ -823,9 +823,6 @@ fn paid_locally(tokens: u64, left: u64, remote: Remote) -> Verdict {
     }
 }
 
-/// Settles every reservation once the request's fate is known (see
-/// [`Limiter::leased_outcomes`]). `verdicts[j]` is the backend's verdict for `sent[j]`, where it
-/// decided. Returns, per sent hit, the tokens its lease holds after a refill.
 /// The refilling reservations of a decision until [`settle_leases`] ends them. A decision
 /// dropped while its backend call is out (the caller gave up: Envoy's timeout cancels the call)
 /// never gets there, so on drop each is abandoned: its taken tokens go back to its lease and
@@ -857,6 +854,9 @@ impl Drop for Unsettled<'_> {
     }
 }
 
+/// Settles every reservation once the request's fate is known (see
+/// [`Limiter::leased_outcomes`]). `verdicts[j]` is the backend's verdict for `sent[j]`, where it
+/// decided. Returns, per sent hit, the tokens its lease holds after a refill.
 #[allow(clippy::too_many_arguments)]
 fn settle_leases(
     store: &LeaseStore,

@@ -122,16 +122,18 @@ pub struct Settings {
     pub expiry_jitter_max: Duration,
 
     /// Most keys (descriptors) one Redis script call decides for concurrent requests
-    /// (standalone and Sentinel modes); a request is never split, one with more keys goes alone. Checks share
-    /// a call only when earlier calls are still out, so an idle server answers each at once;
-    /// every request is still decided exactly as its own call would. The bound caps how long
-    /// one call holds Redis (about 13 µs per fresh key). 1: one call per request.
+    /// (standalone and Sentinel modes); a request is never split, one with more keys goes
+    /// alone. Checks share a call only when earlier calls are still out, so an idle server
+    /// answers each at once; every request is still decided exactly as its own call would. The
+    /// bound caps how long one call holds Redis (about 13 µs per fresh key). 1: one call per
+    /// request.
     #[arg(long, env = "SLUICE_REDIS_MAX_BATCH", default_value_t = 128,
           value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub redis_max_batch: u64,
 
     /// Script calls out at once on the standalone connection (or Sentinel mode's master) before
-    /// new checks queue for the next batch. More calls: each waits less for a batch to form, batches are smaller.
+    /// new checks queue for the next batch. More calls: each waits less for a batch to form,
+    /// batches are smaller.
     #[arg(long, env = "SLUICE_REDIS_BATCH_CALLS", default_value_t = 2,
           value_parser = clap::value_parser!(u64).range(1..=64))]
     pub redis_batch_calls: u64,
