@@ -33,21 +33,17 @@
 //! - [`server`]: `run(settings, shutdown)` — wires the pieces and serves.
 //! - [`xds`]: config pushed by an xDS management server (ADS), validated like files.
 
+// The pure core, re-exported so `sluice::rule`, `crate::key`, ... name one module wherever used.
+pub use sluice_core::{algorithm, clock, descriptor, explain, key, request, rule};
+
 pub mod admin;
-pub mod algorithm;
 pub mod backend;
 pub mod cli;
-pub mod clock;
 pub mod compat;
 pub mod config;
-pub mod descriptor;
-pub mod explain;
-pub mod key;
 pub mod lease;
 pub mod limiter;
-pub mod request;
 pub mod resilience;
-pub mod rule;
 pub mod runtime;
 pub mod security;
 pub mod server;

@@ -6,7 +6,7 @@ use clap::Parser;
 use sluice::settings::{Cli, Command, Settings};
 
 // mimalloc, not glibc's malloc: per-request allocations (HTTP/2 frames, futures, buffers) took
-// ~18 % of the CPU in glibc's malloc and free under load (README, Benchmarks, "Allocator").
+// ~18 % of the CPU in glibc's malloc and free under load (docs/benchmarks.md, "Allocator").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -1,21 +1,12 @@
 //! The tokio runtime `serve` runs on.
 //!
-//! Two choices, both measured with `h2load -c 16 -m 32` on the 2-core benchmark machine
-//! (README, Benchmarks):
-//!
 //! - **The LIFO slot is off** (when built with `--cfg tokio_unstable`, which
-//!   `.cargo/config.toml` sets). With it on, a worker runs the task a finished call just woke
-//!   before anything else: each finished call's stream task wakes its HTTP/2 connection task,
-//!   which lands in the slot and flushes that one response, so responses leave one `writev`
-//!   each (0.97 per call against the Redis backend, 0.38 against memory). With it off, the
-//!   woken connection task queues behind the other finished calls and flushes them together
-//!   (0.21 and 0.04 `writev` per call): the memory backend's peak rose from ~113k to ~145k
-//!   calls/s, the Redis backend's from ~46k to ~49k.
-//! - **Worker threads** are `--worker-threads` (default: the CPUs this process may use). Fewer
-//!   workers mean fewer wake-ups across threads: before mimalloc and the script's one write per
-//!   distinct key, one worker took the Redis backend from ~49k to ~63k calls/s on a machine
-//!   shared with Redis and the load; since, two workers do as well or better (README,
-//!   Benchmarks), so the default stays and the flag lets a deployment choose.
+//!   `.cargo/config.toml` sets). With it on, the HTTP/2 connection task a finished call wakes runs
+//!   first and flushes that one response, so responses leave one `writev` each; with it off, the
+//!   connection task queues behind the other finished calls and flushes them together. The effect
+//!   on throughput is measured in docs/benchmarks.md.
+//! - **Worker threads** are `--worker-threads` (default: the CPUs this process may use), so a
+//!   deployment sharing its cores with Redis or a sidecar can choose fewer.
 //!
 //! `disable_lifo_slot` is an unstable tokio API: built without the cfg, sluice still works,
 //! with tokio's default scheduling, and [`LIFO_SLOT_DISABLED`] says so in the start-up log.

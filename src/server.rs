@@ -345,7 +345,7 @@ async fn serve<B: Backend>(
         readiness: readiness.clone(),
         metrics: metrics.clone(),
     })
-    .merge(crate::explain::router(
+    .merge(crate::admin::explain::router(
         config.clone(),
         explain_options(&settings),
     ))

@@ -6,7 +6,7 @@
 //! The one way tokens appear sooner is a refund (`is_negative_hits`). A refund through this
 //! replica drops the key from its cache; a refund through another replica is not seen here, so
 //! this replica may keep rejecting that key for at most the remaining R. That is the documented
-//! caveat (README, Failure modes).
+//! caveat (docs/failure-modes.md).
 //!
 //! An entry answers only a demand at least as large as the one that was rejected (a smaller one
 //! might fit sooner) with the same bucket shape (a reload may have raised the limit). The wait

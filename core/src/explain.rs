@@ -6,18 +6,12 @@
 //! makes, so the explanation cannot drift from the decision.
 
 use std::fmt::Write as _;
-use std::sync::Arc;
 
-use axum::Router;
-use axum::extract::{Query, State};
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Json, Response};
-use axum::routing::get;
 use percent_encoding::percent_decode_str;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::algorithm::Algorithm;
-use crate::config::{Config, ConfigStore};
+use crate::config::Config;
 use crate::descriptor::{Miss, Selected};
 use crate::key::{RuleTag, bucket_key};
 use crate::request::Entry;
@@ -479,47 +473,6 @@ impl Report {
         let _ = writeln!(out, "outcome:     {}", self.outcome);
         out
     }
-}
-
-/// `GET /explain?domain=D&descriptor=k=v,k2=v2`: the [`Report`] as JSON, against the live config.
-/// The descriptor has the CLI's syntax, URL-encoded like any query value (a `%2C` meant for the
-/// descriptor travels as `%252C`).
-pub fn router(store: Arc<ConfigStore>, options: ExplainOptions) -> Router {
-    Router::new()
-        .route("/explain", get(explain_handler))
-        .with_state(Arc::new((store, options)))
-}
-
-#[derive(Deserialize)]
-struct ExplainQuery {
-    domain: Option<String>,
-    descriptor: Option<String>,
-}
-
-async fn explain_handler(
-    State(state): State<Arc<(Arc<ConfigStore>, ExplainOptions)>>,
-    Query(query): Query<ExplainQuery>,
-) -> Response {
-    let bad = |message: String| {
-        (
-            StatusCode::BAD_REQUEST,
-            Json(serde_json::json!({ "error": message })),
-        )
-            .into_response()
-    };
-    let Some(domain) = query.domain.filter(|d| !d.is_empty()) else {
-        return bad("missing query parameter `domain`".to_owned());
-    };
-    let Some(descriptor) = query.descriptor else {
-        return bad("missing query parameter `descriptor` (key=value[,key=value...])".to_owned());
-    };
-    let entries = match parse_descriptor(&descriptor) {
-        Ok(entries) => entries,
-        Err(e) => return bad(format!("descriptor: {e}")),
-    };
-    let (store, options) = &*state;
-    let config = store.active().load();
-    Json(explain(&config, &domain, &entries, options)).into_response()
 }
 
 /// The limit's shape as the algorithm sees it, as one aligned line.

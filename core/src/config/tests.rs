@@ -933,7 +933,7 @@ descriptors:
 // The shipped example configs
 
 fn examples() -> Config {
-    load_path(&Path::new(env!("CARGO_MANIFEST_DIR")).join("config"))
+    load_path(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../config"))
         .unwrap_or_else(|e| panic!("config/ must load:\n{e}"))
 }
 

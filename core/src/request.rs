@@ -1,6 +1,6 @@
 //! A rate-limit request after validation at the edge: plain Rust, no protobuf.
 //!
-//! [`crate::service`] builds these from `RateLimitRequest`; [`crate::limiter`] decides on them.
+//! The service crate builds these from `RateLimitRequest` at its gRPC edge; its limiter decides on them.
 
 use crate::rule::Unit;
 

@@ -1,7 +1,7 @@
 //! Compiled rules: what a descriptor config says about one bucket.
 //!
 //! Produced by [`crate::config`], found by [`crate::descriptor`], consumed by
-//! [`crate::limiter`]. Plain data, no behaviour beyond unit arithmetic.
+//! the service crate's limiter. Plain data, no behaviour beyond unit arithmetic.
 
 use std::fmt;
 use std::sync::Arc;
@@ -238,7 +238,7 @@ pub struct Rule {
     /// Tokens per hit (weighted endpoints); at least 1.
     pub cost: u64,
     /// `rate_limit.lease`: a replica takes up to this many tokens per backend call and spends
-    /// them locally ([`crate::lease`]). Only on token-bucket and GCRA rules.
+    /// them locally (the service crate's `lease` module). Only on token-bucket and GCRA rules.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lease: Option<u64>,
     /// `rate_limit.shards`: hot-key splitting. Each descriptor's bucket is N sub-buckets of

@@ -1,6 +1,8 @@
 //! Admin HTTP: liveness, readiness, the active config and metrics. Read-only by design: nothing here
 //! changes state, so exposing the port leaks at most the config.
 
+pub mod explain;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 

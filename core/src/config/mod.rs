@@ -1,0 +1,493 @@
+//! Descriptor configs: the YAML model, validation with `file:line:column` errors, loading a file
+//! or a directory, and the compiled [`Config`] the request path reads.
+//!
+//! Pipeline per source: `yaml` (located tree) → `raw` (schema shape) → `validate` (meaning) →
+//! `compile` (rules and descriptor trees). Every stage reports into a `Sink` and carries on, so
+//! one run lists every problem of every file.
+
+mod compile;
+mod lint;
+mod load;
+mod raw;
+mod validate;
+mod yaml;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::algorithm::Algorithm;
+use crate::descriptor::{Explanation, Level};
+use crate::request::Entry;
+use crate::rule::{FailureMode, Origin, Rule, RuleId};
+
+pub use load::{load_path, load_path_with};
+
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod tests_algorithms;
+#[cfg(test)]
+mod tests_ops;
+
+use yaml::Pos;
+
+/// One problem found in a config source.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Diagnostic {
+    pub file: String,
+    /// 1-based; 0 when the problem has no place in the file (unreadable file, empty directory).
+    pub line: usize,
+    pub column: usize,
+    pub message: String,
+}
+
+impl fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line == 0 {
+            write!(f, "{}: {}", self.file, self.message)
+        } else {
+            write!(
+                f,
+                "{}:{}:{}: {}",
+                self.file, self.line, self.column, self.message
+            )
+        }
+    }
+}
+
+/// Every problem found in a config set (never just the first). Display: one `file:line:col: message` per line.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+pub struct ConfigErrors(pub Vec<Diagnostic>);
+
+/// A validated, compiled set of domains.
+#[derive(Debug)]
+pub struct Config {
+    /// In load order (a directory's files sorted by name).
+    domains: Vec<Domain>,
+    index: HashMap<Arc<str>, usize>,
+    /// Every rule, indexed by [`RuleId`].
+    rules: Vec<Arc<Rule>>,
+    digest: String,
+    /// Legal but suspicious constructs (shadowed or unreachable descriptors, dangling
+    /// `replaces`): reported by `check-config` and `GET /config`, never a reason to reject.
+    warnings: Vec<Diagnostic>,
+}
+
+/// How a set of sources becomes one config, beyond what the files themselves say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Files naming the same domain add their descriptors to it, in load order, instead of being
+    /// rejected as duplicates (envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG`).
+    pub merge_domains: bool,
+    /// Read a directory's hidden `*.yaml` files too. Off by default; entries starting with `..`
+    /// (a Kubernetes ConfigMap volume's internals) are never read either way.
+    pub dotfiles: bool,
+    /// Put every configured rule in shadow mode (envoyproxy/ratelimit's global `SHADOW_MODE`):
+    /// buckets are counted, nothing is rejected. Request `limit` overrides still apply.
+    pub shadow_all: bool,
+    /// Most entries a request descriptor may carry (`--max-entries`): deeper descriptors are
+    /// reported as unreachable.
+    pub max_entries: usize,
+    /// Algorithm of rules whose domain and `rate_limit` name none (`--default-algorithm`).
+    pub default_algorithm: Algorithm,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            merge_domains: false,
+            dotfiles: false,
+            shadow_all: false,
+            max_entries: 32,
+            default_algorithm: Algorithm::TokenBucket,
+        }
+    }
+}
+
+/// One domain's rules.
+#[derive(Debug)]
+pub struct Domain {
+    pub name: Arc<str>,
+    pub failure_mode: Option<FailureMode>,
+    /// The algorithm of this domain's rules that name none, and of request `limit` overrides
+    /// that reach no rule: the domain's `algorithm`, else `--default-algorithm`.
+    pub algorithm: Algorithm,
+    pub algorithm_from: Origin,
+    file: Arc<str>,
+    tree: Level,
+    rules: Vec<Arc<Rule>>,
+}
+
+impl Default for Config {
+    /// No domains: every request is for an unknown domain.
+    fn default() -> Self {
+        compile::config(Vec::new(), digest(&[]), false, Algorithm::default())
+    }
+}
+
+impl Config {
+    pub fn domain(&self, name: &str) -> Option<&Domain> {
+        self.index.get(name).map(|&i| &self.domains[i])
+    }
+
+    pub fn domains(&self) -> impl Iterator<Item = &Domain> {
+        self.domains.iter()
+    }
+
+    /// Every rule of every domain, in [`RuleId`] order.
+    pub fn rules(&self) -> impl Iterator<Item = &Arc<Rule>> {
+        self.rules.iter()
+    }
+
+    pub fn rule(&self, id: RuleId) -> Option<&Arc<Rule>> {
+        self.rules.get(id.0 as usize)
+    }
+
+    pub fn rule_count(&self) -> usize {
+        self.rules.len()
+    }
+
+    /// Hex digest of the sources, a version operators can compare across replicas.
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    /// Suspicious but legal constructs found while loading, in file order.
+    pub fn warnings(&self) -> &[Diagnostic] {
+        &self.warnings
+    }
+
+    /// One line for `check-config`: `ok: 2 domains, 9 rules, digest 1a2b3c4d`.
+    pub fn summary(&self) -> String {
+        let plural = |n: usize, word: &str| format!("{n} {word}{}", if n == 1 { "" } else { "s" });
+        format!(
+            "ok: {}, {}, digest {}",
+            plural(self.domains.len(), "domain"),
+            plural(self.rules.len(), "rule"),
+            &self.digest[..8]
+        )
+    }
+
+    /// The active config as JSON for `GET /config`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let domains: Vec<serde_json::Value> = self
+            .domains
+            .iter()
+            .map(|d| {
+                serde_json::json!({
+                    "domain": d.name,
+                    "file": d.file,
+                    "failure_mode": d.failure_mode,
+                    "algorithm": d.algorithm,
+                    "algorithm_from": d.algorithm_from,
+                    "rules": d.rules,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "digest": self.digest,
+            "rule_count": self.rules.len(),
+            "domains": domains,
+            "warnings": self.warnings,
+        })
+    }
+}
+
+impl Domain {
+    /// The rule a request descriptor's entries reach, envoyproxy/ratelimit's matching.
+    pub fn find(&self, entries: &[Entry]) -> Option<&Arc<Rule>> {
+        self.tree.find(entries)
+    }
+
+    /// The walk [`Domain::find`] makes, step by step (for `sluice explain` and `GET /explain`).
+    pub fn explain(&self, entries: &[Entry]) -> Explanation {
+        self.tree.explain(entries)
+    }
+
+    /// The source this domain was loaded from (the first one, when files are merged).
+    pub fn file(&self) -> &str {
+        &self.file
+    }
+
+    /// This domain's rules in config order.
+    pub fn rules(&self) -> &[Arc<Rule>] {
+        &self.rules
+    }
+}
+
+/// Loads named in-memory sources as one set (tests, xDS).
+pub fn load_sources(sources: &[(String, String)]) -> Result<Config, ConfigErrors> {
+    load_sources_with(sources, &LoadOptions::default())
+}
+
+/// Loads named in-memory sources as one set, with `options`.
+pub fn load_sources_with(
+    sources: &[(String, String)],
+    options: &LoadOptions,
+) -> Result<Config, ConfigErrors> {
+    let mut per_file: Vec<Vec<Diagnostic>> = vec![Vec::new(); sources.len()];
+    let mut specs = Vec::with_capacity(sources.len());
+    for (index, ((name, text), diagnostics)) in sources.iter().zip(&mut per_file).enumerate() {
+        let mut sink = Sink {
+            file: name,
+            out: diagnostics,
+        };
+        if let Some(spec) = check_source(text, &mut sink) {
+            specs.push((index, spec));
+        }
+    }
+
+    // Group the files of each domain, in load order of the domains' first files.
+    let mut groups: Vec<Vec<(usize, validate::DomainSpec)>> = Vec::new();
+    let mut group_of: HashMap<String, usize> = HashMap::new();
+    for (index, spec) in specs {
+        let name = spec.name.value.clone();
+        match group_of.get(&name) {
+            Some(&g) if options.merge_domains => groups[g].push((index, spec)),
+            Some(&g) => {
+                let (first_index, first) = &groups[g][0];
+                Sink {
+                    file: &sources[index].0,
+                    out: &mut per_file[index],
+                }
+                .error(
+                    spec.name.at,
+                    format!(
+                        "duplicate domain `{name}`: already defined at {}:{}:{}",
+                        sources[*first_index].0, first.name.at.line, first.name.at.column
+                    ),
+                );
+            }
+            None => {
+                group_of.insert(name, groups.len());
+                groups.push(vec![(index, spec)]);
+            }
+        }
+    }
+    for group in &groups {
+        if group.len() > 1 {
+            check_merge(group, sources, &mut per_file);
+        }
+        // The domain's algorithm, from whichever of its files sets it (merging checked that
+        // they agree), decides what `burst` means in all of them.
+        let domain = group.iter().find_map(|(index, spec)| {
+            spec.algorithm
+                .as_ref()
+                .map(|a| (a, sources[*index].0.as_str()))
+        });
+        let default = validate::AlgorithmDefault {
+            domain,
+            global: options.default_algorithm,
+        };
+        for (index, spec) in group {
+            let mut sink = Sink {
+                file: &sources[*index].0,
+                out: &mut per_file[*index],
+            };
+            validate::algorithm_fields(&spec.descriptors, default, &mut sink);
+        }
+    }
+
+    let mut diagnostics: Vec<Diagnostic> = per_file
+        .into_iter()
+        .flat_map(|mut file| {
+            file.sort_by_key(|d| (d.line, d.column));
+            file
+        })
+        .collect();
+    if !diagnostics.is_empty() {
+        // A YAML alias repeats a subtree, and with it that subtree's problems at the same place.
+        diagnostics.dedup();
+        return Err(ConfigErrors(diagnostics));
+    }
+    let domains: Vec<Vec<compile::Part>> = groups
+        .into_iter()
+        .map(|group| {
+            group
+                .into_iter()
+                .map(|(index, spec)| compile::Part {
+                    file: Arc::from(sources[index].0.as_str()),
+                    spec,
+                })
+                .collect()
+        })
+        .collect();
+    let warnings = lint::domains(&domains, options.max_entries);
+    let mut config = compile::config(
+        domains,
+        digest(sources),
+        options.shadow_all,
+        options.default_algorithm,
+    );
+    config.warnings = warnings;
+    Ok(config)
+}
+
+/// The checks merging adds for the files of one domain: top-level descriptors and rule names
+/// must stay unique across the files, and the files must agree on the domain's failure mode and
+/// algorithm.
+/// Problems are reported in the later file.
+fn check_merge(
+    group: &[(usize, validate::DomainSpec)],
+    sources: &[(String, String)],
+    per_file: &mut [Vec<Diagnostic>],
+) {
+    let mut top: HashMap<(&str, Option<&str>), (usize, Pos)> = HashMap::new();
+    let mut names: HashMap<&str, (usize, Pos)> = HashMap::new();
+    let mut failure_mode: Option<(usize, FailureMode)> = None;
+    let mut algorithm: Option<(usize, Algorithm)> = None;
+    for (index, spec) in group {
+        let index = *index;
+        let mut report = |at: Pos, message: String| {
+            Sink {
+                file: &sources[index].0,
+                out: &mut per_file[index],
+            }
+            .error(at, message);
+        };
+        if let Some(mode) = spec.failure_mode {
+            match failure_mode {
+                Some((first, earlier)) if earlier != mode => report(
+                    spec.name.at,
+                    format!(
+                        "domain `{}` has failure_mode `{}` here but `{}` in {}",
+                        spec.name.value,
+                        mode.as_str(),
+                        earlier.as_str(),
+                        sources[first].0
+                    ),
+                ),
+                Some(_) => {}
+                None => failure_mode = Some((index, mode)),
+            }
+        }
+        if let Some(own) = &spec.algorithm {
+            match algorithm {
+                Some((first, earlier)) if earlier != own.value => report(
+                    own.at,
+                    format!(
+                        "domain `{}` has algorithm `{}` here but `{}` in {}",
+                        spec.name.value, own.value, earlier, sources[first].0
+                    ),
+                ),
+                Some(_) => {}
+                None => algorithm = Some((index, own.value)),
+            }
+        }
+        for d in &spec.descriptors {
+            let id = (d.key.as_str(), d.value.as_deref());
+            match top.get(&id) {
+                Some((first, at)) => report(
+                    d.at,
+                    format!(
+                        "duplicate descriptor `{}` in merged domain `{}`: already defined at {}:{}:{}",
+                        descriptor_label(&d.key, d.value.as_deref()),
+                        spec.name.value,
+                        sources[*first].0,
+                        at.line,
+                        at.column
+                    ),
+                ),
+                None => {
+                    top.insert(id, (index, d.at));
+                }
+            }
+        }
+        let mut named = Vec::new();
+        validate::named_rules(&spec.descriptors, &mut named);
+        for (name, at) in named {
+            match names.get(name) {
+                Some((first, first_at)) if *first != index => report(
+                    at,
+                    format!(
+                        "duplicate rate_limit name `{name}` in merged domain `{}`: already used at {}:{}:{}",
+                        spec.name.value, sources[*first].0, first_at.line, first_at.column
+                    ),
+                ),
+                Some(_) => {}
+                None => {
+                    names.insert(name, (index, at));
+                }
+            }
+        }
+    }
+}
+
+/// `key` or `key=value`, as messages name a descriptor.
+fn descriptor_label(key: &str, value: Option<&str>) -> String {
+    match value {
+        Some(value) => format!("{key}={value}"),
+        None => key.to_owned(),
+    }
+}
+
+/// One source through parsing, shape and meaning checks.
+fn check_source(text: &str, sink: &mut Sink) -> Option<validate::DomainSpec> {
+    let docs = match yaml::parse(text) {
+        Ok(docs) => docs,
+        Err(e) => {
+            sink.error(e.at, e.message);
+            return None;
+        }
+    };
+    let Some((doc, extra)) = docs.split_first() else {
+        sink.error(
+            Pos::new(1, 1),
+            "no domain in this file: expected a mapping with `domain` and `descriptors`",
+        );
+        return None;
+    };
+    if let Some(second) = extra.first() {
+        sink.error(
+            second.at,
+            "a config file holds one domain; found a second YAML document",
+        );
+    }
+    let raw = raw::read_domain(doc, sink)?;
+    validate::domain(&raw, sink)
+}
+
+/// SHA-1 over the sources sorted by name. Names count only by their last component, so replicas
+/// that mount the same files at different paths agree.
+fn digest(sources: &[(String, String)]) -> String {
+    let mut named: Vec<(&str, &str)> = sources
+        .iter()
+        .map(|(name, text)| {
+            let base = Path::new(name)
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or(name);
+            (base, text.as_str())
+        })
+        .collect();
+    named.sort_unstable();
+    let mut sha = sha1_smol::Sha1::new();
+    for (name, text) in named {
+        // Length prefixes keep ("ab", "c") and ("a", "bc") apart.
+        for part in [name, text] {
+            sha.update(&(part.len() as u64).to_be_bytes());
+            sha.update(part.as_bytes());
+        }
+    }
+    sha.digest().to_string()
+}
+
+/// Where the checks of one source report.
+pub(crate) struct Sink<'a> {
+    file: &'a str,
+    out: &'a mut Vec<Diagnostic>,
+}
+
+impl Sink<'_> {
+    pub(crate) fn error(&mut self, at: Pos, message: impl Into<String>) {
+        self.out.push(Diagnostic {
+            file: self.file.to_owned(),
+            line: at.line,
+            column: at.column,
+            message: yaml::escape_controls(&message.into()),
+        });
+    }
+}

@@ -1,0 +1,27 @@
+//! sluice-core — the pure part of sluice: what a rate-limit request means, not how it travels.
+//!
+//! No async runtime, no network, no Redis: every function here is a computation over its
+//! arguments (time included), so it is tested by stepping values, and the service crate (`sluice`)
+//! wraps it in gRPC, backends and telemetry.
+//!
+//! Crate map:
+//!
+//! - [`rule`]: compiled rule types — units, rates, failure modes, rule ids.
+//! - [`request`]: a validated rate-limit request in plain Rust (no protobuf).
+//! - [`descriptor`]: the compiled descriptor tree; request entries → the rule they reach.
+//! - [`key`]: a bucket's storage key — injective, hash-tagged for Redis Cluster, tagged by algorithm.
+//! - [`algorithm`]: the four algorithms' arithmetic (token bucket, fixed window, sliding window,
+//!   GCRA); time is an argument. `lua/limit.lua` mirrors it.
+//! - [`clock`]: injected time, so tests step it.
+//! - [`config`]: the YAML model, validation with `file:line:column` errors, loading a file or a
+//!   directory into a compiled [`config::Config`].
+//! - [`explain`]: which rule a descriptor reaches (or why none), its bucket and storage key.
+
+pub mod algorithm;
+pub mod clock;
+pub mod config;
+pub mod descriptor;
+pub mod explain;
+pub mod key;
+pub mod request;
+pub mod rule;
