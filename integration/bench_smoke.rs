@@ -1,4 +1,4 @@
-//! Smoke tests of the benchmark tools (README "Benchmarks"): `sluice-bench` drives the no-op
+//! Smoke tests of the benchmark tools (docs/benchmarks.md): `sluice-bench` drives the no-op
 //! server and sluice (memory and Redis backends) for a fraction of a second and writes reports of
 //! the documented shape with the outcomes the target must give. No speed is asserted.
 

@@ -582,7 +582,7 @@ fn malformed_script_calls_are_refused_and_write_nothing() {
 }
 
 /// Measures what one key of each algorithm costs Redis (`MEMORY USAGE key SAMPLES 0`) for a
-/// realistic two-entry descriptor, and prints the figures quoted in the README.
+/// realistic two-entry descriptor, and prints the figures quoted in docs/algorithms.md.
 #[tokio::test]
 async fn memory_usage_per_key_by_algorithm() {
     let server = RedisServer::start();

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command (README "Run the tests"): every Rust test (unit, in-process end-to-end, and
+# The test command (README "Set up"): every Rust test (unit, in-process end-to-end, and
 # integration tests against real redis-server processes) plus validation of deploy/.
 # Needs redis-server/redis-cli (Debian package `redis-server`) and python3; .ci/run installs them.
 set -euo pipefail

@@ -1,4 +1,4 @@
-//! The least-privilege Redis ACL documented in README.md (Security), checked against a real
+//! The least-privilege Redis ACL documented in docs/security.md, checked against a real
 //! redis-server started on a free loopback port: the Redis backend works with exactly those
 //! permissions, and the same user can touch nothing outside the key prefix.
 //!
@@ -12,7 +12,7 @@ use sluice::algorithm::BucketParams;
 use sluice::backend::redis::{RedisBackend, RedisOptions};
 use sluice::backend::{Backend, Hit};
 
-/// The ACL rule of README.md (Security), for user `sluice` and key prefix `sluice:`.
+/// The ACL rule of docs/security.md, for user `sluice` and key prefix `sluice:`.
 const ACL_RULE: &str = "on >s3cret-test-password resetkeys ~sluice:* resetchannels -@all \
      +evalsha +eval +script|load +time +hmget +hset +pexpire +ping \
      +zadd +zremrangebyscore +zcard";

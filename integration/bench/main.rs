@@ -1,6 +1,6 @@
 //! `sluice-bench`: a load generator for any Envoy RLS endpoint, a no-op RLS server (the gRPC
 //! floor), the Redis script floor, and the plots and summary of a benchmark run.
-//! `integration/bench/run.sh` drives it; README "Benchmarks" shows the commands and figures.
+//! `integration/bench/run.sh` drives it; docs/benchmarks.md shows the commands and figures.
 
 mod floor;
 mod hist;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CPU profile of sluice under closed-loop load (README "Benchmarks"), memory and Redis backend:
+# CPU profile of sluice under closed-loop load (docs/benchmarks.md), memory and Redis backend:
 #
 #   integration/bench/profile.sh     # perf (Debian linux-perf), cpu-clock sampling, DWARF stacks
 #

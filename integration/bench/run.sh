@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmark run (README "Benchmarks"): sluice beside its floors, in one run, on this machine.
+# The benchmark run (docs/benchmarks.md): sluice beside its floors, in one run, on this machine.
 #
 #   integration/bench/run.sh            # peaks, ½-peak p99, sweeps, Redis floor, plot, summary
 #   SCALING=1 integration/bench/run.sh  # also config size, live keys, memory per bucket
