@@ -4,8 +4,10 @@
 //! by the request's own `&str`s, so it allocates nothing.
 //!
 //! Matching is envoyproxy/ratelimit's: at each level try the exact `key`+`value` node, else the
-//! first wildcard node of that key (config order) whose prefix starts the value, else the bare-key
-//! node. A node's rule applies only when the request's last entry lands on it; a node reached
+//! first wildcard node of that key (config order) whose pattern matches the value, else the
+//! bare-key node. In a wildcard every `*` matches zero or more characters, in order (`a*`, `*`,
+//! `bar*b`, `foo*bar*baz`); the common shapes stay cheap: an exact value is a hash lookup and a
+//! trailing `*` a prefix test. A node's rule applies only when the request's last entry lands on it; a node reached
 //! earlier leads on through its children, and a node without children ends the walk with no
 //! match. There is no backtracking: a more specific node that leads nowhere hides a less specific
 //! one that would have.
@@ -23,22 +25,91 @@ pub enum Pattern<'a> {
     Any,
     /// A literal value.
     Exact(&'a str),
-    /// A value ending in `*`: any value starting with the part before it (`*` alone: any value,
-    /// tried before the bare key).
+    /// A value whose only `*` is its last character: any value starting with the part before it
+    /// (`*` alone: any value, tried before the bare key).
     Prefix(&'a str),
+    /// Any other value holding a `*` (the whole configured value): each `*` matches zero or more
+    /// characters, the literal parts between them appear in order.
+    Glob(&'a str),
 }
 
 impl<'a> Pattern<'a> {
-    /// Reads a configured value. Only a trailing `*` is special; a `*` elsewhere is literal.
+    /// Reads a configured value.
     pub fn parse(value: Option<&'a str>) -> Pattern<'a> {
         match value {
             None => Pattern::Any,
             Some(v) => match v.strip_suffix('*') {
-                Some(prefix) => Pattern::Prefix(prefix),
-                None => Pattern::Exact(v),
+                Some(prefix) if !prefix.contains('*') => Pattern::Prefix(prefix),
+                _ if v.contains('*') => Pattern::Glob(v),
+                _ => Pattern::Exact(v),
             },
         }
     }
+}
+
+/// A compiled wildcard value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Wildcard {
+    /// The part before a single trailing `*`.
+    Prefix(Box<str>),
+    /// The configured value and its literal parts, split on `*` once at load.
+    Glob {
+        text: Box<str>,
+        parts: Box<[Box<str>]>,
+    },
+}
+
+impl Wildcard {
+    fn new(pattern: Pattern<'_>) -> Option<Wildcard> {
+        match pattern {
+            Pattern::Prefix(prefix) => Some(Wildcard::Prefix(prefix.into())),
+            Pattern::Glob(text) => Some(Wildcard::Glob {
+                text: text.into(),
+                parts: text.split('*').map(Box::from).collect(),
+            }),
+            Pattern::Any | Pattern::Exact(_) => None,
+        }
+    }
+
+    /// The configured value, `*`s included.
+    fn text(&self) -> String {
+        match self {
+            Wildcard::Prefix(prefix) => format!("{prefix}*"),
+            Wildcard::Glob { text, .. } => text.to_string(),
+        }
+    }
+
+    fn matches(&self, value: &str) -> bool {
+        match self {
+            Wildcard::Prefix(prefix) => value.starts_with(&**prefix),
+            Wildcard::Glob { parts, .. } => glob_matches(parts, value),
+        }
+    }
+}
+
+/// Whether `value` matches the literal `parts` of a pattern split on `*` (at least two parts):
+/// it starts with the first, ends with the last, and holds the middle ones in order, none of them
+/// overlapping another. Greedy leftmost placement of each middle part is enough: placing a part
+/// earlier never leaves less room for the parts after it.
+fn glob_matches(parts: &[Box<str>], value: &str) -> bool {
+    let (Some((first, rest)), Some(last)) = (parts.split_first(), parts.last()) else {
+        return false;
+    };
+    let Some(middle) = rest.split_last().map(|(_, middle)| middle) else {
+        return &**first == value;
+    };
+    let fixed: usize = parts.iter().map(|p| p.len()).sum();
+    if value.len() < fixed || !value.starts_with(&**first) || !value.ends_with(&**last) {
+        return false;
+    }
+    let mut inner = &value[first.len()..value.len() - last.len()];
+    for part in middle {
+        match inner.find(&**part) {
+            Some(at) => inner = &inner[at + part.len()..],
+            None => return false,
+        }
+    }
+    true
 }
 
 /// The sibling descriptors under one parent (or at the top of a domain).
@@ -51,8 +122,8 @@ pub struct Level {
 #[derive(Debug, Default)]
 struct KeyNodes {
     exact: HashMap<Box<str>, Node>,
-    /// Prefix (without the `*`) and node, in config order.
-    wildcards: Vec<(Box<str>, Node)>,
+    /// Wildcard values and their nodes, in config order.
+    wildcards: Vec<(Wildcard, Node)>,
     bare: Option<Node>,
 }
 
@@ -97,10 +168,13 @@ impl Level {
             Pattern::Exact(value) => {
                 nodes.exact.insert(value.into(), node);
             }
-            Pattern::Prefix(prefix) if nodes.wildcards.iter().any(|(p, _)| **p == *prefix) => {
-                return Err(Duplicate);
+            Pattern::Prefix(_) | Pattern::Glob(_) => {
+                let wildcard = Wildcard::new(pattern).expect("a wildcard pattern");
+                if nodes.wildcards.iter().any(|(w, _)| *w == wildcard) {
+                    return Err(Duplicate);
+                }
+                nodes.wildcards.push((wildcard, node));
             }
-            Pattern::Prefix(prefix) => nodes.wildcards.push((prefix.into(), node)),
         }
         Ok(())
     }
@@ -115,7 +189,7 @@ impl Level {
                 nodes
                     .wildcards
                     .iter()
-                    .find(|(prefix, _)| entry.value.starts_with(&**prefix))
+                    .find(|(wildcard, _)| wildcard.matches(&entry.value))
                     .map(|(_, node)| node)
             })
             .or(nodes.bare.as_ref())
@@ -141,7 +215,8 @@ impl Level {
 pub enum Selected {
     /// The descriptor with exactly this value.
     Exact,
-    /// The first wildcard (in config order) whose prefix starts the value; holds the prefix.
+    /// The first wildcard (in config order) that matches the value; holds the configured
+    /// value, `*`s included.
     Wildcard(String),
     /// The descriptor with the key and no value.
     AnyValue,
@@ -196,12 +271,12 @@ impl Level {
         if let Some(node) = nodes.exact.get(entry.value.as_str()) {
             return Some((node, Selected::Exact));
         }
-        if let Some((prefix, node)) = nodes
+        if let Some((wildcard, node)) = nodes
             .wildcards
             .iter()
-            .find(|(prefix, _)| entry.value.starts_with(&**prefix))
+            .find(|(wildcard, _)| wildcard.matches(&entry.value))
         {
-            return Some((node, Selected::Wildcard(prefix.to_string())));
+            return Some((node, Selected::Wildcard(wildcard.text())));
         }
         nodes.bare.as_ref().map(|node| (node, Selected::AnyValue))
     }
@@ -272,6 +347,8 @@ mod tests {
             shards: None,
             failure_mode: None,
             replaces: Vec::new(),
+            shared_values: Arc::default(),
+            metadata: None,
             source: "t:1".into(),
         })
     }
@@ -286,12 +363,49 @@ mod tests {
     }
 
     #[test]
-    fn pattern_only_trailing_star_is_special() {
+    fn every_star_is_a_wildcard_and_a_lone_trailing_one_a_prefix() {
         assert_eq!(Pattern::parse(None), Pattern::Any);
         assert_eq!(Pattern::parse(Some("a")), Pattern::Exact("a"));
         assert_eq!(Pattern::parse(Some("a*")), Pattern::Prefix("a"));
         assert_eq!(Pattern::parse(Some("*")), Pattern::Prefix(""));
-        assert_eq!(Pattern::parse(Some("a*b")), Pattern::Exact("a*b"));
+        assert_eq!(Pattern::parse(Some("a*b")), Pattern::Glob("a*b"));
+        assert_eq!(Pattern::parse(Some("a**")), Pattern::Glob("a**"));
+        assert_eq!(Pattern::parse(Some("*a*")), Pattern::Glob("*a*"));
+    }
+
+    fn glob(pattern: &str, value: &str) -> bool {
+        let Some(w) = Wildcard::new(Pattern::parse(Some(pattern))) else {
+            return pattern == value;
+        };
+        w.matches(value)
+    }
+
+    #[test]
+    fn each_star_matches_zero_or_more_characters_in_order() {
+        for (pattern, value, expected) in [
+            ("bar*b", "barb", true),
+            ("bar*b", "bar-xyz-b", true),
+            ("bar*b", "bar", false),
+            ("bar*b", "barbx", false),
+            ("foo*bar*baz", "foobarbaz", true),
+            ("foo*bar*baz", "foo1bar2baz", true),
+            ("foo*bar*baz", "foobazbar", false),
+            ("/api*v1", "/api/users/v1", true),
+            ("/api*v1", "/api/users/v2", false),
+            ("svc*ep*rpc", "svc.users.ep.get.rpc", true),
+            ("svc*ep*rpc", "svcXXrpc", false),
+            // Parts may not overlap: "aba" is not "ab" then "ba".
+            ("ab*ba", "aba", false),
+            ("ab*ba", "abba", true),
+            ("a*a", "a", false),
+            ("*a*", "a", true),
+            ("*a*", "xyz", false),
+            ("a**b", "ab", true),
+            ("*", "", true),
+            ("x*", "x", true),
+        ] {
+            assert_eq!(glob(pattern, value), expected, "{pattern} vs {value}");
+        }
     }
 
     #[test]
@@ -420,7 +534,7 @@ mod tests {
             [
                 Step {
                     index: 0,
-                    selected: Selected::Wildcard("x".into())
+                    selected: Selected::Wildcard("x*".into())
                 },
                 Step {
                     index: 1,
@@ -461,7 +575,15 @@ mod tests {
         use super::*;
 
         const KEYS: [&str; 2] = ["a", "b"];
-        const PATTERNS: [Option<&str>; 5] = [None, Some("x"), Some("xy"), Some("x*"), Some("*")];
+        const PATTERNS: [Option<&str>; 7] = [
+            None,
+            Some("x"),
+            Some("xy"),
+            Some("x*"),
+            Some("*"),
+            Some("x*z"),
+            Some("*y*"),
+        ];
         const VALUES: [&str; 4] = ["x", "xy", "xyz", "q"];
 
         /// A descriptor tree as plain data: (key, pattern, has a rule, children).
@@ -497,7 +619,42 @@ mod tests {
             level
         }
 
+        /// The textbook definition of `*` matching, by dynamic programming over bytes.
+        fn model(pattern: &[u8], value: &[u8]) -> bool {
+            let mut row = vec![false; value.len() + 1];
+            row[0] = true;
+            for &p in pattern {
+                let mut next = vec![false; value.len() + 1];
+                if p == b'*' {
+                    let mut any = false;
+                    for j in 0..=value.len() {
+                        any |= row[j];
+                        next[j] = any;
+                    }
+                } else {
+                    for j in 1..=value.len() {
+                        next[j] = row[j - 1] && value[j - 1] == p;
+                    }
+                }
+                row = next;
+            }
+            row[value.len()]
+        }
+
         proptest! {
+            #[test]
+            fn wildcards_agree_with_the_textbook_definition(
+                pattern in "[ab*]{0,7}",
+                value in "[ab]{0,8}",
+            ) {
+                let expected = model(pattern.as_bytes(), value.as_bytes());
+                let got = match Wildcard::new(Pattern::parse(Some(&pattern))) {
+                    Some(w) => w.matches(&value),
+                    None => pattern == value,
+                };
+                prop_assert_eq!(got, expected);
+            }
+
             #[test]
             fn explain_reaches_the_rule_find_reaches(
                 specs in spec(),

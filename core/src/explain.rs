@@ -212,7 +212,7 @@ pub fn explain(
             let entry = &entries[step.index];
             let (matched_by, configured_value) = match &step.selected {
                 Selected::Exact => ("exact", Some(entry.value.clone())),
-                Selected::Wildcard(prefix) => ("wildcard", Some(format!("{prefix}*"))),
+                Selected::Wildcard(pattern) => ("wildcard", Some(pattern.clone())),
                 Selected::AnyValue => ("any value", None),
             };
             StepView {

@@ -22,7 +22,12 @@
 //! one descriptor spread over the Cluster; an unsharded key has no such tag and is byte-identical
 //! to what earlier releases wrote.
 //!
+//! A value shared through `share_threshold` (every value a wildcard matches counts in one bucket)
+//! is written as `#*` and the escaped pattern: `#` never appears in escaped text and a hashed
+//! component is `#` and hex, so a shared bucket's key cannot equal a key of any request value.
+//!
 //! Examples: `sluice:{edge|tenant=acme}|route=export` (a token bucket),
+//! `sluice:{edge|tenant=acme}|path=#*/files/*` (every `/files/*` path in one bucket),
 //! `sluice:{edge|tenant=acme}|route=export~o10/second~fw` (an override, fixed window),
 //! `sluice:{edge|tenant=acme~s3}|route=export` (shard 3 of a sharded rule).
 
@@ -63,6 +68,21 @@ pub fn bucket_key(
     out
 }
 
+/// [`write_bucket_key`] where `shared[i]`, when set, stands for entry `i`'s value: the
+/// `share_threshold` pattern its value matched ([`crate::rule::Rule::shared_values`]). An empty
+/// `shared` writes exactly what [`write_bucket_key`] writes.
+pub fn write_shared_bucket_key(
+    out: &mut String,
+    prefix: &str,
+    domain: &str,
+    entries: &[Entry],
+    shared: &[Option<std::sync::Arc<str>>],
+    tag: RuleTag,
+    algorithm: Algorithm,
+) {
+    write_key(out, prefix, domain, entries, shared, tag, algorithm);
+}
+
 /// Appends the storage key of one bucket to `out` (so callers can reuse a buffer). Reserves the
 /// exact length first: at most one allocation.
 pub fn write_bucket_key(
@@ -73,6 +93,19 @@ pub fn write_bucket_key(
     tag: RuleTag,
     algorithm: Algorithm,
 ) {
+    write_key(out, prefix, domain, entries, &[], tag, algorithm);
+}
+
+fn write_key(
+    out: &mut String,
+    prefix: &str,
+    domain: &str,
+    entries: &[Entry],
+    shared: &[Option<std::sync::Arc<str>>],
+    tag: RuleTag,
+    algorithm: Algorithm,
+) {
+    let shared_at = |i: usize| shared.get(i).and_then(Option::as_deref);
     debug_assert!(
         !prefix.contains(['{', '}']),
         "a key prefix with braces would move the hash tag"
@@ -80,7 +113,11 @@ pub fn write_bucket_key(
     // "{" "|" "}" plus, per entry, "=" and (after the first) "|".
     let mut len = prefix.len() + 3 + component_len(domain);
     for (i, entry) in entries.iter().enumerate() {
-        len += usize::from(i > 0) + 1 + component_len(&entry.key) + component_len(&entry.value);
+        let value_len = match shared_at(i) {
+            Some(pattern) => 2 + component_len(pattern),
+            None => component_len(&entry.value),
+        };
+        len += usize::from(i > 0) + 1 + component_len(&entry.key) + value_len;
     }
     match tag {
         RuleTag::Configured => {}
@@ -108,7 +145,13 @@ pub fn write_bucket_key(
         }
         write_component(out, &entry.key);
         out.push('=');
-        write_component(out, &entry.value);
+        match shared_at(i) {
+            Some(pattern) => {
+                out.push_str("#*");
+                write_component(out, pattern);
+            }
+            None => write_component(out, &entry.value),
+        }
     }
     if entries.len() <= 1 {
         close_hash_tag(out, tag);
@@ -478,6 +521,46 @@ mod tests {
             );
             assert_eq!(sharded.capacity(), sharded.len(), "shard {shard}");
         }
+    }
+
+    #[test]
+    fn a_shared_value_is_written_as_its_pattern_and_never_as_a_request_value() {
+        let shared: Vec<Option<std::sync::Arc<str>>> = vec![None, Some("/files/*".into())];
+        let mut key = String::new();
+        let e = entries(&[("tenant", "acme"), ("path", "/files/a.txt")]);
+        write_shared_bucket_key(
+            &mut key,
+            "sluice:",
+            "edge",
+            &e,
+            &shared,
+            RuleTag::Configured,
+            Algorithm::TokenBucket,
+        );
+        assert_eq!(key, "sluice:{edge|tenant=acme}|path=#*/files/*");
+        assert_eq!(key.capacity(), key.len(), "reserved exactly");
+        // Every value the pattern stands for, the pattern's own text included, is elsewhere.
+        for value in ["/files/*", "#*/files/*", "%23*/files/*", "\0/files/*"] {
+            let plain = tb_key(
+                "sluice:",
+                "edge",
+                &entries(&[("tenant", "acme"), ("path", value)]),
+                RuleTag::Configured,
+            );
+            assert_ne!(plain, key, "{value}");
+        }
+        // Nothing shared: byte-identical to the plain key.
+        let mut unshared = String::new();
+        write_shared_bucket_key(
+            &mut unshared,
+            "sluice:",
+            "edge",
+            &e,
+            &[None, None],
+            RuleTag::Configured,
+            Algorithm::TokenBucket,
+        );
+        assert_eq!(unshared, tb_key("sluice:", "edge", &e, RuleTag::Configured));
     }
 
     #[test]

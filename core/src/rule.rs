@@ -252,6 +252,14 @@ pub struct Rule {
     /// Names of rules this one replaces when both match one request.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub replaces: Vec<Arc<str>>,
+    /// Per request entry, the wildcard pattern that stands for the entry's value in the bucket
+    /// key when that level of the path says `share_threshold: true` (all values it matches share
+    /// one bucket); empty when no level does. See [`crate::key`].
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub shared_values: Arc<[Option<Arc<str>>]>,
+    /// envoyproxy/ratelimit's `metadata` of the descriptor, as written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Arc<serde_json::Value>>,
     /// YAML source location (`file:line`) of the descriptor, for `explain` and diagnostics.
     pub source: Arc<str>,
 }

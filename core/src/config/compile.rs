@@ -51,7 +51,7 @@ pub(crate) fn config(
                 shadow_all,
                 rules: &mut rules,
             };
-            builder.fill(&mut tree, &part.spec.descriptors, &name);
+            builder.fill(&mut tree, &part.spec.descriptors, &name, &[]);
         }
         domains.push(Domain {
             name,
@@ -89,8 +89,22 @@ struct Builder<'a> {
 
 impl Builder<'_> {
     /// Rules are numbered depth-first in config order, so ids follow the files.
-    fn fill(&mut self, level: &mut Level, specs: &[DescriptorSpec], parent_path: &str) {
+    /// `shared` holds, per level above, the pattern of a `share_threshold` wildcard on the path.
+    fn fill(
+        &mut self,
+        level: &mut Level,
+        specs: &[DescriptorSpec],
+        parent_path: &str,
+        shared: &[Option<Arc<str>>],
+    ) {
         for spec in specs {
+            let mut shared = shared.to_vec();
+            shared.push(
+                spec.value
+                    .as_deref()
+                    .filter(|_| spec.share_threshold)
+                    .map(Arc::from),
+            );
             // envoyproxy/ratelimit's stats key: `key_value` for a descriptor with a value.
             let path = match &spec.value {
                 Some(value) => format!("{parent_path}.{}_{value}", spec.key),
@@ -116,13 +130,19 @@ impl Builder<'_> {
                     shards: r.shards,
                     failure_mode: r.failure_mode.or(self.failure_mode),
                     replaces: r.replaces.iter().map(|n| Arc::from(n.as_str())).collect(),
+                    shared_values: if shared.iter().any(Option::is_some) {
+                        shared.clone().into()
+                    } else {
+                        Arc::default()
+                    },
+                    metadata: r.metadata.clone().map(Arc::new),
                     source: format!("{}:{}", self.file, spec.at.line).into(),
                 });
                 self.rules.push(rule.clone());
                 rule
             });
             let mut children = Level::default();
-            self.fill(&mut children, &spec.children, &path);
+            self.fill(&mut children, &spec.children, &path, &shared);
             let inserted = level.insert(
                 &spec.key,
                 Pattern::parse(spec.value.as_deref()),

@@ -81,18 +81,6 @@ impl<'a> Lint<'a, '_> {
                 self.warn(file, d.at, message);
                 continue;
             }
-            if let Some(value) = &d.value
-                && value.trim_end_matches('*').contains('*')
-            {
-                self.warn(
-                    file,
-                    d.at,
-                    format!(
-                        "value `{value}` of `{}` has a `*` before its end: sluice matches it literally (only a trailing `*` is a wildcard; newer envoyproxy/ratelimit releases treat every `*` as one)",
-                        d.key
-                    ),
-                );
-            }
             if d.rule.is_none() && d.children.is_empty() {
                 self.warn(
                     file,
@@ -131,23 +119,38 @@ impl<'a> Lint<'a, '_> {
 }
 
 /// The sibling that always wins over `siblings[index]` for every value it could match:
-/// an earlier wildcard whose prefix starts this wildcard's prefix, or (for a bare key) a lone `*`.
-/// Exact values are tried first and are never shadowed.
+/// an earlier wildcard that matches everything this one does (a prefix wildcard whose prefix
+/// starts this one's first literal part, e.g. `a*` before `ab*` or `ab*c`), or (for a bare key) a
+/// lone `*`. Exact values are tried first and are never shadowed.
 fn shadowed_by<'a>(siblings: &[Located<'a>], index: usize) -> Option<Located<'a>> {
     let (_, d) = siblings[index];
     let same_key = |(_, other): &&Located<'a>| other.key == d.key;
     match Pattern::parse(d.value.as_deref()) {
         Pattern::Exact(_) => None,
-        Pattern::Prefix(prefix) => siblings[..index].iter().filter(same_key).find_map(|s| {
-            match Pattern::parse(s.1.value.as_deref()) {
-                Pattern::Prefix(earlier) if prefix.starts_with(earlier) => Some(*s),
-                _ => None,
-            }
-        }),
+        Pattern::Prefix(prefix) => earlier_prefix_covering(&siblings[..index], &d.key, prefix),
+        Pattern::Glob(text) => {
+            let first = text.split('*').next().unwrap_or_default();
+            earlier_prefix_covering(&siblings[..index], &d.key, first)
+        }
         Pattern::Any => siblings.iter().filter(same_key).find_map(|s| {
             (Pattern::parse(s.1.value.as_deref()) == Pattern::Prefix("")).then_some(*s)
         }),
     }
+}
+
+/// The first of `earlier` with `key` that is a prefix wildcard whose prefix starts `start`: it
+/// matches every value that begins with `start`.
+fn earlier_prefix_covering<'a>(
+    earlier: &[Located<'a>],
+    key: &str,
+    start: &str,
+) -> Option<Located<'a>> {
+    earlier
+        .iter()
+        .find_map(|s| match Pattern::parse(s.1.value.as_deref()) {
+            Pattern::Prefix(p) if s.1.key == key && start.starts_with(p) => Some(*s),
+            _ => None,
+        })
 }
 
 fn collect_names<'a>(descriptors: &'a [DescriptorSpec], names: &mut HashSet<&'a str>) {

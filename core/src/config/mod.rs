@@ -30,6 +30,8 @@ mod tests;
 mod tests_algorithms;
 #[cfg(test)]
 mod tests_ops;
+#[cfg(test)]
+mod tests_reference;
 
 use yaml::Pos;
 
@@ -230,14 +232,13 @@ pub fn load_sources_with(
 ) -> Result<Config, ConfigErrors> {
     let mut per_file: Vec<Vec<Diagnostic>> = vec![Vec::new(); sources.len()];
     let mut specs = Vec::with_capacity(sources.len());
+    let mut read_warnings = Vec::new();
     for (index, ((name, text), diagnostics)) in sources.iter().zip(&mut per_file).enumerate() {
-        let mut sink = Sink {
-            file: name,
-            out: diagnostics,
-        };
+        let mut sink = Sink::new(name, diagnostics);
         if let Some(spec) = check_source(text, &mut sink) {
             specs.push((index, spec));
         }
+        read_warnings.append(&mut sink.warnings);
     }
 
     // Group the files of each domain, in load order of the domains' first files.
@@ -249,11 +250,7 @@ pub fn load_sources_with(
             Some(&g) if options.merge_domains => groups[g].push((index, spec)),
             Some(&g) => {
                 let (first_index, first) = &groups[g][0];
-                Sink {
-                    file: &sources[index].0,
-                    out: &mut per_file[index],
-                }
-                .error(
+                Sink::new(&sources[index].0, &mut per_file[index]).error(
                     spec.name.at,
                     format!(
                         "duplicate domain `{name}`: already defined at {}:{}:{}",
@@ -283,10 +280,7 @@ pub fn load_sources_with(
             global: options.default_algorithm,
         };
         for (index, spec) in group {
-            let mut sink = Sink {
-                file: &sources[*index].0,
-                out: &mut per_file[*index],
-            };
+            let mut sink = Sink::new(&sources[*index].0, &mut per_file[*index]);
             validate::algorithm_fields(&spec.descriptors, default, &mut sink);
         }
     }
@@ -315,7 +309,9 @@ pub fn load_sources_with(
                 .collect()
         })
         .collect();
-    let warnings = lint::domains(&domains, options.max_entries);
+    let mut warnings = lint::domains(&domains, options.max_entries);
+    warnings.append(&mut read_warnings);
+    warnings.sort_by(|a, b| (&a.file, a.line, a.column).cmp(&(&b.file, b.line, b.column)));
     let mut config = compile::config(
         domains,
         digest(sources),
@@ -342,11 +338,7 @@ fn check_merge(
     for (index, spec) in group {
         let index = *index;
         let mut report = |at: Pos, message: String| {
-            Sink {
-                file: &sources[index].0,
-                out: &mut per_file[index],
-            }
-            .error(at, message);
+            Sink::new(&sources[index].0, &mut per_file[index]).error(at, message);
         };
         if let Some(mode) = spec.failure_mode {
             match failure_mode {
@@ -479,9 +471,28 @@ fn digest(sources: &[(String, String)]) -> String {
 pub(crate) struct Sink<'a> {
     file: &'a str,
     out: &'a mut Vec<Diagnostic>,
+    /// Legal but ignored constructs found while reading (see [`Config::warnings`]).
+    warnings: Vec<Diagnostic>,
 }
 
-impl Sink<'_> {
+impl<'a> Sink<'a> {
+    pub(crate) fn new(file: &'a str, out: &'a mut Vec<Diagnostic>) -> Sink<'a> {
+        Sink {
+            file,
+            out,
+            warnings: Vec::new(),
+        }
+    }
+
+    pub(crate) fn warn(&mut self, at: Pos, message: impl Into<String>) {
+        self.warnings.push(Diagnostic {
+            file: self.file.to_owned(),
+            line: at.line,
+            column: at.column,
+            message: yaml::escape_controls(&message.into()),
+        });
+    }
+
     pub(crate) fn error(&mut self, at: Pos, message: impl Into<String>) {
         self.out.push(Diagnostic {
             file: self.file.to_owned(),

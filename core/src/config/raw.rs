@@ -68,6 +68,10 @@ pub(crate) struct RawDescriptor {
     pub detailed_metric: Field<bool>,
     pub cost: Field<i128>,
     pub failure_mode: Field<String>,
+    pub share_threshold: Field<bool>,
+    pub value_to_metric: Field<bool>,
+    /// envoyproxy/ratelimit's free-form `metadata`, as JSON.
+    pub metadata: Field<serde_json::Value>,
     pub descriptors: Vec<RawDescriptor>,
 }
 
@@ -100,6 +104,9 @@ const DESCRIPTOR_FIELDS: &[&str] = &[
     "detailed_metric",
     "cost",
     "failure_mode",
+    "share_threshold",
+    "value_to_metric",
+    "metadata",
 ];
 const RATE_LIMIT_FIELDS: &[&str] = &[
     "unit",
@@ -114,10 +121,27 @@ const RATE_LIMIT_FIELDS: &[&str] = &[
 ];
 const REPLACE_FIELDS: &[&str] = &["name"];
 
-/// Fields of newer envoyproxy/ratelimit releases that sluice does not implement; named in the
-/// error so an operator migrating a config knows it is not a typo.
-const ENVOY_ONLY_FIELDS: &[&str] = &[
+/// Fields of envoyproxy/ratelimit that sluice does not implement; named in the error so an
+/// operator migrating a config knows it is not a typo.
+const ENVOY_ONLY_FIELDS: &[&str] = &["quota_mode"];
+
+/// Every field name envoyproxy/ratelimit accepts. It checks names, not places: one of these in a
+/// mapping where it means nothing (`unit` on a descriptor) loads there and is ignored, so sluice
+/// warns instead of refusing a config the reference loads.
+const ENVOY_FIELDS: &[&str] = &[
+    "domain",
+    "key",
+    "value",
+    "descriptors",
+    "rate_limit",
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "shadow_mode",
     "quota_mode",
+    "name",
+    "replaces",
+    "detailed_metric",
     "value_to_metric",
     "share_threshold",
     "metadata",
@@ -146,6 +170,9 @@ fn read_descriptor(node: &Node, sink: &mut Sink) -> Option<RawDescriptor> {
         detailed_metric: fields.boolean("detailed_metric", sink),
         cost: fields.integer("cost", sink),
         failure_mode: fields.string("failure_mode", sink),
+        share_threshold: fields.boolean("share_threshold", sink),
+        value_to_metric: fields.boolean("value_to_metric", sink),
+        metadata: fields.json("metadata", sink),
         descriptors: fields.descriptors(sink),
     })
 }
@@ -210,6 +237,14 @@ impl<'n> Fields<'n> {
             let name = name.text.as_str();
             match allowed.iter().find(|a| **a == name) {
                 Some(known) => entries.push((*known, key, value)),
+                None if ENVOY_FIELDS.contains(&name) && !ENVOY_ONLY_FIELDS.contains(&name) => sink
+                    .warn(
+                        key.at,
+                        format!(
+                            "field `{name}` has no effect in {what} and is ignored (envoyproxy/ratelimit ignores it there too); expected one of: {}",
+                            allowed.join(", ")
+                        ),
+                    ),
                 None if ENVOY_ONLY_FIELDS.contains(&name) => sink.error(
                     key.at,
                     format!(
@@ -281,6 +316,20 @@ impl<'n> Fields<'n> {
         }
     }
 
+    /// Any YAML value as JSON (mappings with scalar keys, sequences, scalars by their YAML type).
+    fn json(&self, name: &str, sink: &mut Sink) -> Field<serde_json::Value> {
+        let Some((key, node)) = self.get(name) else {
+            return Field::Absent;
+        };
+        match to_json(node) {
+            Ok(value) => Self::located(value, key, node),
+            Err(at) => {
+                sink.error(at, format!("`{name}`: mapping keys must be plain strings"));
+                Field::Invalid
+            }
+        }
+    }
+
     fn integer(&self, name: &str, sink: &mut Sink) -> Field<i128> {
         let Some((key, node)) = self.get(name) else {
             return Field::Absent;
@@ -335,4 +384,31 @@ impl<'n> Fields<'n> {
             None => Field::Invalid,
         }
     }
+}
+
+/// A YAML node as JSON; `Err` holds the place of a mapping key that is not a scalar.
+fn to_json(node: &Node) -> Result<serde_json::Value, Pos> {
+    use serde_json::Value;
+    Ok(match &node.kind {
+        Kind::Scalar(s) => match s.typed {
+            Typed::Null => Value::Null,
+            Typed::Bool(b) => Value::Bool(b),
+            Typed::Int(i) => i64::try_from(i)
+                .map(Value::from)
+                .unwrap_or_else(|_| Value::from(i as f64)),
+            Typed::Float(f) => serde_json::Number::from_f64(f)
+                .map(Value::Number)
+                .unwrap_or_else(|| Value::String(s.text.clone())),
+            Typed::Str => Value::String(s.text.clone()),
+        },
+        Kind::Seq(items) => Value::Array(items.iter().map(to_json).collect::<Result<_, _>>()?),
+        Kind::Map(pairs) => {
+            let mut map = serde_json::Map::new();
+            for (k, v) in pairs {
+                let key = k.scalar().ok_or(k.at)?;
+                map.insert(key.text.clone(), to_json(v)?);
+            }
+            Value::Object(map)
+        }
+    })
 }

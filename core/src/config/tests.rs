@@ -239,7 +239,7 @@ descriptors:
         [
             "1:1: unknown field `domian` in the config file; expected one of: domain, failure_mode, algorithm, descriptors",
             "1:1: missing required field `domain`",
-            "4:5: unknown field `rate_limt` in a descriptor; expected one of: key, value, rate_limit, descriptors, shadow_mode, detailed_metric, cost, failure_mode",
+            "4:5: unknown field `rate_limt` in a descriptor; expected one of: key, value, rate_limit, descriptors, shadow_mode, detailed_metric, cost, failure_mode, share_threshold, value_to_metric, metadata",
             "6:5: field `quota_mode` of envoyproxy/ratelimit is not supported by sluice (in a descriptor)",
             "12:11: unknown field `why` in a `replaces` entry; expected one of: name",
         ]
@@ -762,12 +762,17 @@ descriptors:
     // "*" alone matches every value, the empty one too.
     assert_eq!(find(&[("any", "x")]).as_deref(), Some("w.any_*"));
     assert_eq!(find(&[("any", "")]).as_deref(), Some("w.any_*"));
-    // A `*` not at the end is literal.
+    // A `*` anywhere is a wildcard, as in envoyproxy/ratelimit: `a*b` is "a, anything, b".
     assert_eq!(
         find(&[("literal", "a*b")]).as_deref(),
         Some("w.literal_a*b")
     );
-    assert_eq!(find(&[("literal", "axb")]), None);
+    assert_eq!(
+        find(&[("literal", "axyzb")]).as_deref(),
+        Some("w.literal_a*b")
+    );
+    assert_eq!(find(&[("literal", "ab")]).as_deref(), Some("w.literal_a*b"));
+    assert_eq!(find(&[("literal", "axbc")]), None);
     // Unlimited rules are found like any other.
     let health = w.find(&entries(&[("path", "/api/v2/health")])).unwrap();
     assert_eq!(health.limit, Limit::Unlimited);

@@ -158,7 +158,7 @@ descriptors:
 }
 
 #[test]
-fn dead_ends_dangling_replaces_and_inner_stars_are_reported() {
+fn dead_ends_dangling_replaces_and_shadowed_inner_stars_are_reported() {
     let text = r#"domain: d
 descriptors:
   - key: a
@@ -169,7 +169,13 @@ descriptors:
       requests_per_unit: 1
       replaces: [{name: nowhere}]
   - key: c
-    value: "x*y"
+    value: "x*"
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: c
+    value: "xa*y"
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: c
+    value: "y*z"
     rate_limit: {unit: second, requests_per_unit: 1}
 "#;
     assert_eq!(
@@ -177,7 +183,7 @@ descriptors:
         [
             "t.yaml:3:5: descriptor `a=exempt` has no `rate_limit` and no `descriptors`: requests it matches are never limited (write `rate_limit: {unlimited: true}` to say so)",
             "t.yaml:5:5: `replaces` names `nowhere`, but no rate_limit of this domain has that name",
-            "t.yaml:10:5: value `x*y` of `c` has a `*` before its end: sluice matches it literally (only a trailing `*` is a wildcard; newer envoyproxy/ratelimit releases treat every `*` as one)",
+            "t.yaml:13:5: wildcard `c=xa*y` is never matched: the earlier wildcard `c=x*` at line 10 matches every value it would",
         ]
     );
 }

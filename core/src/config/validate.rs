@@ -30,6 +30,10 @@ pub(crate) struct DescriptorSpec {
     pub value: Option<String>,
     pub rule: Option<RuleSpec>,
     pub children: Vec<DescriptorSpec>,
+    /// `share_threshold`: every value this wildcard matches shares one bucket.
+    pub share_threshold: bool,
+    /// `value_to_metric`: the request's value, not the pattern, names this level in metrics.
+    pub value_to_metric: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -39,6 +43,8 @@ pub(crate) struct RuleSpec {
     pub replaces: Vec<String>,
     pub shadow_mode: bool,
     pub detailed_metric: bool,
+    /// envoyproxy/ratelimit's `metadata` of the descriptor holding the rule.
+    pub metadata: Option<serde_json::Value>,
     pub cost: u64,
     pub failure_mode: Option<FailureMode>,
     /// The rule's own `rate_limit.algorithm`, where its value is written.
@@ -139,6 +145,16 @@ fn level(
         }
         let rule = rule(raw, names, sink);
         let children = level(&raw.descriptors, names, sink);
+        let share_threshold = flag(&raw.share_threshold);
+        if let (true, Field::Given(at)) = (
+            share_threshold && !value.is_some_and(|v| v.contains('*')),
+            &raw.share_threshold,
+        ) {
+            sink.error(
+                at.key_at,
+                "`share_threshold` applies only to a wildcard value (one holding `*`): the values it matches share one bucket",
+            );
+        }
         if let Some(key) = key {
             specs.push(DescriptorSpec {
                 at: raw.at,
@@ -146,6 +162,8 @@ fn level(
                 value: value.map(str::to_owned),
                 rule,
                 children,
+                share_threshold,
+                value_to_metric: flag(&raw.value_to_metric),
             });
         }
     }
@@ -230,6 +248,7 @@ fn rule(
         replaces,
         shadow_mode: flag(&raw.shadow_mode),
         detailed_metric: flag(&raw.detailed_metric),
+        metadata: raw.metadata.given().map(|m| m.value.clone()),
         cost: cost.map_or(1, u64::from),
         failure_mode,
         algorithm,
