@@ -242,8 +242,10 @@ impl Writer {
                     self.field(inner, false, &path, name, Some("true".into()));
                 }
             }
-            if d.metadata.as_ref().is_some_and(|m| !m.fields.is_empty()) {
-                self.field(inner, false, &path, "metadata", Some("{}".into()));
+            if let Some(metadata) = d.metadata.as_ref().filter(|m| !m.fields.is_empty()) {
+                // JSON is YAML's flow style: one line, read back by the same loader.
+                let json = struct_json(metadata).to_string();
+                self.field(inner, false, &path, "metadata", Some(json));
             }
             self.descriptors(inner, &path, &d.descriptors);
         }
@@ -302,6 +304,31 @@ fn unit_name(value: i32) -> String {
 /// always a string, so `value: "on"` or `value: "007"` stay strings.
 fn quote(s: &str) -> String {
     serde_json::Value::String(s.to_owned()).to_string()
+}
+
+/// A protobuf `Struct` as the JSON value it stands for.
+fn struct_json(s: &prost_types::Struct) -> serde_json::Value {
+    serde_json::Value::Object(
+        s.fields
+            .iter()
+            .map(|(k, v)| (k.clone(), value_json(v)))
+            .collect(),
+    )
+}
+
+fn value_json(v: &prost_types::Value) -> serde_json::Value {
+    use prost_types::value::Kind;
+    match &v.kind {
+        None | Some(Kind::NullValue(_)) => serde_json::Value::Null,
+        Some(Kind::NumberValue(n)) => serde_json::Number::from_f64(*n)
+            .map_or(serde_json::Value::Null, serde_json::Value::Number),
+        Some(Kind::StringValue(s)) => serde_json::Value::String(s.clone()),
+        Some(Kind::BoolValue(b)) => serde_json::Value::Bool(*b),
+        Some(Kind::StructValue(s)) => struct_json(s),
+        Some(Kind::ListValue(l)) => {
+            serde_json::Value::Array(l.values.iter().map(value_json).collect())
+        }
+    }
 }
 
 #[cfg(test)]
@@ -583,7 +610,7 @@ mod tests {
     }
 
     #[test]
-    fn empty_metadata_is_absent_and_set_metadata_is_rejected() {
+    fn empty_metadata_is_absent_and_set_metadata_is_carried() {
         use prost_types::{Struct, Value};
         let mut d = descriptor("k", "", policy(RateLimitUnit::Second, 1));
         d.metadata = Some(Struct::default());
@@ -594,12 +621,22 @@ mod tests {
         };
         load_push(&[any(&config)]).expect("an empty Struct carries nothing");
         config.descriptors[0].metadata = Some(Struct {
-            fields: [("team".to_string(), Value::default())].into(),
+            fields: [
+                ("team".to_string(), Value::default()),
+                (
+                    "tier".to_string(),
+                    Value {
+                        kind: Some(prost_types::value::Kind::StringValue("gold: \"a\"".into())),
+                    },
+                ),
+            ]
+            .into(),
         });
-        let found = messages(load_push(&[any(&config)]).unwrap_err());
-        assert!(
-            found[0].contains("descriptors[0].metadata: field `metadata`"),
-            "{found:?}"
+        let loaded = load_push(&[any(&config)]).expect("metadata is carried");
+        let rule = loaded.rules().next().expect("one rule");
+        assert_eq!(
+            rule.metadata.as_deref(),
+            Some(&serde_json::json!({"team": null, "tier": "gold: \"a\""}))
         );
     }
 }
