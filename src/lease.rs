@@ -15,7 +15,9 @@
 //! the backend as without `lease`), so eviction never loses or strands tokens.
 //!
 //! A call dropped between reserving and settling (its client went away while the backend was
-//! asked) loses what it reserved: the bucket gets those tokens back by refill only
+//! asked) hands what it took from a lease being refilled back to that lease
+//! ([`LeaseStore::abandon`], from the limiter's drop guard); tokens a lease paid in full, and
+//! those the backend granted meanwhile, are lost: the bucket gets them back by refill only
 //! (under-admission, never over).
 
 use std::collections::HashMap;

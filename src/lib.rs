@@ -34,7 +34,7 @@
 //! - [`xds`]: config pushed by an xDS management server (ADS), validated like files.
 
 // The pure core, re-exported so `sluice::rule`, `crate::key`, ... name one module wherever used.
-pub use sluice_core::{algorithm, clock, descriptor, explain, key, request, rule};
+pub use sluice_core::{algorithm, clock, decision, descriptor, explain, key, request, rule};
 
 pub mod admin;
 pub mod backend;

@@ -16,10 +16,12 @@
 //! - [`config`]: the YAML model, validation with `file:line:column` errors, loading a file or a
 //!   directory into a compiled [`config::Config`].
 //! - [`explain`]: which rule a descriptor reaches (or why none), its bucket and storage key.
+//! - [`decision`]: what a decision says — per-descriptor statuses and the overall code.
 
 pub mod algorithm;
 pub mod clock;
 pub mod config;
+pub mod decision;
 pub mod descriptor;
 pub mod explain;
 pub mod key;

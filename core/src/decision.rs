@@ -1,0 +1,129 @@
+//! What a rate-limit decision says: one [`Status`] per descriptor, in request order, and the
+//! request's overall [`Code`] ([`Decision`]).
+//!
+//! Plain data over [`crate::rule`]: the service crate's limiter produces it, the gRPC adapter
+//! turns it into a response and telemetry counts it. Nothing here decides anything.
+
+use std::sync::Arc;
+
+use crate::rule::{FailureMode, RateLimit, Rule, Unit};
+
+/// The outcome of one descriptor, or of the whole request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Code {
+    Ok,
+    OverLimit,
+}
+
+/// The limit a status reports (`current_limit` in Envoy's response).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppliedLimit {
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+    pub capacity: u64,
+    pub name: Option<Arc<str>>,
+}
+
+impl AppliedLimit {
+    /// The limit `rate` reports, under the rule's `name` (`None`: unnamed, or an override).
+    pub fn new(rate: &RateLimit, name: Option<Arc<str>>) -> Self {
+        AppliedLimit {
+            requests_per_unit: rate.requests_per_unit,
+            unit: rate.unit,
+            capacity: rate.capacity(),
+            name,
+        }
+    }
+}
+
+/// How a descriptor was judged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Basis {
+    /// No rule reached (or the domain is unknown): not limited.
+    NoRule,
+    /// An `unlimited: true` rule, or a rule replaced by another one in the same request.
+    Unlimited,
+    /// The shared backend answered.
+    Backend,
+    /// The backend could not answer; the failure policy decided (`Open`, `Closed` or `Local`;
+    /// `Error` fails the whole call instead).
+    Degraded(FailureMode),
+    /// OVER_LIMIT answered from the local over-limit cache: the backend rejected this bucket
+    /// moments ago with a retry-after that has not passed, so it was not asked.
+    Cached,
+    /// Not evaluated: another descriptor of the request was answered OVER_LIMIT from the
+    /// over-limit cache, so the request is rejected and this bucket was neither asked nor
+    /// charged. Reported with code OK and no limit (its state is unknown).
+    NotEvaluated,
+}
+
+/// One descriptor's answer, in request order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Status {
+    pub code: Code,
+    pub basis: Basis,
+    pub limit: Option<AppliedLimit>,
+    pub remaining: u64,
+    /// ms until the bucket is full again (Envoy's `duration_until_reset`).
+    pub reset_ms: u64,
+    /// Only when this descriptor's bucket could not pay: ms until it can (`None` = never).
+    pub retry_after_ms: Option<Option<u64>>,
+    /// A shadow-mode rule: over-limit is reported here but never rejects.
+    pub shadow: bool,
+    /// The bucket could not pay (also true for shadow rules, whose `code` stays OK).
+    pub over: bool,
+    /// The rule that decided, for metrics and explain.
+    pub rule: Option<Arc<Rule>>,
+}
+
+impl Status {
+    /// The OK status of a descriptor no bucket limits: `basis` is [`Basis::NoRule`] or
+    /// [`Basis::Unlimited`] (which reports `u32::MAX` remaining; any other basis reports 0).
+    pub fn unlimited(basis: Basis, rule: Option<Arc<Rule>>) -> Self {
+        Status {
+            code: Code::Ok,
+            basis,
+            limit: None,
+            remaining: if basis == Basis::Unlimited {
+                u32::MAX as u64
+            } else {
+                0
+            },
+            reset_ms: 0,
+            retry_after_ms: None,
+            shadow: false,
+            over: false,
+            rule,
+        }
+    }
+}
+
+/// The answer to a whole request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub overall: Code,
+    pub statuses: Vec<Status>,
+    pub unknown_domain: bool,
+}
+
+impl Decision {
+    /// True when a failure policy, not the backend, decided at least one descriptor.
+    pub fn degraded(&self) -> bool {
+        self.statuses
+            .iter()
+            .any(|s| matches!(s.basis, Basis::Degraded(_)))
+    }
+
+    /// The failure policies that decided some descriptor, each once, in request order.
+    pub fn degraded_modes(&self) -> Vec<FailureMode> {
+        let mut modes = Vec::new();
+        for status in &self.statuses {
+            if let Basis::Degraded(mode) = status.basis
+                && !modes.contains(&mode)
+            {
+                modes.push(mode);
+            }
+        }
+        modes
+    }
+}

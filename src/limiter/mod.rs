@@ -1,0 +1,238 @@
+//! The decision: a validated request → the buckets it charges → a [`Decision`].
+//!
+//! Pure domain logic: no protobuf, no gRPC. A request travels in named hops:
+//!
+//! 1. [`crate::service`] converts the protobuf request and calls [`Limiter::decide`];
+//! 2. `plan` (`plan.rs`, `targets.rs`): each descriptor → its rule or override → a target, and
+//!    one bucket per distinct storage key (descriptors naming one bucket are paid together);
+//! 3. `charge`: buckets with a lease are paid from it where they can (`leasing.rs`); the others
+//!    are answered by the over-limit cache, else asked of the backend in one call
+//!    (`ask_backend`);
+//! 4. `apply_policy` (`policy.rs`): where the backend failed, each bucket's failure policy answers;
+//! 5. each descriptor's [`Status`] from its bucket's outcome → the [`Decision`]; the service
+//!    turns it into the response and maps a [`LimitError`] to a gRPC status.
+//!
+//! When the backend cannot answer for a bucket, the failure policy of its descriptor decides
+//! ([`Basis::Degraded`]): `open` → OK, `closed` → OVER_LIMIT, `local` → the in-process bucket of
+//! [`crate::resilience::local`], `error` → the whole call fails with [`LimitError::Unavailable`].
+//! Before the backend is asked, the over-limit cache may already know the request is rejected
+//! ([`Basis::Cached`]); then nothing is asked and nothing is taken.
+//!
+//! A rule with `shards: N` (hot-key splitting) keeps each descriptor's bucket as N sub-buckets
+//! of `limit / N` ([`crate::key::RuleTag::Shard`]); a request is judged by one of them, chosen by
+//! [`shard_of`] from a per-replica counter, and reports that shard's remaining and retry-after
+//! beside the rule's full limit. Under the `local` policy a sharded rule falls back to one
+//! in-process bucket of the full limit / replicas, as an unsharded rule does.
+
+mod leasing;
+mod plan;
+mod policy;
+mod targets;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arc_swap::ArcSwap;
+
+use crate::backend::{Backend, BackendError, Hit};
+use crate::config::Config;
+use crate::lease::LeaseStore;
+use crate::request::LimitRequest;
+use crate::resilience::Resilience;
+use crate::resilience::breaker::BreakerState;
+use crate::rule::FailureMode;
+
+pub use crate::decision::{AppliedLimit, Basis, Code, Decision, Status};
+pub use targets::shard_of;
+
+use plan::{Bucket, Outcome};
+
+/// Why no decision could be made.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum LimitError {
+    /// The backend failed and the failure policy of some descriptor is `error`.
+    #[error("rate-limit backend unavailable: {0}")]
+    Unavailable(#[source] BackendError),
+    /// Too many decisions are in progress (`--max-in-flight`).
+    #[error("overloaded: {0} rate-limit decisions already in progress")]
+    Overloaded(usize),
+}
+
+/// Settings of the decision path that do not come from the descriptor config.
+#[derive(Clone, Debug)]
+pub struct LimiterOptions {
+    /// Prepended to every storage key (contains no `{` or `}`).
+    pub key_prefix: String,
+    /// Failure mode for rules and domains that set none.
+    pub default_failure_mode: FailureMode,
+}
+
+impl Default for LimiterOptions {
+    fn default() -> Self {
+        LimiterOptions {
+            key_prefix: "sluice:".to_string(),
+            default_failure_mode: FailureMode::Error,
+        }
+    }
+}
+
+/// Decides requests against the active config and a backend.
+pub struct Limiter<B> {
+    config: Arc<ArcSwap<Config>>,
+    backend: B,
+    options: LimiterOptions,
+    resilience: Resilience,
+    /// Token leases of the rules with `lease` (`None`: every hit goes to the backend).
+    leases: Option<Arc<LeaseStore>>,
+    /// Advanced once per request that reaches a sharded rule; [`shard_of`] scatters it over the
+    /// shards. Starts at a random value so replicas do not walk the shards in step.
+    shard_cursor: AtomicU64,
+}
+
+impl<B: Backend> Limiter<B> {
+    /// A limiter without over-limit cache or in-flight bound, whose `local` policy assumes one
+    /// replica.
+    pub fn new(config: Arc<ArcSwap<Config>>, backend: B, options: LimiterOptions) -> Self {
+        Self::with_resilience(config, backend, options, Resilience::default())
+    }
+
+    pub fn with_resilience(
+        config: Arc<ArcSwap<Config>>,
+        backend: B,
+        options: LimiterOptions,
+        resilience: Resilience,
+    ) -> Self {
+        Limiter {
+            config,
+            backend,
+            options,
+            resilience,
+            leases: None,
+            shard_cursor: AtomicU64::new(rand::random()),
+        }
+    }
+
+    /// Starts the shard counter at `seq` (tests that want a known sequence of shards).
+    pub fn with_shard_cursor(self, seq: u64) -> Self {
+        self.shard_cursor.store(seq, Ordering::Relaxed);
+        self
+    }
+
+    /// Spends the tokens of rules with `lease` from `store` where it can.
+    pub fn with_leases(mut self, store: Arc<LeaseStore>) -> Self {
+        self.leases = Some(store);
+        self
+    }
+
+    pub fn leases(&self) -> Option<&Arc<LeaseStore>> {
+        self.leases.as_ref()
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    pub fn resilience(&self) -> &Resilience {
+        &self.resilience
+    }
+
+    /// Each backend endpoint and the state of its circuit breaker (empty for the memory
+    /// backend). Read-only, for readiness and metrics.
+    pub fn breaker_states(&self) -> Vec<(String, BreakerState)> {
+        self.backend
+            .breakers()
+            .map(|set| set.states())
+            .unwrap_or_default()
+    }
+
+    pub fn config(&self) -> &Arc<ArcSwap<Config>> {
+        &self.config
+    }
+
+    pub fn options(&self) -> &LimiterOptions {
+        &self.options
+    }
+
+    /// Decides one request: plan, charge (leases, over-limit cache or one backend call, failure
+    /// policy), then each descriptor's status. At most one backend call.
+    pub async fn decide(&self, request: &LimitRequest) -> Result<Decision, LimitError> {
+        let in_flight = &self.resilience.in_flight;
+        let Some(_place) = in_flight.enter() else {
+            return Err(LimitError::Overloaded(in_flight.limit()));
+        };
+        let config = self.config.load();
+        let Some(domain) = config.domain(&request.domain) else {
+            return Ok(Decision {
+                overall: Code::Ok,
+                statuses: request
+                    .descriptors
+                    .iter()
+                    .map(|_| Status::unlimited(Basis::NoRule, None))
+                    .collect(),
+                unknown_domain: true,
+            });
+        };
+        let mut plan = self.plan(domain, request);
+        self.charge(&mut plan.buckets).await?;
+        Ok(plan.decision())
+    }
+
+    /// Charges every bucket of a plan: from its lease where it has one (`charge_with_leases`),
+    /// else through [`Limiter::ask_backend`].
+    async fn charge(&self, buckets: &mut [Bucket]) -> Result<(), LimitError> {
+        if buckets.is_empty() {
+            return Ok(());
+        }
+        if let Some(store) = &self.leases
+            && buckets.iter().any(|b| b.lease_batch().is_some())
+        {
+            return self.charge_with_leases(store, buckets).await;
+        }
+        self.ask_backend(buckets).await
+    }
+
+    /// Decides every bucket still pending: from the over-limit cache when it rejects one of
+    /// them, else by one backend call, with each bucket's failure policy where the backend
+    /// failed.
+    async fn ask_backend(&self, buckets: &mut [Bucket]) -> Result<(), LimitError> {
+        let asked: Vec<Hit> = buckets
+            .iter()
+            .filter(|b| b.is_pending())
+            .map(Bucket::asked)
+            .collect();
+        if asked.is_empty() {
+            return Ok(());
+        }
+        let now_ms = self.resilience.clock.now_ms();
+        if self.answer_from_cache(buckets, &asked, now_ms) {
+            return Ok(());
+        }
+
+        let results = self.backend.check_each(&asked).await;
+        if results.iter().any(Result::is_ok) {
+            self.resilience.note_answer(now_ms);
+        }
+        let cache = self.resilience.over_limit.as_ref();
+        let pending = buckets.iter_mut().filter(|b| b.is_pending());
+        for ((bucket, hit), result) in pending.zip(&asked).zip(results) {
+            bucket.outcome = match result {
+                Ok(verdict) => {
+                    if let Some(cache) = cache {
+                        cache.learn(&hit.key, &hit.demand, &verdict, now_ms);
+                    }
+                    Outcome::Decided(verdict)
+                }
+                Err(error) => Outcome::Failed(error),
+            };
+        }
+        if buckets
+            .iter()
+            .any(|b| matches!(b.outcome, Outcome::Failed(_)))
+        {
+            self.apply_policy(buckets).await?;
+        }
+        Ok(())
+    }
+}

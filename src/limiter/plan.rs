@@ -1,0 +1,311 @@
+//! The plan of one request: what each descriptor comes to, and one [`Bucket`] per storage key
+//! it charges, holding everything about that bucket until the decision (hit, lease reservation,
+//! outcome).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::algorithm::{BucketParams, Demand, Verdict};
+use crate::backend::{Backend, BackendError, Hit};
+use crate::config::Domain;
+use crate::key::{RuleTag, without_shard, write_bucket_key};
+use crate::lease::Reservation;
+use crate::request::LimitRequest;
+use crate::resilience::over_limit::CachedRejection;
+use crate::rule::{FailureMode, Rule};
+
+use super::policy::{cached, degraded};
+use super::targets::{Resolver, Target};
+use super::{AppliedLimit, Basis, Code, Decision, Limiter, Status};
+
+/// What became of one bucket.
+pub(super) enum Outcome {
+    /// Not decided yet: the over-limit cache or the backend will be asked.
+    Pending,
+    /// The backend decided (or the lease paid: [`super::leasing`]).
+    Decided(Verdict),
+    /// The backend could not decide.
+    Failed(BackendError),
+    /// Decided on the local bucket under the `local` policy.
+    Local(Verdict),
+    /// Rejected from the over-limit cache.
+    Cached(CachedRejection),
+    /// Not asked: the request is rejected from the cache.
+    NotEvaluated,
+}
+
+/// One bucket a request charges. Descriptors of one request that name one storage key share it
+/// and are paid together; they reach one rule (the key names the entries, the rule's tag and its
+/// algorithm), so the first one's failure mode, lease and shape are the bucket's.
+pub(super) struct Bucket {
+    /// Key, demand (every descriptor's hits on the key, netted) and rule.
+    pub(super) hit: Hit,
+    /// What answers when the backend cannot.
+    pub(super) failure_mode: FailureMode,
+    /// The rule's `lease` batch.
+    lease: Option<u64>,
+    /// A sharded rule's full shape: its one local bucket under the `local` policy.
+    unsharded: Option<BucketParams>,
+    /// What its lease paid or lent (only on the leased path, for a leasable bucket).
+    pub(super) reservation: Option<Reservation>,
+    pub(super) outcome: Outcome,
+}
+
+impl Bucket {
+    fn new(hit: Hit, target: &Target) -> Self {
+        Bucket {
+            hit,
+            failure_mode: target.failure_mode,
+            lease: target.rule.as_ref().and_then(|r| r.lease),
+            unsharded: matches!(target.tag, RuleTag::Shard(_)).then(|| target.rate.bucket()),
+            reservation: None,
+            outcome: Outcome::Pending,
+        }
+    }
+
+    /// The lease batch when this bucket may be paid from a lease: a take of at least one token
+    /// on a rule with `lease`. Refunds and check-only hits always go to the backend.
+    pub(super) fn lease_batch(&self) -> Option<u64> {
+        let demand = &self.hit.demand;
+        self.lease.filter(|_| !demand.refund && demand.tokens > 0)
+    }
+
+    pub(super) fn is_pending(&self) -> bool {
+        matches!(self.outcome, Outcome::Pending)
+    }
+
+    /// The hit the backend is asked for: the demand less what the lease gave, and where the
+    /// lease may be refilled, a lease take of the rest of its batch.
+    pub(super) fn asked(&self) -> Hit {
+        let mut hit = self.hit.clone();
+        if let Some(Reservation::Short { taken, refill, .. }) = self.reservation {
+            hit.demand.tokens -= taken;
+            if refill {
+                let batch = self.lease_batch().unwrap_or(0);
+                hit.demand.lease = batch.saturating_sub(hit.demand.tokens);
+            }
+        }
+        hit
+    }
+
+    /// The hit decided on the in-process buckets under the `local` policy: the asked one. A
+    /// sharded hit falls back to the descriptor's one local bucket of the full limit (the
+    /// unsharded key and shape): in-process there is no hot key to split, and dividing each
+    /// shard again by the replicas would round up N times.
+    pub(super) fn local_hit(&self) -> Hit {
+        let mut hit = self.asked();
+        if let Some(full) = self.unsharded {
+            hit.key = without_shard(&hit.key).into_owned();
+            hit.demand.params = full;
+        }
+        hit
+    }
+
+    /// Whether its outcome rejects the request (as [`status_of`] will report it).
+    pub(super) fn rejects(&self) -> bool {
+        let shadow = self.hit.demand.shadow;
+        match &self.outcome {
+            Outcome::Decided(v) | Outcome::Local(v) => !v.allowed && !shadow,
+            Outcome::Failed(_) => self.failure_mode == FailureMode::Closed && !shadow,
+            Outcome::Cached(_) => !shadow,
+            Outcome::Pending | Outcome::NotEvaluated => false,
+        }
+    }
+}
+
+/// What one descriptor comes to.
+enum Slot {
+    /// Answered without a bucket: no rule, an unlimited rule, or a replaced one.
+    Answered(Status),
+    /// Answered by the outcome of `Plan::buckets[bucket]`, reported against `target`.
+    Charged { target: Target, bucket: usize },
+}
+
+/// One request: its descriptors in request order and the buckets they charge.
+pub(super) struct Plan {
+    slots: Vec<Slot>,
+    pub(super) buckets: Vec<Bucket>,
+}
+
+impl<B: Backend> Limiter<B> {
+    /// Each descriptor's target and the buckets they charge, before anything is asked.
+    pub(super) fn plan(&self, domain: &Domain, request: &LimitRequest) -> Plan {
+        let rules: Vec<Option<Arc<Rule>>> = request
+            .descriptors
+            .iter()
+            .map(|d| domain.find(&d.entries).cloned())
+            .collect();
+        let resolver = Resolver::new(
+            domain,
+            &rules,
+            &self.shard_cursor,
+            self.options.default_failure_mode,
+        );
+        let mut plan = Plan {
+            slots: Vec::with_capacity(request.descriptors.len()),
+            buckets: Vec::new(),
+        };
+        let mut index = KeyIndex::default();
+        for (descriptor, rule) in request.descriptors.iter().zip(rules) {
+            let slot = match resolver.target(descriptor, rule) {
+                Err(status) => Slot::Answered(status),
+                Ok(target) => {
+                    let mut key = String::new();
+                    write_bucket_key(
+                        &mut key,
+                        &self.options.key_prefix,
+                        &request.domain,
+                        &descriptor.entries,
+                        target.tag,
+                        target.algorithm,
+                    );
+                    let cost = target.rule.as_ref().map_or(1, |r| r.cost);
+                    let demand = Demand {
+                        algorithm: target.algorithm,
+                        params: target.params,
+                        tokens: descriptor.hits(request.hits_addend).saturating_mul(cost),
+                        refund: descriptor.is_negative_hits,
+                        shadow: target.shadow,
+                        lease: 0,
+                    };
+                    let bucket = plan.add_hit(&mut index, key, demand, &target);
+                    Slot::Charged { target, bucket }
+                }
+            };
+            plan.slots.push(slot);
+        }
+        plan
+    }
+}
+
+impl Plan {
+    /// Adds a bucket for `key`, or folds the demand into the bucket already on it: two
+    /// descriptors of one request that name one bucket must be paid together, or each would see
+    /// the same tokens and the bucket could go negative. A take and a refund on one key net out.
+    /// Returns the bucket's place in [`Plan::buckets`].
+    fn add_hit(
+        &mut self,
+        index: &mut KeyIndex,
+        key: String,
+        demand: Demand,
+        target: &Target,
+    ) -> usize {
+        if let Some(i) = index.find(&self.buckets, &key) {
+            let prior = &mut self.buckets[i].hit.demand;
+            let signed = |d: &Demand| {
+                if d.refund {
+                    -(d.tokens as i128)
+                } else {
+                    d.tokens as i128
+                }
+            };
+            let net = signed(prior) + signed(&demand);
+            prior.refund = net < 0;
+            prior.tokens = net.unsigned_abs().min(u64::MAX as u128) as u64;
+            prior.shadow &= demand.shadow;
+            return i;
+        }
+        index.add(&key, self.buckets.len());
+        let rule = target.rule.as_ref().map(|r| r.id);
+        self.buckets
+            .push(Bucket::new(Hit { key, demand, rule }, target));
+        self.buckets.len() - 1
+    }
+
+    /// Each descriptor's status from what became of its bucket, and the overall code.
+    pub(super) fn decision(self) -> Decision {
+        let Plan { slots, buckets } = self;
+        let statuses: Vec<Status> = slots
+            .into_iter()
+            .map(|slot| match slot {
+                Slot::Answered(status) => status,
+                Slot::Charged { target, bucket } => status_of(target, &buckets[bucket].outcome),
+            })
+            .collect();
+        let overall = if statuses.iter().any(|s| s.code == Code::OverLimit) {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        };
+        Decision {
+            overall,
+            statuses,
+            unknown_domain: false,
+        }
+    }
+}
+
+/// Up to this many distinct buckets, an earlier one on the same key is found by comparing keys
+/// (the common request has 1–4 descriptors: no hashing, no allocation); past it, by a map, so a
+/// request with many descriptors does not cost a quadratic number of key comparisons.
+const LINEAR_DEDUPE: usize = 16;
+
+/// Where each distinct key's bucket is, once there are more than [`LINEAR_DEDUPE`] buckets.
+#[derive(Default)]
+struct KeyIndex(Option<HashMap<String, usize>>);
+
+impl KeyIndex {
+    fn find(&mut self, buckets: &[Bucket], key: &str) -> Option<usize> {
+        if buckets.len() < LINEAR_DEDUPE {
+            return buckets.iter().position(|b| b.hit.key == key);
+        }
+        self.0
+            .get_or_insert_with(|| {
+                buckets
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| (b.hit.key.clone(), i))
+                    .collect()
+            })
+            .get(key)
+            .copied()
+    }
+
+    /// Records that `buckets[at]` holds `key` (only needed once the map exists).
+    fn add(&mut self, key: &str, at: usize) {
+        if let Some(map) = &mut self.0 {
+            map.insert(key.to_owned(), at);
+        }
+    }
+}
+
+/// The status of a descriptor from what became of its bucket.
+fn status_of(target: Target, outcome: &Outcome) -> Status {
+    match outcome {
+        Outcome::Decided(v) => from_verdict(target, v, Basis::Backend),
+        Outcome::Local(v) => from_verdict(target, v, Basis::Degraded(FailureMode::Local)),
+        Outcome::Failed(_) => degraded(target),
+        Outcome::Cached(c) => cached(target, c),
+        Outcome::NotEvaluated => Status {
+            code: Code::Ok,
+            basis: Basis::NotEvaluated,
+            limit: None,
+            remaining: 0,
+            reset_ms: 0,
+            retry_after_ms: None,
+            shadow: target.shadow,
+            over: false,
+            rule: target.rule,
+        },
+        Outcome::Pending => unreachable!("every bucket is decided before the statuses"),
+    }
+}
+
+fn from_verdict(target: Target, v: &Verdict, basis: Basis) -> Status {
+    let over = !v.allowed;
+    Status {
+        code: if over && !target.shadow {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        },
+        basis,
+        limit: Some(AppliedLimit::new(&target.rate, target.name)),
+        remaining: v.remaining,
+        reset_ms: v.until_full_ms,
+        retry_after_ms: over.then_some(v.retry_after_ms),
+        shadow: target.shadow,
+        over,
+        rule: target.rule,
+    }
+}

@@ -1,0 +1,137 @@
+//! When the backend does not decide a bucket: the over-limit cache answers before it is asked,
+//! and the failure policy after it failed (`error` fails the call, `local` decides on the
+//! in-process buckets, `open` and `closed` are answered as degraded statuses).
+
+use crate::algorithm::BucketParams;
+use crate::backend::{Backend, Hit};
+use crate::resilience::over_limit::CachedRejection;
+use crate::rule::FailureMode;
+
+use super::plan::{Bucket, Outcome};
+use super::targets::Target;
+use super::{AppliedLimit, Basis, Code, LimitError, Limiter, Status};
+
+impl<B: Backend> Limiter<B> {
+    /// Answers the request from the over-limit cache if it knows one of the `asked` hits (those
+    /// of the pending buckets, in order) is rejected: that bucket is [`Outcome::Cached`], every
+    /// other one — leased ones included — is not evaluated, so nothing is asked and nothing is
+    /// charged. Returns whether it answered.
+    pub(super) fn answer_from_cache(
+        &self,
+        buckets: &mut [Bucket],
+        asked: &[Hit],
+        now_ms: u64,
+    ) -> bool {
+        // A refund must reach the backend even when the request is rejected, so a request
+        // carrying one is never answered from the cache. Shadow hits cannot reject, so they
+        // never make the cache answer for the whole request.
+        let Some(cache) = self.resilience.over_limit.as_ref() else {
+            return false;
+        };
+        if asked.iter().any(|h| h.demand.refund) {
+            return false;
+        }
+        let mut answered = false;
+        let pending = buckets.iter_mut().filter(|b| b.is_pending());
+        for (bucket, hit) in pending.zip(asked) {
+            if let Some(rejection) = cache.rejects(&hit.key, &hit.demand, now_ms) {
+                bucket.outcome = Outcome::Cached(rejection);
+                answered = true;
+            }
+        }
+        if answered {
+            for bucket in buckets.iter_mut() {
+                if !matches!(bucket.outcome, Outcome::Cached(_)) {
+                    bucket.outcome = Outcome::NotEvaluated;
+                }
+            }
+        }
+        answered
+    }
+
+    /// Where the backend failed, the bucket's failure policy answers: `error` fails the call,
+    /// `local` decides on the local buckets; `open` and `closed` stay failed and are answered by
+    /// [`degraded`]. Each failure is recorded for the operator's notices.
+    pub(super) async fn apply_policy(&self, buckets: &mut [Bucket]) -> Result<(), LimitError> {
+        let notices = &self.resilience.notices;
+        for bucket in buckets.iter() {
+            if let (Outcome::Failed(error), FailureMode::Error) =
+                (&bucket.outcome, bucket.failure_mode)
+            {
+                notices.record(FailureMode::Error, error);
+                return Err(LimitError::Unavailable(error.clone()));
+            }
+        }
+        for bucket in buckets.iter() {
+            if let Outcome::Failed(error) = &bucket.outcome {
+                notices.record(bucket.failure_mode, error);
+            }
+        }
+        self.decide_locally(buckets).await;
+        Ok(())
+    }
+
+    /// The `local` policy: the buckets whose backend call failed under it are decided on the
+    /// in-process buckets, which only check (take nothing) when the request is rejected anyway.
+    async fn decide_locally(&self, buckets: &mut [Bucket]) {
+        let falls_back = |b: &Bucket| {
+            matches!(b.outcome, Outcome::Failed(_)) && b.failure_mode == FailureMode::Local
+        };
+        let hits: Vec<Hit> = buckets
+            .iter()
+            .filter(|b| falls_back(b))
+            .map(Bucket::local_hit)
+            .collect();
+        if hits.is_empty() {
+            return;
+        }
+        let rejected = buckets.iter().any(Bucket::rejects);
+        let verdicts = self.resilience.local.decide(&hits, rejected).await;
+        let fallen = buckets.iter_mut().filter(|b| falls_back(b));
+        for (bucket, verdict) in fallen.zip(verdicts) {
+            bucket.outcome = Outcome::Local(verdict);
+        }
+    }
+}
+
+/// The status of a descriptor answered OVER_LIMIT from the over-limit cache (OK for a shadow
+/// rule).
+pub(super) fn cached(target: Target, c: &CachedRejection) -> Status {
+    Status {
+        code: if target.shadow {
+            Code::Ok
+        } else {
+            Code::OverLimit
+        },
+        basis: Basis::Cached,
+        limit: Some(AppliedLimit::new(&target.rate, target.name)),
+        remaining: c.remaining,
+        reset_ms: c.until_full_ms,
+        retry_after_ms: Some(Some(c.wait_ms)),
+        shadow: target.shadow,
+        over: true,
+        rule: target.rule,
+    }
+}
+
+/// A status decided by the `open` or `closed` policy (`local` has a verdict of its own, `error`
+/// never gets here). `closed` asks for a retry after one second: the outage's end is unknown.
+pub(super) fn degraded(target: Target) -> Status {
+    let BucketParams { capacity, .. } = target.params;
+    let over = target.failure_mode == FailureMode::Closed;
+    Status {
+        code: if over && !target.shadow {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        },
+        basis: Basis::Degraded(target.failure_mode),
+        limit: Some(AppliedLimit::new(&target.rate, target.name)),
+        remaining: if over { 0 } else { capacity },
+        reset_ms: 0,
+        retry_after_ms: over.then_some(Some(1_000)),
+        shadow: target.shadow,
+        over,
+        rule: target.rule,
+    }
+}

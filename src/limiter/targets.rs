@@ -1,0 +1,149 @@
+//! Descriptor → target: the rule (or request override) a descriptor reaches, the limit it
+//! reports, the bucket shape and key tag it is judged by (one shard of a sharded rule), and its
+//! failure policy — or its final status when no bucket is involved.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::algorithm::{Algorithm, BucketParams};
+use crate::config::Domain;
+use crate::key::RuleTag;
+use crate::request::RequestDescriptor;
+use crate::rule::{FailureMode, Limit, RateLimit, Rule};
+
+use super::{Basis, Status};
+
+/// What one descriptor resolved to before the backend is asked.
+#[derive(Clone)]
+pub(super) struct Target {
+    pub(super) rule: Option<Arc<Rule>>,
+    /// The limit reported (`current_limit`, `x-ratelimit-limit`): the rule's or the override's.
+    pub(super) rate: RateLimit,
+    /// The shape the bucket is decided with: `rate`'s, or one shard's share of it.
+    pub(super) params: BucketParams,
+    /// Which bucket of the descriptor the storage key names: the rule's, the shard of a sharded
+    /// rule this request is judged by, or an override's.
+    pub(super) tag: RuleTag,
+    /// The rule's algorithm; for an override without a rule, the domain's.
+    pub(super) algorithm: Algorithm,
+    pub(super) name: Option<Arc<str>>,
+    pub(super) shadow: bool,
+    pub(super) failure_mode: FailureMode,
+}
+
+/// Resolves the descriptors of one request, which share what their rules replace and one shard
+/// draw.
+pub(super) struct Resolver<'a> {
+    domain: &'a Domain,
+    /// Names replaced by some rule reached in the request (envoyproxy/ratelimit's `replaces`).
+    replaced: Vec<Arc<str>>,
+    shard_seq: u64,
+    default_failure_mode: FailureMode,
+}
+
+impl<'a> Resolver<'a> {
+    /// The resolver for a request whose descriptors reach `rules` (in request order). Advances
+    /// `cursor` when one of them is sharded: one draw per request, shared by all its
+    /// descriptors, so duplicates of one sharded descriptor land on one shard, hence one key,
+    /// and are paid together.
+    pub(super) fn new(
+        domain: &'a Domain,
+        rules: &[Option<Arc<Rule>>],
+        cursor: &AtomicU64,
+        default_failure_mode: FailureMode,
+    ) -> Self {
+        let replaced = rules
+            .iter()
+            .flatten()
+            .flat_map(|r| r.replaces.iter().cloned())
+            .collect();
+        let shard_seq = if rules.iter().flatten().any(|r| r.shards.is_some()) {
+            cursor.fetch_add(1, Ordering::Relaxed)
+        } else {
+            0
+        };
+        Resolver {
+            domain,
+            replaced,
+            shard_seq,
+            default_failure_mode,
+        }
+    }
+
+    /// The bucket `descriptor` uses, having reached `rule`, or its final status when no bucket
+    /// is involved.
+    pub(super) fn target(
+        &self,
+        descriptor: &RequestDescriptor,
+        rule: Option<Arc<Rule>>,
+    ) -> Result<Target, Status> {
+        let failure_mode = rule
+            .as_ref()
+            .and_then(|r| r.failure_mode)
+            .or(self.domain.failure_mode)
+            .unwrap_or(self.default_failure_mode);
+        if let Some(o) = descriptor.limit_override {
+            // As in envoyproxy/ratelimit: an override needs only a known domain, carries no name
+            // and is never in shadow mode; the matched rule still prices the hit (cost) and
+            // chooses the algorithm.
+            let rate = RateLimit {
+                requests_per_unit: o.requests_per_unit,
+                unit: o.unit,
+                burst: None,
+            };
+            return Ok(Target {
+                algorithm: rule.as_ref().map_or(self.domain.algorithm, |r| r.algorithm),
+                rule,
+                rate,
+                params: rate.bucket(),
+                tag: RuleTag::Override(o),
+                name: None,
+                shadow: false,
+                failure_mode,
+            });
+        }
+        let Some(rule) = rule else {
+            return Err(Status::unlimited(Basis::NoRule, None));
+        };
+        let rate = match rule.limit {
+            Limit::Unlimited => return Err(Status::unlimited(Basis::Unlimited, Some(rule))),
+            Limit::Bucket(rate) => rate,
+        };
+        if let Some(name) = &rule.name
+            && self.replaced.iter().any(|r| r == name)
+        {
+            return Err(Status::unlimited(Basis::Unlimited, Some(rule)));
+        }
+        // Overrides (above) are never sharded: they name a limit of their own.
+        let (params, tag) = match rule.shards {
+            Some(n) => {
+                let shard = shard_of(self.shard_seq, n);
+                (rate.split(n).bucket(), RuleTag::Shard(shard))
+            }
+            None => (rate.bucket(), RuleTag::Configured),
+        };
+        Ok(Target {
+            name: rule.name.clone(),
+            shadow: rule.shadow_mode,
+            rate,
+            params,
+            tag,
+            algorithm: rule.algorithm,
+            failure_mode,
+            rule: Some(rule),
+        })
+    }
+}
+
+/// 2^64 / φ: multiplying by it scatters consecutive counts evenly over the unit interval
+/// (Fibonacci hashing; the Weyl sequence `k / φ mod 1` has the lowest discrepancy known).
+const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// The shard (`< shards`) of the request numbered `seq`: the top bits of `seq / φ mod 1`, scaled
+/// to `shards`. Any run of consecutive numbers — and any arithmetic progression, such as the
+/// requests of one rule interleaved with another's — is spread nearly evenly, so the shards of a
+/// hot key drain together.
+pub fn shard_of(seq: u64, shards: u32) -> u8 {
+    let fraction = seq.wrapping_mul(GOLDEN) >> 32;
+    ((fraction * u64::from(shards.max(1))) >> 32) as u8
+}
