@@ -13,7 +13,7 @@ use serde::Serialize;
 use crate::algorithm::Algorithm;
 use crate::config::Config;
 use crate::descriptor::{Miss, Selected};
-use crate::key::{RuleTag, bucket_key};
+use crate::key::{RuleTag, write_shared_bucket_key};
 use crate::request::Entry;
 use crate::rule::{FailureMode, Limit, Unit};
 
@@ -272,7 +272,19 @@ pub fn explain(
                     }
                 }),
             };
-            let key = |tag| bucket_key(&options.key_prefix, domain, entries, tag, rule.algorithm);
+            let key = |tag| {
+                let mut key = String::new();
+                write_shared_bucket_key(
+                    &mut key,
+                    &options.key_prefix,
+                    domain,
+                    entries,
+                    &rule.shared_values,
+                    tag,
+                    rule.algorithm,
+                );
+                key
+            };
             let mut outcome = if rule.shadow_mode {
                 "OK always: the rule is in shadow mode; hits are counted but never reject"
                     .to_owned()

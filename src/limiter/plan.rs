@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::algorithm::{BucketParams, Demand, Verdict};
 use crate::backend::{Backend, BackendError, Hit};
 use crate::config::Domain;
-use crate::key::{RuleTag, without_shard, write_bucket_key};
+use crate::key::{RuleTag, without_shard, write_shared_bucket_key};
 use crate::lease::Reservation;
 use crate::request::LimitRequest;
 use crate::resilience::over_limit::CachedRejection;
@@ -151,11 +151,17 @@ impl<B: Backend> Limiter<B> {
                 Err(status) => Slot::Answered(status),
                 Ok(target) => {
                     let mut key = String::new();
-                    write_bucket_key(
+                    // A request's own `limit` is its own bucket, never a shared one.
+                    let shared = match (&target.rule, target.tag) {
+                        (_, RuleTag::Override(_)) | (None, _) => &[][..],
+                        (Some(rule), _) => &rule.shared_values[..],
+                    };
+                    write_shared_bucket_key(
                         &mut key,
                         &self.options.key_prefix,
                         &request.domain,
                         &descriptor.entries,
+                        shared,
                         target.tag,
                         target.algorithm,
                     );

@@ -729,3 +729,44 @@ async fn in_flight_bound_refuses_at_once_and_frees_on_completion() {
     );
     assert_eq!(gate.current(), 0);
 }
+
+#[tokio::test]
+async fn share_threshold_puts_every_value_of_its_wildcard_in_one_bucket() {
+    let text = "domain: share
+descriptors:
+  - key: path
+    value: /files/*
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: path
+    value: /other/*
+    rate_limit: {unit: hour, requests_per_unit: 2}
+";
+    let config = load_sources(&[("share.yaml".into(), text.into())]).unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let backend = MemoryBackend::new(Arc::new(clock.clone()), MemoryOptions::default());
+    let limiter = Limiter::new(
+        Arc::new(ArcSwap::from_pointee(config)),
+        backend,
+        LimiterOptions::default(),
+    );
+    let decide = |value: &'static str| {
+        let limiter = &limiter;
+        async move {
+            limiter
+                .decide(&request("share", &[("path", value)]))
+                .await
+                .unwrap()
+                .overall
+        }
+    };
+    // Three values of the shared wildcard: one bucket of 2.
+    assert_eq!(decide("/files/a").await, Code::Ok);
+    assert_eq!(decide("/files/b").await, Code::Ok);
+    assert_eq!(decide("/files/c").await, Code::OverLimit);
+    // Without share_threshold each value has its own bucket.
+    assert_eq!(decide("/other/a").await, Code::Ok);
+    assert_eq!(decide("/other/a").await, Code::Ok);
+    assert_eq!(decide("/other/a").await, Code::OverLimit);
+    assert_eq!(decide("/other/b").await, Code::Ok);
+}
