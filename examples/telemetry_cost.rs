@@ -24,8 +24,9 @@ use std::time::Duration;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice::clock::Stopwatch;
+use sluice::settings::TelemetryArgs;
 use sluice::settings::{LogFormat, Settings};
-use sluice::telemetry::{self, TelemetryArgs};
+use sluice::telemetry;
 
 const CONFIG: &str = "domain: bench\ndescriptors:\n  - key: client\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n    descriptors:\n      - key: route\n        rate_limit: {unit: second, requests_per_unit: 1000000000}\n";
 const MODES: [&str; 3] = ["off", "metrics", "traces"];

@@ -13,8 +13,9 @@ use std::time::Duration;
 use common::{TestServer, desc, req};
 use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point};
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use sluice::settings::TelemetryArgs;
 use sluice::settings::{BackendKind, LogFormat};
-use sluice::telemetry::{self, TelemetryArgs};
+use sluice::telemetry;
 
 use harness::RedisServer;
 use harness::otlp::{Collector, attr};

@@ -1,81 +1,59 @@
-//! Subcommands other than `serve`: they print for humans and CI and return an exit code.
+//! The subcommands: `serve` runs the server on its runtime until SIGTERM/SIGINT; `check-config`
+//! and `explain` print for humans and CI. Each returns the process's exit code.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, ValueEnum};
-
 use crate::algorithm::Algorithm;
-use crate::config::args::LoadArgs;
+use crate::config::args::load_options;
 use crate::config::{Config, ConfigErrors, load_path_with};
 use crate::explain::{ExplainOptions, explain as explain_descriptor, parse_descriptor};
 use crate::rule::Limit;
-use crate::settings::FailureModeArg;
+use crate::settings::{CheckConfigArgs, ExplainArgs, OtlpSettings, OutputFormat, Settings};
+use crate::{compat, runtime, server, telemetry};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum OutputFormat {
-    /// For people.
-    Text,
-    /// One JSON document on stdout, for CI bots.
-    Json,
+/// `sluice serve`: the runtime (its worker count is a flag, so it is built here rather than by
+/// `#[tokio::main]`), logs and traces, then the server until a shutdown signal.
+pub fn serve(settings: Settings, compat: compat::Translation) -> ExitCode {
+    match runtime::build(settings.worker_threads) {
+        Ok(runtime) => runtime.block_on(serve_on_runtime(settings, compat)),
+        Err(e) => {
+            eprintln!("sluice: cannot start the runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
-/// `sluice check-config PATH`.
-#[derive(Clone, Debug, Args)]
-pub struct CheckConfigArgs {
-    /// A YAML file or a directory of *.yaml / *.yml files.
-    pub path: PathBuf,
-
-    #[arg(long, value_enum, default_value = "text")]
-    pub format: OutputFormat,
-
-    /// The request bound of `serve --max-entries`: deeper descriptors are reported unreachable.
-    #[arg(long, env = "SLUICE_MAX_ENTRIES", default_value_t = 32)]
-    pub max_entries: usize,
-
-    #[command(flatten)]
-    pub load: LoadArgs,
-}
-
-/// `sluice explain --config PATH --domain D --descriptor k=v,k2=v2`.
-#[derive(Clone, Debug, Args)]
-pub struct ExplainArgs {
-    /// A YAML file or a directory of *.yaml / *.yml files.
-    #[arg(long, env = "SLUICE_CONFIG")]
-    pub config: PathBuf,
-
-    #[arg(long)]
-    pub domain: String,
-
-    /// The request descriptor's entries: key=value[,key=value...]. Write `,` `=` `%` inside a
-    /// key or value as %2C %3D %25.
-    #[arg(long)]
-    pub descriptor: String,
-
-    /// Prefix of storage keys, as `serve --key-prefix`.
-    #[arg(long, env = "SLUICE_KEY_PREFIX", default_value = "sluice:")]
-    pub key_prefix: String,
-
-    /// Failure mode of rules and domains that set none, as `serve --failure-mode`.
-    #[arg(long, env = "SLUICE_FAILURE_MODE", value_enum, default_value = "error")]
-    pub failure_mode: FailureModeArg,
-
-    /// The request bound of `serve --max-entries`.
-    #[arg(long, env = "SLUICE_MAX_ENTRIES", default_value_t = 32)]
-    pub max_entries: usize,
-
-    #[arg(long, value_enum, default_value = "text")]
-    pub format: OutputFormat,
-
-    #[command(flatten)]
-    pub load: LoadArgs,
+async fn serve_on_runtime(mut settings: Settings, compat: compat::Translation) -> ExitCode {
+    settings.telemetry.otlp = OtlpSettings::from_process_env();
+    let telemetry = telemetry::init(
+        &settings.log_level,
+        settings.log_format,
+        &settings.telemetry,
+    );
+    compat.log();
+    if !runtime::LIFO_SLOT_DISABLED {
+        tracing::warn!(
+            "built without --cfg tokio_unstable: tokio's LIFO slot stays on and responses are \
+             flushed one write each (see src/runtime.rs)"
+        );
+    }
+    let result = server::run(settings, server::shutdown_signal()).await;
+    telemetry.shutdown().await;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("sluice: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Text: a one-line summary on stdout and each warning on stderr, exit 0; or every error as
 /// `file:line:col: message` on stderr, exit 1. JSON: one document on stdout either way. Warnings
 /// never change the exit code.
 pub fn check_config(args: &CheckConfigArgs) -> ExitCode {
-    let result = load_path_with(&args.path, &args.load.options(args.max_entries));
+    let result = load_path_with(&args.path, &load_options(&args.load, args.max_entries));
     match args.format {
         OutputFormat::Json => {
             println!("{}", check_json(&result));
@@ -191,7 +169,7 @@ pub fn explain(args: &ExplainArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let config = match load_path_with(&args.config, &args.load.options(args.max_entries)) {
+    let config = match load_path_with(&args.config, &load_options(&args.load, args.max_entries)) {
         Ok(config) => config,
         Err(errors) => {
             eprintln!("{errors}");

@@ -17,7 +17,8 @@
 //! - [`algorithm`]: pure arithmetic of the per-rule algorithms (token bucket, fixed window,
 //!   sliding window, GCRA); time is an argument. `lua/limit.lua` mirrors it.
 //! - [`clock`]: injected time, so tests step it.
-//! - [`backend`]: the `Backend` trait; `memory` and `redis` implementations.
+//! - [`backend`]: the `Backend` trait; `memory` and `redis` implementations, the Redis
+//!   endpoints' circuit breakers.
 //! - [`lease`]: token leasing — a replica spends a batch of tokens taken in one script call.
 //! - [`limiter`]: request → rules → one backend call → [`limiter::Decision`].
 //! - [`resilience`]: when Redis is slow or gone — circuit breakers, the `local` policy's buckets,
@@ -26,9 +27,9 @@
 //! - [`admin`]: HTTP admin — health, readiness, active config, metrics.
 //! - [`telemetry`]: metrics (OpenTelemetry SDK: Prometheus `/metrics`, OTLP push), traces
 //!   (OTLP, W3C `traceparent`), logs (stderr, text or JSON).
-//! - [`cli`]: the `check-config` subcommand's output and exit code.
+//! - [`cli`]: the subcommands — `serve` (runtime, telemetry, server), `check-config`, `explain`.
 //! - [`security`]: TLS/mTLS, caller policy, HTTP/2 limits, strict request decoding.
-//! - [`settings`]: CLI flags and environment → [`settings::Settings`].
+//! - [`settings`]: CLI flags and environment → [`settings::Settings`]; a leaf module.
 //! - [`runtime`]: the tokio runtime `serve` runs on (LIFO slot off, worker threads).
 //! - [`server`]: `run(settings, shutdown)` — wires the pieces and serves.
 //! - [`xds`]: config pushed by an xDS management server (ADS), validated like files.

@@ -1,9 +1,9 @@
-//! `sluice`: flags → settings → runtime → `run(settings, shutdown)`.
+//! `sluice`: flags → settings → the subcommand ([`sluice::cli`]; `serve` runs the server).
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use sluice::settings::{Cli, Command, Settings};
+use sluice::settings::{Cli, Command};
 
 // mimalloc, not glibc's malloc: per-request allocations (HTTP/2 frames, futures, buffers) took
 // ~18 % of the CPU in glibc's malloc and free under load (docs/benchmarks.md, "Allocator").
@@ -20,46 +20,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let cli = Cli::parse_from(args);
-    match cli.command {
+    match Cli::parse_from(args).command {
         Command::CheckConfig(args) => sluice::cli::check_config(&args),
         Command::Explain(args) => sluice::cli::explain(&args),
-        Command::Serve(settings) => {
-            // The runtime is built here, from the settings, rather than by `#[tokio::main]`:
-            // its worker count is a flag (src/runtime.rs).
-            match sluice::runtime::build(settings.worker_threads) {
-                Ok(runtime) => runtime.block_on(serve(*settings, compat)),
-                Err(e) => {
-                    eprintln!("sluice: cannot start the runtime: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
-    }
-}
-
-async fn serve(mut settings: Settings, compat: sluice::compat::Translation) -> ExitCode {
-    settings.telemetry.otlp = sluice::telemetry::OtlpSettings::from_process_env();
-    let telemetry = sluice::telemetry::init(
-        &settings.log_level,
-        settings.log_format,
-        &settings.telemetry,
-    );
-    compat.log();
-    if !sluice::runtime::LIFO_SLOT_DISABLED {
-        tracing::warn!(
-            "built without --cfg tokio_unstable: tokio's LIFO slot stays on and responses are \
-             flushed one write each (see src/runtime.rs)"
-        );
-    }
-    let result = sluice::server::run(settings, sluice::server::shutdown_signal()).await;
-    telemetry.shutdown().await;
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e}");
-            eprintln!("sluice: {e}");
-            ExitCode::FAILURE
-        }
+        Command::Serve(settings) => sluice::cli::serve(*settings, compat),
     }
 }

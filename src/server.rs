@@ -10,23 +10,27 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use tonic::server::NamedService;
+
 use crate::admin::{self, AdminState, Readiness};
 use crate::backend::Backend;
+use crate::backend::breaker::BreakerSet;
 use crate::backend::memory::{MemoryBackend, MemoryOptions};
-use crate::backend::redis::{BatchSettings, RedisBackend, RedisMode, RedisOptions};
+use crate::backend::redis::{RedisBackend, RedisOptions};
 use crate::clock::MonotonicClock;
+use crate::config::reload::ReloadOptions;
 use crate::config::{self, Config, ConfigErrors, ConfigStore};
 use crate::lease::{LeaseOptions, LeaseStore};
 use crate::limiter::{Limiter, LimiterOptions};
-use crate::resilience::breaker::{BreakerSet, BreakerSettings};
 use crate::resilience::in_flight::InFlight;
 use crate::resilience::local::Replicas;
 use crate::resilience::{self, Resilience, ResilienceOptions};
 use crate::rule::FailureMode;
+use crate::security;
 use crate::security::tls::{AuthorizeLayer, GrpcIncoming, TlsState};
 use crate::security::wire::RateLimitServer;
 use crate::service::{HeaderOptions, RateLimitGrpc, RequestBounds};
-use crate::settings::{BackendKind, RedisModeArg, Settings};
+use crate::settings::{BackendKind, Settings};
 use crate::telemetry::{BreakerReading, Metrics, MetricsOptions};
 use crate::xds::{self, ConfigSource};
 
@@ -124,100 +128,116 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
         ));
     }
     let source = xds::config_source(&settings).map_err(|e| ServeError::Setting(e.to_string()))?;
-    let reload_options = settings.config_ops.reload_options(settings.max_entries);
+    let reload = config::args::reload_options(&settings.config_ops, settings.max_entries);
     let (loaded, config_loaded) = match &source {
         ConfigSource::File(path) => {
-            let loaded = config::load_path_with(path, &reload_options.load)?;
+            let loaded = config::load_path_with(path, &reload.load)?;
             tracing::info!(path = %path.display(), summary = %loaded.summary(), "config loaded");
             (loaded, true)
         }
         ConfigSource::Xds(options) => (Config::default(), options.start_without_config),
     };
     let config = Arc::new(ConfigStore::new(loaded));
-    let metrics = Metrics::new(config.clone(), &metrics_options(&settings))
+    let metrics = Metrics::new(config.clone(), &MetricsOptions::from(&settings))
         .map_err(|e| ServeError::Setting(e.to_string()))?;
-
     let running = match settings.backend {
-        BackendKind::Memory => {
-            let backend = Arc::new(MemoryBackend::new(
-                Arc::new(MonotonicClock::new()),
-                memory_options(&settings),
-            ));
-            let sweeper = backend.spawn_sweeper(Duration::from_secs(1));
-            let held = Arc::downgrade(&backend);
-            metrics.observe_memory_buckets(move || {
-                held.upgrade().map_or(0, |b| b.live_buckets() as u64)
-            });
-            // One process holds every bucket: there is no outage to divide limits for.
-            let parts = Parts {
-                replicas: Arc::new(Replicas::fixed(1)),
-                over_limit_cache: false,
-                local_sweeper: false,
-                metrics,
-            };
-            let running = serve(settings, config, backend.clone(), config_loaded, parts).await;
-            if running.is_err() {
-                sweeper.abort();
-            }
-            running.map(|mut r| {
-                r.memory_backend = Some(backend);
-                r
-            })
-        }
-        BackendKind::Redis => {
-            let backend = RedisBackend::connect(redis_options(&settings))
-                .await
-                .map_err(|e| ServeError::Backend(e.to_string()))?
-                .with_metrics(metrics.redis_calls());
-            let replicas = Arc::new(if settings.replicas > 0 {
-                Replicas::fixed(settings.replicas)
-            } else {
-                Replicas::discovered()
-            });
-            let heartbeat = replicas
-                .is_discovered()
-                .then(|| Heartbeat::new(&backend, &settings.key_prefix, replicas.clone()));
-            if let Some(heartbeat) = &heartbeat {
-                // Counted before serving, so a Redis loss right after start divides correctly.
-                heartbeat.beat().await;
-            }
-            let parts = Parts {
-                replicas,
-                over_limit_cache: settings.over_limit_cache,
-                local_sweeper: true,
-                metrics,
-            };
-            let running = serve(settings, config, backend, config_loaded, parts).await?;
-            if let Some(heartbeat) = heartbeat {
-                heartbeat.spawn(running.stop.subscribe());
-            }
-            Ok(running)
-        }
+        BackendKind::Memory => start_memory(settings, config, config_loaded, metrics).await,
+        BackendKind::Redis => start_redis(settings, config, config_loaded, metrics).await,
     }?;
-    if let ConfigSource::File(path) = &source {
-        let stop = running.stop.subscribe();
-        config::reload::spawn_until_stopped(
-            path.clone(),
-            running.config.clone(),
-            reload_options.clone(),
-            stop,
-        );
+    follow_config_source(source, reload, &running);
+    Ok(running)
+}
+
+/// Serves on the embedded backend: one process holds every bucket.
+async fn start_memory(
+    settings: Settings,
+    config: Arc<ConfigStore>,
+    config_loaded: bool,
+    metrics: Metrics,
+) -> Result<Running, ServeError> {
+    let backend = Arc::new(MemoryBackend::new(
+        Arc::new(MonotonicClock::new()),
+        MemoryOptions::from(&settings),
+    ));
+    let sweeper = backend.spawn_sweeper(Duration::from_secs(1));
+    let held = Arc::downgrade(&backend);
+    metrics.observe_memory_buckets(move || held.upgrade().map_or(0, |b| b.live_buckets() as u64));
+    // One process holds every bucket: there is no outage to divide limits for.
+    let store = StoreParts {
+        replicas: Arc::new(Replicas::fixed(1)),
+        over_limit_cache: false,
+        local_sweeper: false,
+        metrics,
+    };
+    let built = build(&settings, config, backend.clone(), config_loaded, store).await;
+    let served = match built {
+        Ok(built) => serve(&settings, built).await,
+        Err(e) => Err(e),
+    };
+    let mut running = served.inspect_err(|_| sweeper.abort())?;
+    running.memory_backend = Some(backend);
+    Ok(running)
+}
+
+/// Serves on Redis, counting the live replicas through a heartbeat unless `--replicas` is set.
+async fn start_redis(
+    settings: Settings,
+    config: Arc<ConfigStore>,
+    config_loaded: bool,
+    metrics: Metrics,
+) -> Result<Running, ServeError> {
+    let backend = RedisBackend::connect(RedisOptions::from(&settings))
+        .await
+        .map_err(|e| ServeError::Backend(e.to_string()))?
+        .observed_by(Arc::new(metrics.redis_calls()));
+    let replicas = Arc::new(if settings.replicas > 0 {
+        Replicas::fixed(settings.replicas)
+    } else {
+        Replicas::discovered()
+    });
+    let heartbeat = replicas
+        .is_discovered()
+        .then(|| Heartbeat::new(&backend, &settings.key_prefix, replicas.clone()));
+    if let Some(heartbeat) = &heartbeat {
+        // Counted before serving, so a Redis loss right after start divides correctly.
+        heartbeat.beat().await;
     }
-    if let ConfigSource::Xds(mut options) = source {
-        options.load = reload_options.load;
-        let stop = running.stop.subscribe();
-        xds::spawn(
-            options,
-            running.config.clone(),
-            running.readiness.clone(),
-            stop,
-        );
+    let store = StoreParts {
+        replicas,
+        over_limit_cache: settings.over_limit_cache,
+        local_sweeper: true,
+        metrics,
+    };
+    let built = build(&settings, config, backend, config_loaded, store).await?;
+    let running = serve(&settings, built).await?;
+    if let Some(heartbeat) = heartbeat {
+        heartbeat.spawn(running.stop.subscribe());
     }
     Ok(running)
 }
 
+/// Keeps the active config in line with its source until the server stops: file changes and
+/// SIGHUP for files, pushes for xDS.
+fn follow_config_source(source: ConfigSource, reload: ReloadOptions, running: &Running) {
+    let stop = running.stop.subscribe();
+    match source {
+        ConfigSource::File(path) => {
+            config::reload::spawn_until_stopped(path, running.config.clone(), reload, stop);
+        }
+        ConfigSource::Xds(mut options) => {
+            options.load = reload.load;
+            xds::spawn(
+                options,
+                running.config.clone(),
+                running.readiness.clone(),
+                stop,
+            );
+        }
+    }
+}
+
 /// What differs between the backends beyond the backend itself.
-struct Parts {
+struct StoreParts {
     replicas: Arc<Replicas>,
     over_limit_cache: bool,
     /// Sweep the `local` policy's buckets (only a shared backend can fail over to them).
@@ -225,13 +245,34 @@ struct Parts {
     metrics: Metrics,
 }
 
-async fn serve<B: Backend>(
-    settings: Settings,
+/// The parts of one service, built from the settings before anything listens.
+struct Built<B: Backend> {
+    config: Arc<ConfigStore>,
+    readiness: Arc<Readiness>,
+    /// The backend answered its first probe.
+    answered: bool,
+    limiter: Arc<Limiter<B>>,
+    metrics: Metrics,
+    /// The `RateLimitService` over `limiter`.
+    service: RateLimitGrpc<B>,
+    /// Health, readiness, config, metrics, explain and the envoyproxy/ratelimit routes.
+    admin: axum::Router,
+    tls: Option<Arc<TlsState>>,
+    breakers: Option<Arc<BreakerSet>>,
+    replicas: Arc<Replicas>,
+    /// The `local` policy's bucket sweeper, stopped with the server.
+    local_sweeper: Option<JoinHandle<()>>,
+}
+
+/// Builds the limiter over `backend` (with its resilience and leases), the gRPC service and the
+/// admin router, and probes the backend once for readiness.
+async fn build<B: Backend>(
+    settings: &Settings,
     config: Arc<ConfigStore>,
     backend: B,
     config_loaded: bool,
-    parts: Parts,
-) -> Result<Running, ServeError> {
+    store: StoreParts,
+) -> Result<Built<B>, ServeError> {
     let tls = match settings.security.tls.settings() {
         None => None,
         Some(tls) => Some(TlsState::load(tls).map_err(|e| ServeError::Setting(e.to_string()))?),
@@ -242,17 +283,11 @@ async fn serve<B: Backend>(
     readiness.set_backend_ready(answered);
 
     let resilience = Resilience::new(
-        &ResilienceOptions {
-            over_limit_cache_keys: parts
-                .over_limit_cache
-                .then(|| usize::try_from(settings.over_limit_cache_max_keys).unwrap_or(usize::MAX)),
-            max_in_flight: usize::try_from(settings.max_in_flight).unwrap_or(usize::MAX),
-            local_store: memory_options(&settings),
-        },
+        &resilience_options(settings, store.over_limit_cache),
         Arc::new(MonotonicClock::new()),
-        parts.replicas.clone(),
+        store.replicas.clone(),
     );
-    let local_sweeper = parts.local_sweeper.then(|| {
+    let local_sweeper = store.local_sweeper.then(|| {
         resilience
             .local()
             .store()
@@ -260,21 +295,12 @@ async fn serve<B: Backend>(
     });
     let breakers = backend.breakers();
     if let Some(set) = &breakers {
-        let set = Arc::downgrade(set);
-        parts.metrics.observe_breakers(move || {
-            set.upgrade().map_or_else(Vec::new, |set| {
-                set.states()
-                    .into_iter()
-                    .map(|(endpoint, state)| BreakerReading { endpoint, state })
-                    .collect()
-            })
-        });
+        observe_breakers(&store.metrics, set);
     }
-    let metrics = parts.metrics;
-    let in_flight = resilience.in_flight().clone();
+    let metrics = store.metrics;
     let leases = Arc::new(LeaseStore::new(LeaseOptions {
         max_keys: usize::try_from(settings.lease_max_keys).unwrap_or(usize::MAX),
-        lifetime_ms: lease_lifetime_ms(&settings)?,
+        lifetime_ms: lease_lifetime_ms(settings)?,
     }));
     metrics.observe_leases(leases.clone());
     let limiter = Arc::new(
@@ -289,125 +315,211 @@ async fn serve<B: Backend>(
         )
         .with_leases(leases),
     );
-    let lease_limiter = limiter.clone();
-    let health_limiter = limiter.clone();
     let service = RateLimitGrpc::new(
-        limiter,
-        RequestBounds {
-            max_message_bytes: settings.max_message_bytes,
-            max_descriptors: settings.max_descriptors,
-            max_entries: settings.max_entries,
-            max_key_bytes: settings.max_key_bytes,
-            max_value_bytes: settings.max_value_bytes,
-            policy: settings.security.callers.policy(),
-        },
-        HeaderOptions {
-            enabled: settings.response_headers,
-            limit: settings.header_limit.clone(),
-            remaining: settings.header_remaining.clone(),
-            reset: settings.header_reset.clone(),
-            retry_after: settings.header_retry_after.clone(),
-            degraded: settings.header_degraded.clone(),
-        },
+        limiter.clone(),
+        RequestBounds::from(settings),
+        HeaderOptions::from(settings),
     )
     .with_metrics(metrics.clone());
+    let admin = admin_router(settings, &config, &readiness, &metrics);
+    Ok(Built {
+        config,
+        readiness,
+        answered,
+        limiter,
+        metrics,
+        service,
+        admin,
+        tls,
+        breakers,
+        replicas: store.replicas,
+        local_sweeper,
+    })
+}
 
+/// Sizes of the resilience machinery; `over_limit_cache`: keep one (a shared backend, with
+/// `--over-limit-cache` on).
+fn resilience_options(settings: &Settings, over_limit_cache: bool) -> ResilienceOptions {
+    ResilienceOptions {
+        over_limit_cache_keys: over_limit_cache
+            .then(|| usize::try_from(settings.over_limit_cache_max_keys).unwrap_or(usize::MAX)),
+        max_in_flight: usize::try_from(settings.max_in_flight).unwrap_or(usize::MAX),
+        local_store: MemoryOptions::from(settings),
+    }
+}
+
+/// Feeds `sluice_redis_breaker_state` from `set` while it lives.
+fn observe_breakers(metrics: &Metrics, set: &Arc<BreakerSet>) {
+    let set = Arc::downgrade(set);
+    metrics.observe_breakers(move || {
+        set.upgrade().map_or_else(Vec::new, |set| {
+            set.states()
+                .into_iter()
+                .map(|(endpoint, state)| BreakerReading { endpoint, state })
+                .collect()
+        })
+    });
+}
+
+fn admin_router(
+    settings: &Settings,
+    config: &Arc<ConfigStore>,
+    readiness: &Arc<Readiness>,
+    metrics: &Metrics,
+) -> axum::Router {
+    admin::router(AdminState {
+        config: config.clone(),
+        readiness: readiness.clone(),
+        metrics: metrics.clone(),
+    })
+    .merge(admin::explain::router(
+        config.clone(),
+        explain_options(settings),
+    ))
+    .merge(crate::compat::router(readiness.clone()))
+}
+
+/// Binds both listeners and runs the built parts until the stop signal, then drains.
+async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Running, ServeError> {
     let grpc_listener = bind(settings.grpc_addr).await?;
     let admin_listener = bind(settings.admin_addr).await?;
     let grpc_addr = local_addr(&grpc_listener, settings.grpc_addr)?;
     let admin_addr = local_addr(&admin_listener, settings.admin_addr)?;
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    let rls_name = <RateLimitServiceServer<RateLimitGrpc<B>> as tonic::server::NamedService>::NAME;
     let grpc_health = GrpcHealth {
-        reporter: health_reporter.clone(),
-        names: ["", rls_name],
+        reporter: health_reporter,
+        names: [
+            "",
+            <RateLimitServiceServer<RateLimitGrpc<B>> as NamedService>::NAME,
+        ],
     };
-    grpc_health.set(readiness.is_ready()).await;
+    grpc_health.set(built.readiness.is_ready()).await;
 
-    let (stop_tx, stop_rx) = watch::channel(false);
+    let (stop, stop_rx) = watch::channel(false);
     let lease_sweeper = tokio::spawn(sweep_leases(
-        lease_limiter.clone(),
+        built.limiter.clone(),
         lease_sweep_interval(settings.lease_lifetime),
         stop_rx.clone(),
     ));
     spawn_health(
-        health_limiter,
-        readiness.clone(),
-        grpc_health,
-        answered,
+        built.limiter.clone(),
+        built.readiness.clone(),
+        grpc_health.clone(),
+        built.answered,
         settings.failure_mode.into(),
         stop_rx.clone(),
     );
+    let admin_task = spawn_admin(admin_listener, built.admin, stop_rx.clone());
 
-    let admin_router = admin::router(AdminState {
-        config: config.clone(),
-        readiness: readiness.clone(),
-        metrics: metrics.clone(),
+    let rls =
+        RateLimitServer::new(built.service).max_decoding_message_size(TRANSPORT_MAX_MESSAGE_BYTES);
+    let enforces_allow_list = built.tls.as_ref().is_some_and(|t| t.enforces_allow_list());
+    if let Some(tls) = &built.tls {
+        tls.spawn_reloader();
+    }
+    let grpc = security::grpc_server(&settings.security.http2)
+        .layer(AuthorizeLayer::new(enforces_allow_list))
+        .add_service(health_service)
+        .add_service(rls)
+        .serve_with_incoming_shutdown(
+            GrpcIncoming::new(grpc_listener, built.tls),
+            stopped(stop_rx.clone(), built.readiness.clone(), grpc_health),
+        );
+    let drain = settings.drain_timeout;
+    let wind_down = WindDown {
+        admin_task,
+        local_sweeper: built.local_sweeper,
+        lease_sweeper,
+        limiter: built.limiter.clone(),
+        metrics: built.metrics.clone(),
+    };
+    let task = tokio::spawn(async move {
+        let result = drained(grpc, stop_rx, drain).await;
+        wind_down.run().await;
+        result
+    });
+
+    Ok(Running {
+        grpc_addr,
+        admin_addr,
+        readiness: built.readiness,
+        config: built.config,
+        memory_backend: None,
+        metrics: built.metrics,
+        breakers: built.breakers,
+        replicas: built.replicas,
+        in_flight: built.limiter.resilience().in_flight().clone(),
+        stop,
+        task,
     })
-    .merge(crate::admin::explain::router(
-        config.clone(),
-        explain_options(&settings),
-    ))
-    .merge(crate::compat::router(readiness.clone()));
-    let mut admin_stop = stop_rx.clone();
-    let admin_task = tokio::spawn(async move {
-        let result = axum::serve(admin_listener, admin_router)
+}
+
+/// Serves the admin router until the stop signal.
+fn spawn_admin(
+    listener: TcpListener,
+    router: axum::Router,
+    mut stop: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let result = axum::serve(listener, router)
             .with_graceful_shutdown(async move {
-                let _ = admin_stop.wait_for(|s| *s).await;
+                let _ = stop.wait_for(|s| *s).await;
             })
             .await;
         if let Err(e) = result {
             tracing::error!(error = %e, "admin server failed");
         }
-    });
+    })
+}
 
-    let rls = RateLimitServer::new(service).max_decoding_message_size(TRANSPORT_MAX_MESSAGE_BYTES);
-    let mut grpc_server = settings.security.http2.server().layer(AuthorizeLayer::new(
-        tls.as_ref().is_some_and(|t| t.enforces_allow_list()),
-    ));
-    if let Some(tls) = &tls {
-        tls.spawn_reloader();
+/// Resolves at the stop signal, once readiness and gRPC health say NOT_SERVING: the gRPC server
+/// then stops accepting and lets in-flight calls finish.
+async fn stopped(mut stop: watch::Receiver<bool>, readiness: Arc<Readiness>, health: GrpcHealth) {
+    let _ = stop.wait_for(|s| *s).await;
+    readiness.set_draining(true);
+    health.set(false).await;
+    tracing::info!("shutting down: no new connections, draining in-flight calls");
+}
+
+/// Runs the gRPC server until it has drained after the stop signal, or until `drain` has passed
+/// since the signal (the remaining calls are then closed).
+async fn drained(
+    server: impl Future<Output = Result<(), tonic::transport::Error>>,
+    mut stop: watch::Receiver<bool>,
+    drain: Duration,
+) -> Result<(), ServeError> {
+    tokio::select! {
+        r = server => r.map_err(ServeError::from),
+        () = async move {
+            let _ = stop.wait_for(|s| *s).await;
+            tokio::time::sleep(drain).await;
+        } => {
+            tracing::warn!(?drain, "drain timeout reached; closing remaining calls");
+            Ok(())
+        }
     }
-    let incoming = GrpcIncoming::new(grpc_listener, tls);
-    let drain = settings.drain_timeout;
-    let flushed = metrics.clone();
-    let drain_readiness = readiness.clone();
-    let mut grpc_stop = stop_rx.clone();
-    let task = tokio::spawn(async move {
-        let shutdown = async move {
-            let _ = grpc_stop.wait_for(|s| *s).await;
-            drain_readiness.set_draining(true);
-            health_reporter
-                .set_service_status("", tonic_health::ServingStatus::NotServing)
-                .await;
-            health_reporter
-                .set_service_status(rls_name, tonic_health::ServingStatus::NotServing)
-                .await;
-            tracing::info!("shutting down: no new connections, draining in-flight calls");
-        };
-        let server = grpc_server
-            .add_service(health_service)
-            .add_service(rls)
-            .serve_with_incoming_shutdown(incoming, shutdown);
-        let mut drain_stop = stop_rx.clone();
-        let result = tokio::select! {
-            r = server => r.map_err(ServeError::from),
-            () = async move {
-                let _ = drain_stop.wait_for(|s| *s).await;
-                tokio::time::sleep(drain).await;
-            } => {
-                tracing::warn!(?drain, "drain timeout reached; closing remaining calls");
-                Ok(())
-            }
-        };
-        let _ = admin_task.await;
-        if let Some(sweeper) = local_sweeper {
+}
+
+/// What is left to stop once the gRPC server has: the admin listener, the sweepers, the leases
+/// and the metric exporter.
+struct WindDown<B> {
+    admin_task: JoinHandle<()>,
+    local_sweeper: Option<JoinHandle<()>>,
+    lease_sweeper: JoinHandle<()>,
+    limiter: Arc<Limiter<B>>,
+    metrics: Metrics,
+}
+
+impl<B: Backend> WindDown<B> {
+    async fn run(self) {
+        let _ = self.admin_task.await;
+        if let Some(sweeper) = self.local_sweeper {
             sweeper.abort();
         }
         // Calls have drained: no lease is spent any more, so every leased token goes back.
-        let _ = lease_sweeper.await;
-        match tokio::time::timeout(LEASE_RETURN_DEADLINE, lease_limiter.return_all_leases()).await {
+        let _ = self.lease_sweeper.await;
+        match tokio::time::timeout(LEASE_RETURN_DEADLINE, self.limiter.return_all_leases()).await {
             Ok(0) => {}
             Ok(tokens) => tracing::info!(tokens, "leased tokens handed back"),
             Err(_) => tracing::warn!(
@@ -416,23 +528,9 @@ async fn serve<B: Backend>(
             ),
         }
         // Pushes the last OTLP batch; blocks on the exporter, so off the async workers.
-        let _ = tokio::task::spawn_blocking(move || flushed.shutdown()).await;
-        result
-    });
-
-    Ok(Running {
-        grpc_addr,
-        admin_addr,
-        readiness,
-        config,
-        memory_backend: None,
-        metrics,
-        breakers,
-        replicas: parts.replicas,
-        in_flight,
-        stop: stop_tx,
-        task,
-    })
+        let metrics = self.metrics;
+        let _ = tokio::task::spawn_blocking(move || metrics.shutdown()).await;
+    }
 }
 
 /// How long shutdown waits for the backend to take the unused leased tokens back.
@@ -478,6 +576,7 @@ async fn sweep_leases<B: Backend>(
 }
 
 /// The statuses gRPC health reports for the service names sluice serves.
+#[derive(Clone)]
 struct GrpcHealth {
     reporter: tonic_health::server::HealthReporter,
     names: [&'static str; 2],
@@ -614,56 +713,10 @@ impl Heartbeat {
     }
 }
 
-/// Bounds of an in-process bucket store: the memory backend, or the `local` policy's buckets.
-fn memory_options(settings: &Settings) -> MemoryOptions {
-    MemoryOptions {
-        max_buckets: settings.memory_max_buckets,
-        max_buckets_per_rule: settings
-            .security
-            .memory_max_buckets_per_rule
-            .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
-        ..MemoryOptions::default()
-    }
-}
-
 fn explain_options(settings: &Settings) -> crate::explain::ExplainOptions {
     crate::explain::ExplainOptions {
         key_prefix: settings.key_prefix.clone(),
         default_failure_mode: settings.failure_mode.into(),
-    }
-}
-
-fn metrics_options(settings: &Settings) -> MetricsOptions {
-    let telemetry = &settings.telemetry;
-    MetricsOptions {
-        enabled: telemetry.metrics,
-        near_limit_ratio: telemetry.near_limit_ratio,
-        detailed_max_values: telemetry.metrics_detailed_max_values,
-        otlp: telemetry.otlp.clone(),
-        redis_timeout: (settings.backend == BackendKind::Redis).then_some(settings.redis_timeout),
-    }
-}
-
-fn redis_options(settings: &Settings) -> RedisOptions {
-    RedisOptions {
-        urls: settings.redis_url.clone(),
-        mode: match settings.redis_mode {
-            RedisModeArg::Standalone => RedisMode::Standalone,
-            RedisModeArg::Cluster => RedisMode::Cluster,
-            RedisModeArg::Sentinel => RedisMode::Sentinel,
-        },
-        sentinel_master: Some(settings.redis_sentinel_master.clone()),
-        connect_timeout: settings.redis_connect_timeout,
-        command_timeout: settings.redis_timeout,
-        breaker: BreakerSettings {
-            failure_threshold: settings.breaker_failures,
-            cooldown: settings.breaker_cooldown,
-        },
-        expiry_jitter_max: settings.expiry_jitter_max,
-        batch: BatchSettings {
-            max_keys: usize::try_from(settings.redis_max_batch).unwrap_or(usize::MAX),
-            in_flight: usize::try_from(settings.redis_batch_calls).unwrap_or(usize::MAX),
-        },
     }
 }
 

@@ -21,6 +21,7 @@ use crate::limiter::{Code, Decision, LimitError, Limiter, Status};
 use crate::request::{Entry, LimitOverride, LimitRequest, RequestDescriptor};
 use crate::rule::Unit;
 use crate::security::CallerPolicy;
+use crate::settings::Settings;
 use crate::telemetry::{Metrics, Outcome, traces};
 
 /// Size bounds on incoming requests; anything larger is `INVALID_ARGUMENT`.
@@ -35,16 +36,23 @@ pub struct RequestBounds {
     pub policy: CallerPolicy,
 }
 
-impl Default for RequestBounds {
-    fn default() -> Self {
+impl From<&Settings> for RequestBounds {
+    fn from(settings: &Settings) -> Self {
         RequestBounds {
-            max_message_bytes: 64 * 1024,
-            max_descriptors: 64,
-            max_entries: 32,
-            max_key_bytes: 256,
-            max_value_bytes: 4096,
-            policy: CallerPolicy::default(),
+            max_message_bytes: settings.max_message_bytes,
+            max_descriptors: settings.max_descriptors,
+            max_entries: settings.max_entries,
+            max_key_bytes: settings.max_key_bytes,
+            max_value_bytes: settings.max_value_bytes,
+            policy: CallerPolicy::from(&settings.security.callers),
         }
+    }
+}
+
+impl Default for RequestBounds {
+    /// Every bound at its flag's default; callers trusted.
+    fn default() -> Self {
+        RequestBounds::from(&Settings::defaults())
     }
 }
 
@@ -61,16 +69,23 @@ pub struct HeaderOptions {
     pub degraded: String,
 }
 
-impl Default for HeaderOptions {
-    fn default() -> Self {
+impl From<&Settings> for HeaderOptions {
+    fn from(settings: &Settings) -> Self {
         HeaderOptions {
-            enabled: true,
-            limit: "x-ratelimit-limit".into(),
-            remaining: "x-ratelimit-remaining".into(),
-            reset: "x-ratelimit-reset".into(),
-            retry_after: "retry-after".into(),
-            degraded: "x-ratelimit-degraded".into(),
+            enabled: settings.response_headers,
+            limit: settings.header_limit.clone(),
+            remaining: settings.header_remaining.clone(),
+            reset: settings.header_reset.clone(),
+            retry_after: settings.header_retry_after.clone(),
+            degraded: settings.header_degraded.clone(),
         }
+    }
+}
+
+impl Default for HeaderOptions {
+    /// Headers on, every name at its flag's default.
+    fn default() -> Self {
+        HeaderOptions::from(&Settings::defaults())
     }
 }
 

@@ -34,8 +34,7 @@ pub async fn serve(addr: SocketAddr) -> Result<(), String> {
     println!("noop ready grpc={bound}");
     // sluice's own accept loop (TCP_NODELAY, no TLS), so both servers see the same sockets.
     let incoming = sluice::security::tls::GrpcIncoming::new(listener, None);
-    sluice::security::Http2Args::default()
-        .server()
+    sluice::security::grpc_server(&sluice::settings::Http2Args::default())
         .add_service(RateLimitServiceServer::new(Noop))
         .serve_with_incoming_shutdown(incoming, sluice::server::shutdown_signal())
         .await

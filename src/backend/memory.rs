@@ -30,6 +30,7 @@ use crate::algorithm::{self, Demand, State, Verdict};
 use crate::backend::{Backend, BackendError, Hit};
 use crate::clock::SharedClock;
 use crate::rule::RuleId;
+use crate::settings::Settings;
 
 /// Buckets looked at when a shard must evict one that is not yet full again.
 const EVICTION_SAMPLE: usize = 8;
@@ -48,13 +49,27 @@ pub struct MemoryOptions {
     pub max_buckets_per_rule: Option<usize>,
 }
 
-impl Default for MemoryOptions {
-    fn default() -> Self {
+/// Independently locked maps of a store built from settings (not a flag).
+const SHARDS: usize = 64;
+
+impl From<&Settings> for MemoryOptions {
+    /// The memory backend's bounds, and the same for the `local` failure policy's buckets.
+    fn from(settings: &Settings) -> Self {
         MemoryOptions {
-            max_buckets: 1_000_000,
-            shards: 64,
-            max_buckets_per_rule: None,
+            max_buckets: settings.memory_max_buckets,
+            shards: SHARDS,
+            max_buckets_per_rule: settings
+                .security
+                .memory_max_buckets_per_rule
+                .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
         }
+    }
+}
+
+impl Default for MemoryOptions {
+    /// `--memory-max-buckets` and `--memory-max-buckets-per-rule` at their defaults.
+    fn default() -> Self {
+        MemoryOptions::from(&Settings::defaults())
     }
 }
 

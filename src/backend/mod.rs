@@ -4,14 +4,15 @@
 //! [`crate::algorithm`] (each key by its own algorithm); `integration/conformance.rs` runs one
 //! suite against each so they cannot drift.
 
+pub mod breaker;
 pub mod memory;
 pub mod redis;
 
 use std::future::Future;
 use std::sync::Arc;
 
+use self::breaker::BreakerSet;
 use crate::algorithm::{Algorithm, BucketParams, Demand, Verdict};
-use crate::resilience::breaker::BreakerSet;
 use crate::rule::RuleId;
 
 /// One bucket touched by a request.

@@ -1,7 +1,7 @@
 //! What happens when Redis is slow or gone, decided in pure code with an injected clock.
 //!
-//! - [`breaker`]: a circuit breaker per Redis endpoint (per node in Cluster mode); the Redis
-//!   backend consults it before every call and reports every outcome.
+//! - [`breaker`]: the circuit breakers of the Redis endpoints live with the backend that consults
+//!   them ([`crate::backend::breaker`]); re-exported here, where readiness reads their states.
 //! - [`over_limit`]: the local over-limit cache: a bucket Redis rejected with retry-after R is
 //!   answered OVER_LIMIT locally until R.
 //! - [`local`]: the `local` failure policy's in-process buckets (limit / N replicas).
@@ -12,7 +12,7 @@
 //! UNAVAILABLE) is applied per descriptor by [`crate::limiter`], which owns a [`Resilience`].
 //! Deadlines are enforced where the calls are made (`--redis-timeout`, in the Redis backend).
 
-pub mod breaker;
+pub use crate::backend::breaker;
 pub mod in_flight;
 pub mod local;
 pub mod notice;

@@ -35,7 +35,7 @@ use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-use super::TlsArgs;
+use crate::settings::TlsArgs;
 
 /// Handshakes in progress at once; further connections wait in the kernel's accept queue.
 const MAX_PENDING_HANDSHAKES: usize = 1024;

@@ -20,14 +20,17 @@ use opentelemetry_otlp::WithExportConfig as _;
 use opentelemetry_sdk::metrics::{Instrument, PeriodicReader, SdkMeterProvider, Stream};
 use prometheus::Encoder as _;
 
-use super::otlp::{self, OtlpSettings};
+use super::otlp;
 use super::rules::{Counter, RuleMetrics};
+use super::traces;
 use crate::backend::BackendError;
+use crate::backend::redis::RedisObserver;
 use crate::clock::Stopwatch;
 use crate::config::{Config, ConfigStore};
 use crate::lease::LeaseStore;
 use crate::limiter::Decision;
 use crate::request::LimitRequest;
+use crate::settings::{BackendKind, OtlpSettings, Settings};
 
 /// Upper bounds (seconds) of the latency histograms: sub-millisecond steps, then up to and past
 /// Envoy's 20 ms filter timeout.
@@ -93,7 +96,7 @@ impl Outcome {
 }
 
 /// A circuit breaker's state, as the `state` label of `sluice_redis_breaker_state`.
-pub use crate::resilience::breaker::BreakerState;
+pub use crate::backend::breaker::BreakerState;
 
 /// One endpoint's breaker, as a registered source reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -115,15 +118,24 @@ pub struct MetricsOptions {
     pub redis_timeout: Option<Duration>,
 }
 
-impl Default for MetricsOptions {
-    fn default() -> Self {
+impl From<&Settings> for MetricsOptions {
+    fn from(settings: &Settings) -> Self {
+        let telemetry = &settings.telemetry;
         MetricsOptions {
-            enabled: true,
-            near_limit_ratio: 0.8,
-            detailed_max_values: 100,
-            otlp: OtlpSettings::default(),
-            redis_timeout: None,
+            enabled: telemetry.metrics,
+            near_limit_ratio: telemetry.near_limit_ratio,
+            detailed_max_values: telemetry.metrics_detailed_max_values,
+            otlp: telemetry.otlp.clone(),
+            redis_timeout: (settings.backend == BackendKind::Redis)
+                .then_some(settings.redis_timeout),
         }
+    }
+}
+
+impl Default for MetricsOptions {
+    /// Every flag at its default (the memory backend, so no Redis metrics); no OTLP push.
+    fn default() -> Self {
+        MetricsOptions::from(&Settings::defaults())
     }
 }
 
@@ -138,8 +150,6 @@ pub enum MetricsError {
 
 type BreakerSource = Box<dyn Fn() -> Vec<BreakerReading> + Send + Sync>;
 type GaugeSource = Box<dyn Fn() -> u64 + Send + Sync>;
-/// A `sluice_lease_*` counter: name, description, and how to read it from the store.
-type LeaseCounter = (&'static str, &'static str, fn(&LeaseStore) -> u64);
 
 /// The atomics and sources the observable instruments read.
 struct Shared {
@@ -304,7 +314,7 @@ impl Metrics {
         }
     }
 
-    /// The handle the Redis backend records its calls with.
+    /// The observer the Redis backend reports its calls to.
     pub fn redis_calls(&self) -> RedisCalls {
         RedisCalls(self.0.clone())
     }
@@ -367,7 +377,7 @@ impl Inner {
     }
 }
 
-/// Records Redis calls: latency, and failures by kind. Empty when metrics are off.
+/// Observes the Redis backend's calls: spans always, metrics when they are on.
 #[derive(Clone, Default)]
 pub struct RedisCalls(Option<Arc<Inner>>);
 
@@ -379,30 +389,32 @@ impl std::fmt::Debug for RedisCalls {
     }
 }
 
-impl RedisCalls {
-    /// Runs `call`, timing it and counting its failure kind.
-    pub async fn time<T>(
-        &self,
-        call: impl Future<Output = Result<T, BackendError>>,
-    ) -> Result<T, BackendError> {
-        let Some(inner) = &self.0 else {
-            return call.await;
-        };
-        let started = Stopwatch::start();
-        let result = call.await;
-        inner
-            .redis_duration
-            .record(started.elapsed().as_secs_f64(), &[]);
-        if let Err(e) = &result
+/// Every Redis call gets a client span (exported with `--tracing`); with metrics on, a
+/// decision's calls are timed and their failures counted by kind, and batch sizes recorded.
+impl RedisObserver for RedisCalls {
+    fn call_span(&self, keys: usize, server: &str, slot: Option<u16>) -> tracing::Span {
+        traces::redis_span(keys, Some(server), slot)
+    }
+
+    fn call_failed(&self, span: &tracing::Span, error: &BackendError) {
+        traces::record_redis_error(span, error);
+    }
+
+    fn times_calls(&self) -> bool {
+        self.0.is_some()
+    }
+
+    fn call_timed(&self, elapsed: Duration, outcome: Result<(), &BackendError>) {
+        let Some(inner) = &self.0 else { return };
+        inner.redis_duration.record(elapsed.as_secs_f64(), &[]);
+        if let Err(e) = outcome
             && let Some(i) = REDIS_ERROR_KINDS.iter().position(|k| *k == e.kind())
         {
             inner.shared.redis_errors[i].fetch_add(1, Ordering::Relaxed);
         }
-        result
     }
 
-    /// Counts one batched script call of `requests` requests.
-    pub fn batch(&self, requests: usize) {
+    fn batch_sent(&self, requests: usize) {
         if let Some(inner) = &self.0 {
             inner.redis_batch.record(requests as u64, &[]);
         }
@@ -429,6 +441,177 @@ fn rule_series_view(instrument: &Instrument) -> Option<Stream> {
         .flatten()
 }
 
+/// Where an observable's reader reports its points: a value and its attributes.
+type Points<'a, T> = &'a mut dyn FnMut(T, &[KeyValue]);
+
+/// The instrument kind of an observable, with the function that reads its points at collection
+/// time.
+#[derive(Clone, Copy)]
+enum Reading {
+    Counter(fn(&Shared, Points<'_, u64>)),
+    Gauge(fn(&Shared, Points<'_, u64>)),
+    GaugeF64(fn(&Shared, Points<'_, f64>)),
+}
+
+/// One observable instrument (no unit: the exports carry none).
+struct Observable {
+    name: &'static str,
+    description: &'static str,
+    reading: Reading,
+}
+
+/// Every observable but the per-rule counters ([`Counter::ALL`]).
+const OBSERVABLES: &[Observable] = &[
+    Observable {
+        name: "ratelimit_service_total_requests",
+        description: "ShouldRateLimit calls, by outcome (ok, over_limit, or the gRPC error)",
+        reading: Reading::Counter(|s, points| {
+            for outcome in Outcome::ALL {
+                points(
+                    s.outcomes[outcome.index()].load(Ordering::Relaxed),
+                    &[
+                        KeyValue::new("grpc_method", "ShouldRateLimit"),
+                        KeyValue::new("outcome", outcome.as_str()),
+                    ],
+                );
+            }
+        }),
+    },
+    Observable {
+        name: "ratelimit_service_should_rate_limit_error",
+        description: "ShouldRateLimit calls that failed: redis_error (backend unavailable and the failure policy is error), service_error (invalid request)",
+        reading: Reading::Counter(|s, points| {
+            let n = |o: Outcome| s.outcomes[o.index()].load(Ordering::Relaxed);
+            points(
+                n(Outcome::Unavailable) + n(Outcome::ResourceExhausted),
+                &[KeyValue::new("err_type", "redis_error")],
+            );
+            points(
+                n(Outcome::InvalidArgument) + n(Outcome::Error),
+                &[KeyValue::new("err_type", "service_error")],
+            );
+        }),
+    },
+    Observable {
+        name: "ratelimit_service_config_load_success",
+        description: "Config sets activated (the initial load included)",
+        reading: Reading::Counter(|s, points| points(s.config.load_counts().0, &[])),
+    },
+    Observable {
+        name: "ratelimit_service_config_load_error",
+        description: "Config sets rejected (the last good config stayed active)",
+        reading: Reading::Counter(|s, points| points(s.config.load_counts().1, &[])),
+    },
+    Observable {
+        name: "sluice_config_last_load_failed",
+        description: "1 while the most recent config set was rejected (until a good one is activated)",
+        reading: Reading::Gauge(|s, points| {
+            points(u64::from(s.config.last_rejected().is_some()), &[]);
+        }),
+    },
+    Observable {
+        name: "sluice_config_info",
+        description: "The active config: digest (the version replicas can be compared by), domains and rules",
+        reading: Reading::Gauge(|s, points| {
+            let active = s.config.active().load();
+            points(
+                1,
+                &[
+                    KeyValue::new("digest", active.digest().to_owned()),
+                    KeyValue::new("domains", active.domains().count() as i64),
+                    KeyValue::new("rules", active.rule_count() as i64),
+                ],
+            );
+        }),
+    },
+    Observable {
+        name: "sluice_unknown_domain_total",
+        description: "ShouldRateLimit calls for a domain the config does not have (answered OK)",
+        reading: Reading::Counter(|s, points| {
+            points(s.unknown_domain.load(Ordering::Relaxed), &[]);
+        }),
+    },
+    Observable {
+        name: "sluice_degraded_decisions_total",
+        description: "Descriptors decided by a failure policy because the backend could not answer",
+        reading: Reading::Counter(|s, points| s.rules.each_degraded(points)),
+    },
+    Observable {
+        name: "sluice_lease_local_total",
+        description: "Hits of rules with `lease` paid from a local lease, with no backend call",
+        reading: Reading::Counter(|s, points| read_leases(s, LeaseStore::local_total, points)),
+    },
+    Observable {
+        name: "sluice_lease_refill_total",
+        description: "Backend calls that refilled a lease (a lease take that was granted)",
+        reading: Reading::Counter(|s, points| read_leases(s, LeaseStore::refill_total, points)),
+    },
+    Observable {
+        name: "sluice_lease_returned_tokens_total",
+        description: "Leased tokens handed back to the backend: expired, or at shutdown",
+        reading: Reading::Counter(|s, points| read_leases(s, LeaseStore::returned_total, points)),
+    },
+    Observable {
+        name: "sluice_redis_errors_total",
+        description: "Redis decisions that failed, by kind",
+        reading: Reading::Counter(|s, points| {
+            if s.redis_timeout.is_none() {
+                return;
+            }
+            for (i, kind) in REDIS_ERROR_KINDS.iter().enumerate() {
+                points(
+                    s.redis_errors[i].load(Ordering::Relaxed),
+                    &[KeyValue::new("kind", *kind)],
+                );
+            }
+        }),
+    },
+    Observable {
+        name: "sluice_redis_timeout_seconds",
+        description: "Deadline of one Redis decision (--redis-timeout)",
+        reading: Reading::GaugeF64(|s, points| {
+            if let Some(timeout) = s.redis_timeout {
+                points(timeout.as_secs_f64(), &[]);
+            }
+        }),
+    },
+    Observable {
+        name: "sluice_memory_buckets",
+        description: "Buckets the memory backend holds",
+        reading: Reading::Gauge(|s, points| {
+            if let Some(source) = lock(&s.memory_buckets).as_ref() {
+                points(source(), &[]);
+            }
+        }),
+    },
+    Observable {
+        name: "sluice_redis_breaker_state",
+        description: "Circuit breaker per Redis endpoint: 1 for its current state, 0 for the others",
+        reading: Reading::Gauge(|s, points| {
+            for source in lock(&s.breakers).iter() {
+                for reading in source() {
+                    for state in BreakerState::ALL {
+                        points(
+                            u64::from(reading.state == state),
+                            &[
+                                KeyValue::new("endpoint", reading.endpoint.clone()),
+                                KeyValue::new("state", state.as_str()),
+                            ],
+                        );
+                    }
+                }
+            }
+        }),
+    },
+];
+
+/// A `sluice_lease_*` counter, once the limiter's lease store is observed.
+fn read_leases(s: &Shared, read: fn(&LeaseStore) -> u64, points: Points<'_, u64>) {
+    if let Some(store) = lock(&s.leases).as_ref() {
+        points(read(store), &[]);
+    }
+}
+
 /// Every counter and gauge, read from `shared` at collection time.
 fn register_observables(meter: &Meter, shared: &Arc<Shared>) {
     for counter in Counter::ALL {
@@ -442,192 +625,31 @@ fn register_observables(meter: &Meter, shared: &Arc<Shared>) {
             })
             .build();
     }
-
-    let s = shared.clone();
-    meter
-        .u64_observable_counter("ratelimit_service_total_requests")
-        .with_description("ShouldRateLimit calls, by outcome (ok, over_limit, or the gRPC error)")
-        .with_callback(move |observer| {
-            for outcome in Outcome::ALL {
-                observer.observe(
-                    s.outcomes[outcome.index()].load(Ordering::Relaxed),
-                    &[
-                        KeyValue::new("grpc_method", "ShouldRateLimit"),
-                        KeyValue::new("outcome", outcome.as_str()),
-                    ],
-                );
-            }
-        })
-        .build();
-
-    let s = shared.clone();
-    meter
-        .u64_observable_counter("ratelimit_service_should_rate_limit_error")
-        .with_description("ShouldRateLimit calls that failed: redis_error (backend unavailable and the failure policy is error), service_error (invalid request)")
-        .with_callback(move |observer| {
-            let n = |o: Outcome| s.outcomes[o.index()].load(Ordering::Relaxed);
-            observer.observe(
-                n(Outcome::Unavailable) + n(Outcome::ResourceExhausted),
-                &[KeyValue::new("err_type", "redis_error")],
-            );
-            observer.observe(
-                n(Outcome::InvalidArgument) + n(Outcome::Error),
-                &[KeyValue::new("err_type", "service_error")],
-            );
-        })
-        .build();
-
-    let s = shared.clone();
-    meter
-        .u64_observable_counter("ratelimit_service_config_load_success")
-        .with_description("Config sets activated (the initial load included)")
-        .with_callback(move |observer| observer.observe(s.config.load_counts().0, &[]))
-        .build();
-    let s = shared.clone();
-    meter
-        .u64_observable_counter("ratelimit_service_config_load_error")
-        .with_description("Config sets rejected (the last good config stayed active)")
-        .with_callback(move |observer| observer.observe(s.config.load_counts().1, &[]))
-        .build();
-    let s = shared.clone();
-    meter
-        .u64_observable_gauge("sluice_config_last_load_failed")
-        .with_description(
-            "1 while the most recent config set was rejected (until a good one is activated)",
-        )
-        .with_callback(move |observer| {
-            observer.observe(u64::from(s.config.last_rejected().is_some()), &[]);
-        })
-        .build();
-    let s = shared.clone();
-    meter
-        .u64_observable_gauge("sluice_config_info")
-        .with_description("The active config: digest (the version replicas can be compared by), domains and rules")
-        .with_callback(move |observer| {
-            let active = s.config.active().load();
-            observer.observe(
-                1,
-                &[
-                    KeyValue::new("digest", active.digest().to_owned()),
-                    KeyValue::new("domains", active.domains().count() as i64),
-                    KeyValue::new("rules", active.rule_count() as i64),
-                ],
-            );
-        })
-        .build();
-
-    let s = shared.clone();
-    meter
-        .u64_observable_counter("sluice_unknown_domain_total")
-        .with_description(
-            "ShouldRateLimit calls for a domain the config does not have (answered OK)",
-        )
-        .with_callback(move |observer| {
-            observer.observe(s.unknown_domain.load(Ordering::Relaxed), &[]);
-        })
-        .build();
-
-    let s = shared.clone();
-    meter
-        .u64_observable_counter("sluice_degraded_decisions_total")
-        .with_description(
-            "Descriptors decided by a failure policy because the backend could not answer",
-        )
-        .with_callback(move |observer| {
-            s.rules
-                .each_degraded(&mut |value, attrs| observer.observe(value, attrs));
-        })
-        .build();
-
-    let leased: [LeaseCounter; 3] = [
-        (
-            "sluice_lease_local_total",
-            "Hits of rules with `lease` paid from a local lease, with no backend call",
-            LeaseStore::local_total,
-        ),
-        (
-            "sluice_lease_refill_total",
-            "Backend calls that refilled a lease (a lease take that was granted)",
-            LeaseStore::refill_total,
-        ),
-        (
-            "sluice_lease_returned_tokens_total",
-            "Leased tokens handed back to the backend: expired, or at shutdown",
-            LeaseStore::returned_total,
-        ),
-    ];
-    for (name, description, read) in leased {
+    for observable in OBSERVABLES {
         let s = shared.clone();
-        meter
-            .u64_observable_counter(name)
-            .with_description(description)
-            .with_callback(move |observer| {
-                if let Some(store) = lock(&s.leases).as_ref() {
-                    observer.observe(read(store), &[]);
-                }
-            })
-            .build();
+        let (name, description) = (observable.name, observable.description);
+        match observable.reading {
+            Reading::Counter(read) => {
+                meter
+                    .u64_observable_counter(name)
+                    .with_description(description)
+                    .with_callback(move |o| read(&s, &mut |v, attrs| o.observe(v, attrs)))
+                    .build();
+            }
+            Reading::Gauge(read) => {
+                meter
+                    .u64_observable_gauge(name)
+                    .with_description(description)
+                    .with_callback(move |o| read(&s, &mut |v, attrs| o.observe(v, attrs)))
+                    .build();
+            }
+            Reading::GaugeF64(read) => {
+                meter
+                    .f64_observable_gauge(name)
+                    .with_description(description)
+                    .with_callback(move |o| read(&s, &mut |v, attrs| o.observe(v, attrs)))
+                    .build();
+            }
+        }
     }
-
-    let s = shared.clone();
-    meter
-        .u64_observable_counter("sluice_redis_errors_total")
-        .with_description("Redis decisions that failed, by kind")
-        .with_callback(move |observer| {
-            if s.redis_timeout.is_none() {
-                return;
-            }
-            for (i, kind) in REDIS_ERROR_KINDS.iter().enumerate() {
-                observer.observe(
-                    s.redis_errors[i].load(Ordering::Relaxed),
-                    &[KeyValue::new("kind", *kind)],
-                );
-            }
-        })
-        .build();
-
-    let s = shared.clone();
-    meter
-        .f64_observable_gauge("sluice_redis_timeout_seconds")
-        .with_description("Deadline of one Redis decision (--redis-timeout)")
-        .with_callback(move |observer| {
-            if let Some(timeout) = s.redis_timeout {
-                observer.observe(timeout.as_secs_f64(), &[]);
-            }
-        })
-        .build();
-
-    let s = shared.clone();
-    meter
-        .u64_observable_gauge("sluice_memory_buckets")
-        .with_description("Buckets the memory backend holds")
-        .with_callback(move |observer| {
-            if let Some(source) = lock(&s.memory_buckets).as_ref() {
-                observer.observe(source(), &[]);
-            }
-        })
-        .build();
-
-    let s = shared.clone();
-    meter
-        .u64_observable_gauge("sluice_redis_breaker_state")
-        .with_description(
-            "Circuit breaker per Redis endpoint: 1 for its current state, 0 for the others",
-        )
-        .with_callback(move |observer| {
-            for source in lock(&s.breakers).iter() {
-                for reading in source() {
-                    for state in BreakerState::ALL {
-                        observer.observe(
-                            u64::from(reading.state == state),
-                            &[
-                                KeyValue::new("endpoint", reading.endpoint.clone()),
-                                KeyValue::new("state", state.as_str()),
-                            ],
-                        );
-                    }
-                }
-            }
-        })
-        .build();
 }

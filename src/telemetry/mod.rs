@@ -8,8 +8,8 @@
 //! - [`traces`]: the span per `ShouldRateLimit` and per Redis call, W3C `traceparent` intake.
 //! - [`otlp`]: which OTLP exporters the standard `OTEL_*` variables ask for.
 //!
-//! Metrics belong to one server ([`crate::server::start`] builds them), so tests can run several
-//! servers in one process. Logs and traces hang off the process-wide `tracing` subscriber that
+//! Metrics belong to one server (the server builds them), so tests can run several servers in
+//! one process. Logs and traces hang off the process-wide `tracing` subscriber that
 //! [`init`] installs once, in `main`.
 
 pub mod metrics;
@@ -24,76 +24,8 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 pub use metrics::{BreakerReading, BreakerState, Metrics, MetricsOptions, Outcome, RedisCalls};
-pub use otlp::OtlpSettings;
 
-use crate::settings::LogFormat;
-
-/// Telemetry settings of `sluice serve`; every flag also reads `SLUICE_<FLAG_IN_CAPS>`.
-#[derive(Clone, Debug, clap::Args)]
-pub struct TelemetryArgs {
-    /// Keep metrics: serve them at GET /metrics on the admin listener and export them by OTLP
-    /// when OTEL_EXPORTER_OTLP_ENDPOINT is set. `false` removes all metric work from requests.
-    #[arg(long = "metrics", env = "SLUICE_METRICS", default_value_t = true, action = clap::ArgAction::Set)]
-    pub metrics: bool,
-
-    /// Share of a bucket's capacity that, once used, counts hits as near limit
-    /// (ratelimit_service_rate_limit_near_limit); in (0, 1].
-    #[arg(long, env = "SLUICE_NEAR_LIMIT_RATIO", default_value_t = 0.8, value_parser = parse_near_limit_ratio)]
-    pub near_limit_ratio: f64,
-
-    /// Most distinct descriptor values one `detailed_metric` rule gets its own series for; later
-    /// values are counted in the rule's own series.
-    #[arg(
-        long,
-        env = "SLUICE_METRICS_DETAILED_MAX_VALUES",
-        default_value_t = 100
-    )]
-    pub metrics_detailed_max_values: usize,
-
-    /// Export traces by OTLP/gRPC (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or
-    /// OTEL_EXPORTER_OTLP_ENDPOINT, default http://localhost:4317): a span per ShouldRateLimit
-    /// and per Redis call.
-    #[arg(long = "tracing", env = "SLUICE_TRACING", default_value_t = false, action = clap::ArgAction::Set)]
-    pub tracing: bool,
-
-    /// Share of requests without a sampled parent that are traced, in [0, 1]. A W3C
-    /// `traceparent` from the caller decides for its own requests. Unset: OTEL_TRACES_SAMPLER
-    /// (and _ARG), else every request.
-    #[arg(long, env = "SLUICE_TRACE_SAMPLING_RATIO", value_parser = parse_sampling_ratio)]
-    pub trace_sampling_ratio: Option<f64>,
-
-    /// OTLP endpoints and intervals, read from the standard `OTEL_*` variables by `main`
-    /// ([`OtlpSettings::from_env`]); tests set them directly.
-    #[arg(skip)]
-    pub otlp: OtlpSettings,
-}
-
-impl Default for TelemetryArgs {
-    fn default() -> Self {
-        TelemetryArgs {
-            metrics: true,
-            near_limit_ratio: 0.8,
-            metrics_detailed_max_values: 100,
-            tracing: false,
-            trace_sampling_ratio: None,
-            otlp: OtlpSettings::default(),
-        }
-    }
-}
-
-fn parse_near_limit_ratio(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(r) if r > 0.0 && r <= 1.0 => Ok(r),
-        _ => Err(format!("`{s}` is not a ratio in (0, 1]")),
-    }
-}
-
-fn parse_sampling_ratio(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
-        _ => Err(format!("`{s}` is not a ratio in [0, 1]")),
-    }
-}
+use crate::settings::{LogFormat, TelemetryArgs};
 
 /// What [`init`] started; [`TelemetryGuard::shutdown`] flushes the spans still buffered.
 #[derive(Default)]

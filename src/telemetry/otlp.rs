@@ -7,25 +7,14 @@
 //! `OTEL_TRACES_SAMPLER`, `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`).
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::Resource;
 
+use crate::settings::OtlpSettings;
+
 /// The OTLP/gRPC default endpoint (the OpenTelemetry Collector's port on this host).
 pub const DEFAULT_ENDPOINT: &str = "http://localhost:4317";
-
-/// Where (and whether) OTLP exports go.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct OtlpSettings {
-    /// Metrics are pushed here; `None`: no OTLP metrics (Prometheus text only).
-    pub metrics_endpoint: Option<String>,
-    /// Spans go here when tracing is on; `None`: no span export (`OTEL_TRACES_EXPORTER=none`,
-    /// `OTEL_SDK_DISABLED=true`).
-    pub traces_endpoint: Option<String>,
-    /// Push interval of metrics; `None`: `OTEL_METRIC_EXPORT_INTERVAL`, else 60 s.
-    pub metric_interval: Option<Duration>,
-}
 
 impl OtlpSettings {
     /// Reads the process environment.

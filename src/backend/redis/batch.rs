@@ -20,20 +20,17 @@
 //! in them): a check whose caller gave up before its batch left is dropped from it, so a queue
 //! that outgrew the deadline sheds load instead of spending Redis on answers nobody reads.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+use super::observer::{self, SharedObserver};
 use super::{bounded, classify, script};
 use crate::algorithm::Verdict;
 use crate::backend::{BackendError, Hit};
-use crate::telemetry::metrics::RedisCalls;
-
-/// Where a batch worker counts its calls: set once the backend is given its metrics, which may
-/// be after the worker started (Sentinel mode starts one per resolved master).
-pub(super) type BatchMetrics = Arc<OnceLock<RedisCalls>>;
+use crate::settings::Settings;
 
 /// How checks share script calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,12 +42,19 @@ pub struct BatchSettings {
     pub in_flight: usize,
 }
 
-impl Default for BatchSettings {
-    fn default() -> Self {
+impl From<&Settings> for BatchSettings {
+    fn from(settings: &Settings) -> Self {
         BatchSettings {
-            max_keys: 128,
-            in_flight: 2,
+            max_keys: usize::try_from(settings.redis_max_batch).unwrap_or(usize::MAX),
+            in_flight: usize::try_from(settings.redis_batch_calls).unwrap_or(usize::MAX),
         }
+    }
+}
+
+impl Default for BatchSettings {
+    /// `--redis-max-batch` and `--redis-batch-calls` at their defaults.
+    fn default() -> Self {
+        BatchSettings::from(&Settings::defaults())
     }
 }
 
@@ -85,13 +89,13 @@ impl Batcher {
         conn: C,
         settings: BatchSettings,
         timeout: Duration,
-        metrics: BatchMetrics,
+        observer: SharedObserver,
     ) -> Batcher
     where
         C: ConnectionLike + Clone + Send + Sync + 'static,
     {
         let (jobs, queue) = mpsc::channel(QUEUE);
-        tokio::spawn(serve(queue, conn, settings, timeout, metrics));
+        tokio::spawn(serve(queue, conn, settings, timeout, observer));
         Batcher { jobs }
     }
 
@@ -123,7 +127,7 @@ async fn serve<C>(
     conn: C,
     settings: BatchSettings,
     timeout: Duration,
-    metrics: BatchMetrics,
+    observer: SharedObserver,
 ) where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
@@ -166,9 +170,7 @@ async fn serve<C>(
         if batch.is_empty() {
             continue;
         }
-        if let Some(calls) = metrics.get() {
-            calls.batch(batch.len());
-        }
+        observer::current(&observer).batch_sent(batch.len());
         let mut conn = conn.clone();
         let args = batch[0].args;
         tokio::spawn(async move {

@@ -29,10 +29,10 @@ use super::{
     Call, PROBE_KEY, RedisOptions, bounded, classify, collect, heartbeat, invalid_url, script,
 };
 use crate::algorithm::Verdict;
+use crate::backend::breaker::{BreakerSet, Endpoint};
 use crate::backend::{BackendError, Hit};
 use crate::clock::SharedClock;
 use crate::key::slot;
-use crate::resilience::breaker::{BreakerSet, Endpoint};
 
 /// The slot view is fetched again at least this often while calls flow (slot migrations).
 const REFRESH_INTERVAL: Duration = Duration::from_secs(5);

@@ -10,7 +10,7 @@
 //! (standalone), a cluster connection that follows MOVED/ASK/TRYAGAIN (Cluster), or a master
 //! resolved through the sentinels and re-resolved after errors so a failover is followed
 //! (Sentinel). Every call is bounded by [`RedisOptions::command_timeout`] and goes through the
-//! circuit breaker of its endpoint ([`crate::resilience::breaker`]): the server in standalone
+//! circuit breaker of its endpoint ([`crate::backend::breaker`]): the server in standalone
 //! mode, the current master in Sentinel mode, the node owning the slot in Cluster mode (from
 //! sluice's own view of the slot map, since the cluster connection hides its routing). An open
 //! breaker fails the call at once with [`BackendError::CircuitOpen`].
@@ -22,6 +22,7 @@
 mod batch;
 mod cluster;
 mod heartbeat;
+mod observer;
 mod script;
 mod sentinel;
 
@@ -34,14 +35,16 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 use tracing::Instrument as _;
 
 use crate::algorithm::{BucketParams, Verdict};
+use crate::backend::breaker::{BreakerSet, BreakerSettings, Endpoint};
 use crate::backend::{Backend, BackendError, Hit};
 use crate::clock::{MonotonicClock, SharedClock};
-use crate::resilience::breaker::{BreakerSet, BreakerSettings, Endpoint};
-use crate::telemetry::{RedisCalls, traces};
+use crate::settings::{RedisModeArg, Settings};
 
 pub use self::batch::BatchSettings;
-use self::batch::{BatchMetrics, Batcher};
+use self::batch::Batcher;
 use self::cluster::ClusterLink;
+use self::observer::SharedObserver;
+pub use self::observer::{RedisObserver, Unobserved};
 use self::sentinel::SentinelLink;
 
 /// How sluice finds its Redis.
@@ -56,19 +59,13 @@ pub enum RedisMode {
     Sentinel,
 }
 
-impl std::str::FromStr for RedisMode {
-    type Err = String;
-
-    /// `standalone`, `cluster` or `sentinel` (the `--redis-mode` spellings), any case.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        [
-            RedisMode::Standalone,
-            RedisMode::Cluster,
-            RedisMode::Sentinel,
-        ]
-        .into_iter()
-        .find(|mode| mode.as_str().eq_ignore_ascii_case(s))
-        .ok_or_else(|| format!("unknown Redis mode `{s}` (standalone, cluster or sentinel)"))
+impl From<RedisModeArg> for RedisMode {
+    fn from(arg: RedisModeArg) -> Self {
+        match arg {
+            RedisModeArg::Standalone => RedisMode::Standalone,
+            RedisModeArg::Cluster => RedisMode::Cluster,
+            RedisModeArg::Sentinel => RedisMode::Sentinel,
+        }
     }
 }
 
@@ -157,18 +154,25 @@ fn redact(url: &str) -> String {
     }
 }
 
-impl Default for RedisOptions {
-    fn default() -> Self {
+impl From<&Settings> for RedisOptions {
+    fn from(settings: &Settings) -> Self {
         RedisOptions {
-            urls: Vec::new(),
-            mode: RedisMode::Standalone,
-            sentinel_master: None,
-            connect_timeout: Duration::from_millis(250),
-            command_timeout: Duration::from_millis(15),
-            breaker: BreakerSettings::default(),
-            expiry_jitter_max: Duration::ZERO,
-            batch: BatchSettings::default(),
+            urls: settings.redis_url.clone(),
+            mode: settings.redis_mode.into(),
+            sentinel_master: Some(settings.redis_sentinel_master.clone()),
+            connect_timeout: settings.redis_connect_timeout,
+            command_timeout: settings.redis_timeout,
+            breaker: BreakerSettings::from(settings),
+            expiry_jitter_max: settings.expiry_jitter_max,
+            batch: BatchSettings::from(settings),
         }
+    }
+}
+
+impl Default for RedisOptions {
+    /// Every option at its flag's default (`--redis-url` included).
+    fn default() -> Self {
+        RedisOptions::from(&Settings::defaults())
     }
 }
 
@@ -182,10 +186,9 @@ pub struct RedisBackend {
     jitter_max_ms: u64,
     /// Test-only override of Redis's clock (see [`RedisBackend::with_test_clock`]).
     test_clock: Option<SharedClock>,
-    /// Latency and failures of every decision's calls (empty unless [`RedisBackend::with_metrics`]).
-    calls: RedisCalls,
-    /// The same, for the batch workers to count their calls' sizes.
-    batch_metrics: BatchMetrics,
+    /// Who is told about every call ([`RedisBackend::observed_by`]; nobody by default), shared
+    /// with the batch workers.
+    observer: SharedObserver,
 }
 
 #[derive(Clone)]
@@ -214,7 +217,7 @@ impl RedisBackend {
             return Err(config_error("no Redis URL given"));
         }
         let clock: SharedClock = Arc::new(MonotonicClock::new());
-        let batch_metrics = BatchMetrics::default();
+        let observer = SharedObserver::default();
         let breakers = BreakerSet::new(opts.breaker, clock.clone());
         let link = match opts.mode {
             RedisMode::Standalone => {
@@ -227,7 +230,7 @@ impl RedisBackend {
                         manager.clone(),
                         opts.batch,
                         opts.command_timeout,
-                        batch_metrics.clone(),
+                        observer.clone(),
                     )
                 });
                 Link::Standalone(manager, breakers.endpoint(&address), batcher)
@@ -245,7 +248,7 @@ impl RedisBackend {
                         master,
                         &opts,
                         breakers.clone(),
-                        batch_metrics.clone(),
+                        observer.clone(),
                     )
                     .await?,
                 )
@@ -257,22 +260,15 @@ impl RedisBackend {
             breakers,
             jitter_max_ms: u64::try_from(opts.expiry_jitter_max.as_millis()).unwrap_or(u64::MAX),
             test_clock: None,
-            calls: RedisCalls::default(),
-            batch_metrics,
+            observer,
         })
     }
 
-    /// Records the latency and failure kind of every decision's Redis calls into `calls`.
-    pub fn with_metrics(mut self, calls: RedisCalls) -> Self {
-        // A second call keeps the batch workers on the first metrics (a server sets them once).
-        let _ = self.batch_metrics.set(calls.clone());
-        self.calls = calls;
+    /// Reports every call (its span, latency, outcome, batch size) to `observer`. Set once, for
+    /// this backend and its clones alike: a second observer is ignored.
+    pub fn observed_by(self, observer: Arc<dyn RedisObserver>) -> Self {
+        let _ = self.observer.set(observer);
         self
-    }
-
-    /// The circuit breakers of this backend's endpoints.
-    pub fn breaker_set(&self) -> &Arc<BreakerSet> {
-        &self.breakers
     }
 
     /// Refreshes this replica's heartbeat in the replica set at `key` and returns how many
@@ -305,18 +301,16 @@ impl RedisBackend {
     }
 
     /// Decides `hits` with one outcome per hit (they differ only in Cluster mode, where each
-    /// node answers or fails on its own). `calls` times and counts the Redis calls.
-    async fn decide_each(
-        &self,
-        hits: &[Hit],
-        calls: &RedisCalls,
-    ) -> Vec<Result<Verdict, BackendError>> {
+    /// node answers or fails on its own). `timed`: the calls are a decision's, reported to the
+    /// observer with their latency (a probe's are not).
+    async fn decide_each(&self, hits: &[Hit], timed: bool) -> Vec<Result<Verdict, BackendError>> {
         if hits.is_empty() {
             return Vec::new();
         }
         let call = Call {
             timeout: self.command_timeout,
-            calls,
+            observer: observer::current(&self.observer),
+            timed,
         };
         let args = script::CallArgs {
             now_ms: self.test_clock.as_ref().map(|clock| clock.now_ms()),
@@ -337,8 +331,8 @@ impl RedisBackend {
     }
 
     /// All-or-nothing: the verdicts, or the first failure.
-    async fn decide(&self, hits: &[Hit], calls: &RedisCalls) -> Result<Vec<Verdict>, BackendError> {
-        self.decide_each(hits, calls).await.into_iter().collect()
+    async fn decide(&self, hits: &[Hit], timed: bool) -> Result<Vec<Verdict>, BackendError> {
+        self.decide_each(hits, timed).await.into_iter().collect()
     }
 }
 
@@ -347,14 +341,14 @@ impl Backend for RedisBackend {
         &self,
         hits: &[Hit],
     ) -> impl Future<Output = Result<Vec<Verdict>, BackendError>> + Send {
-        self.decide(hits, &self.calls)
+        self.decide(hits, true)
     }
 
     fn check_each(
         &self,
         hits: &[Hit],
     ) -> impl Future<Output = Vec<Result<Verdict, BackendError>>> + Send {
-        self.decide_each(hits, &self.calls)
+        self.decide_each(hits, true)
     }
 
     fn name(&self) -> &'static str {
@@ -376,7 +370,7 @@ impl Backend for RedisBackend {
             .map(|key| Hit::new(key, PROBE_PARAMS, 0))
             .collect();
         // A probe is not a decision: its calls are not timed or counted.
-        self.decide(&hits, &RedisCalls::default()).await.map(drop)
+        self.decide(&hits, false).await.map(drop)
     }
 
     fn breakers(&self) -> Option<Arc<BreakerSet>> {
@@ -480,11 +474,13 @@ async fn bounded<T>(
     }
 }
 
-/// What every Redis call of one decision shares: its deadline and its metrics.
+/// What every Redis call of one decision shares: its deadline and who is told about it.
 #[derive(Clone, Copy)]
 struct Call<'a> {
     timeout: Duration,
-    calls: &'a RedisCalls,
+    observer: &'a dyn RedisObserver,
+    /// A decision's call (reported with its latency), not a probe's.
+    timed: bool,
 }
 
 impl Call<'_> {
@@ -502,14 +498,12 @@ impl Call<'_> {
         let Some(permit) = endpoint.admit() else {
             return Err(BackendError::CircuitOpen);
         };
-        let span = traces::redis_span(keys, Some(endpoint.name()), slot);
-        let result = self
-            .calls
-            .time(bounded(self.timeout, call))
+        let span = self.observer.call_span(keys, endpoint.name(), slot);
+        let result = observer::timed(self.observer, self.timed, bounded(self.timeout, call))
             .instrument(span.clone())
             .await;
         if let Err(e) = &result {
-            traces::record_redis_error(&span, e);
+            self.observer.call_failed(&span, e);
         }
         endpoint.record(permit, result.as_ref().map(drop));
         result
@@ -623,20 +617,42 @@ mod tests {
 
     #[test]
     fn modes_parse_from_their_flag_spelling() {
+        use clap::ValueEnum as _;
+        let parse = |s: &str| RedisModeArg::from_str(s, false).map(RedisMode::from);
         for mode in [
             RedisMode::Standalone,
             RedisMode::Cluster,
             RedisMode::Sentinel,
         ] {
-            assert_eq!(mode.to_string().parse::<RedisMode>(), Ok(mode));
+            assert_eq!(parse(&mode.to_string()), Ok(mode));
         }
-        assert_eq!("CLUSTER".parse::<RedisMode>(), Ok(RedisMode::Cluster));
-        assert!("replica".parse::<RedisMode>().is_err());
+        assert_eq!(
+            RedisModeArg::from_str("CLUSTER", true).map(RedisMode::from),
+            Ok(RedisMode::Cluster)
+        );
+        assert!(parse("replica").is_err());
+    }
+
+    #[test]
+    fn default_options_are_the_flag_defaults() {
+        let opts = RedisOptions::default();
+        assert_eq!(opts.urls, ["redis://127.0.0.1:6379"]);
+        assert_eq!(opts.mode, RedisMode::Standalone);
+        assert_eq!(opts.command_timeout, Duration::from_millis(15));
+        assert_eq!(opts.connect_timeout, Duration::from_millis(250));
+        assert_eq!(opts.breaker.failure_threshold, 5);
+        assert_eq!(opts.breaker.cooldown, Duration::from_secs(1));
+        assert_eq!(opts.batch.max_keys, 128);
+        assert_eq!(opts.batch.in_flight, 2);
+        assert_eq!(opts.expiry_jitter_max, Duration::ZERO);
     }
 
     #[tokio::test]
     async fn connect_rejects_inconsistent_options() {
-        let none = RedisOptions::default();
+        let none = RedisOptions {
+            urls: Vec::new(),
+            ..RedisOptions::default()
+        };
         assert!(RedisBackend::connect(none).await.is_err());
         let two = RedisOptions {
             urls: vec!["redis://127.0.0.1:1".into(), "redis://127.0.0.1:2".into()],
@@ -646,6 +662,7 @@ mod tests {
         let nameless = RedisOptions {
             urls: vec!["redis://127.0.0.1:1".into()],
             mode: RedisMode::Sentinel,
+            sentinel_master: None,
             ..RedisOptions::default()
         };
         assert!(RedisBackend::connect(nameless).await.is_err());

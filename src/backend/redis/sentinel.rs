@@ -15,13 +15,14 @@ use redis::aio::MultiplexedConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{AsyncConnectionConfig, Cmd, ConnectionAddr, IntoConnectionInfo, TlsMode, Value};
 
-use super::batch::{BatchMetrics, BatchSettings, Batcher};
+use super::batch::{BatchSettings, Batcher};
+use super::observer::SharedObserver;
 use super::{
     Call, RedisOptions, bounded, classify, heartbeat, invalid_url, is_connection_error, script,
 };
 use crate::algorithm::Verdict;
+use crate::backend::breaker::{BreakerSet, Endpoint};
 use crate::backend::{BackendError, Hit};
-use crate::resilience::breaker::{BreakerSet, Endpoint};
 
 /// After a resolution, the next one waits this long, so a master that stays down costs the
 /// sentinels a few queries per second, not one per request.
@@ -39,7 +40,7 @@ pub(super) struct SentinelLink {
     /// Each master's batch queue is started with these; its worker stops once a failover has
     /// replaced the master and the last check on it is done.
     batch: BatchSettings,
-    batch_metrics: BatchMetrics,
+    observer: SharedObserver,
     command_timeout: Duration,
 }
 
@@ -57,7 +58,7 @@ impl SentinelLink {
         master_name: &str,
         opts: &RedisOptions,
         breakers: Arc<BreakerSet>,
-        batch_metrics: BatchMetrics,
+        observer: SharedObserver,
     ) -> Result<Arc<SentinelLink>, BackendError> {
         let mut sentinels = Vec::with_capacity(urls.len());
         for (index, url) in urls.iter().enumerate() {
@@ -95,7 +96,7 @@ impl SentinelLink {
                 .set_response_timeout(None),
             breakers,
             batch: opts.batch,
-            batch_metrics,
+            observer,
             command_timeout: opts.command_timeout,
         });
         link.resolve(true).await?;
@@ -208,7 +209,7 @@ impl SentinelLink {
                 conn.clone(),
                 self.batch,
                 self.command_timeout,
-                self.batch_metrics.clone(),
+                self.observer.clone(),
             )
         });
         self.master.store(Some(Arc::new(Master {

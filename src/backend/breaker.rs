@@ -17,6 +17,7 @@ use serde::Serialize;
 
 use crate::backend::BackendError;
 use crate::clock::SharedClock;
+use crate::settings::Settings;
 
 /// Where an endpoint's breaker stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -61,12 +62,19 @@ pub struct BreakerSettings {
     pub cooldown: Duration,
 }
 
-impl Default for BreakerSettings {
-    fn default() -> Self {
+impl From<&Settings> for BreakerSettings {
+    fn from(settings: &Settings) -> Self {
         BreakerSettings {
-            failure_threshold: 5,
-            cooldown: Duration::from_secs(1),
+            failure_threshold: settings.breaker_failures,
+            cooldown: settings.breaker_cooldown,
         }
+    }
+}
+
+impl Default for BreakerSettings {
+    /// `--breaker-failures` and `--breaker-cooldown` at their defaults.
+    fn default() -> Self {
+        BreakerSettings::from(&Settings::defaults())
     }
 }
 

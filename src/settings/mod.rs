@@ -1,12 +1,37 @@
 //! Command line and environment → [`Settings`]. Every flag also reads `SLUICE_<FLAG_IN_CAPS>`.
+//!
+//! A leaf: the flags of every subsystem are declared here, and each subsystem builds its own
+//! options from them (`impl From<&Settings> for RedisOptions`, ...). A default lives once, in
+//! its clap attribute; [`Settings::defaults`] is every flag at it, for the `Default` of the
+//! options structs and for tests.
+//!
+//! - [`flags`]: value enums and parsers (`parse_duration`, `--backend`, `--failure-mode`, ...).
+//! - [`config`], [`security`], [`telemetry`], [`xds`]: the flag groups flattened into `serve`.
+//! - [`commands`]: the flags of `check-config` and `explain`.
+
+pub mod commands;
+pub mod config;
+pub mod flags;
+pub mod security;
+pub mod telemetry;
+pub mod xds;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::LazyLock;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, FromArgMatches, Parser, Subcommand};
 
-use crate::rule::FailureMode;
+pub use self::commands::{CheckConfigArgs, ExplainArgs};
+pub use self::config::{ConfigOpsArgs, LoadArgs};
+pub use self::flags::{
+    BackendKind, ConfigSourceArg, FailureModeArg, LogFormat, OutputFormat, RedisModeArg,
+    parse_duration,
+};
+pub use self::security::{CallerArgs, Http2Args, SecurityArgs, TlsArgs};
+pub use self::telemetry::{OtlpSettings, TelemetryArgs};
+pub use self::xds::XdsArgs;
 
 #[derive(Debug, Parser)]
 #[command(name = "sluice", version, about = "Envoy external rate-limit service")]
@@ -20,49 +45,9 @@ pub enum Command {
     /// Serve envoy.service.ratelimit.v3.RateLimitService over gRPC.
     Serve(Box<Settings>),
     /// Validate a config file or directory: exit 0 with a summary, or 1 with file:line errors.
-    CheckConfig(crate::cli::CheckConfigArgs),
+    CheckConfig(CheckConfigArgs),
     /// Show which rule a descriptor reaches (or why none), its bucket and its storage key.
-    Explain(crate::cli::ExplainArgs),
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum BackendKind {
-    /// Embedded in-process buckets (one replica; development, tests).
-    Memory,
-    /// Shared buckets in Redis (standalone, Cluster or Sentinel).
-    Redis,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum RedisModeArg {
-    Standalone,
-    Cluster,
-    Sentinel,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum FailureModeArg {
-    Open,
-    Closed,
-    Local,
-    Error,
-}
-
-impl From<FailureModeArg> for FailureMode {
-    fn from(value: FailureModeArg) -> Self {
-        match value {
-            FailureModeArg::Open => FailureMode::Open,
-            FailureModeArg::Closed => FailureMode::Closed,
-            FailureModeArg::Local => FailureMode::Local,
-            FailureModeArg::Error => FailureMode::Error,
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
+    Explain(ExplainArgs),
 }
 
 /// Everything `serve` needs.
@@ -258,19 +243,34 @@ pub struct Settings {
     pub log_format: LogFormat,
 
     #[command(flatten)]
-    pub config_ops: crate::config::args::ConfigOpsArgs,
+    pub config_ops: ConfigOpsArgs,
 
     #[command(flatten)]
-    pub xds: crate::xds::XdsArgs,
+    pub xds: XdsArgs,
 
     #[command(flatten)]
-    pub security: crate::security::SecurityArgs,
+    pub security: SecurityArgs,
 
     #[command(flatten)]
-    pub telemetry: crate::telemetry::TelemetryArgs,
+    pub telemetry: TelemetryArgs,
 }
 
+/// Every flag at its default, the environment not read; parsed once.
+static DEFAULTS: LazyLock<Settings> = LazyLock::new(|| {
+    let command = Settings::augment_args(clap::Command::new("serve")).mut_args(|arg| arg.env(None));
+    let matches = command
+        .try_get_matches_from(["serve"])
+        .expect("every serve flag has a default or is optional");
+    Settings::from_arg_matches(&matches).expect("defaults parse")
+});
+
 impl Settings {
+    /// Every flag at its clap default, whatever the environment says: the one source of the
+    /// defaults of the options structs built from settings.
+    pub fn defaults() -> Settings {
+        DEFAULTS.clone()
+    }
+
     /// Settings for `config` with every other value at its default (tests, embedding).
     pub fn with_config(config: impl Into<PathBuf>) -> Settings {
         let config = config.into();
@@ -288,43 +288,20 @@ impl Settings {
     }
 }
 
-/// Parses `15ms`, `2s`, `1m`, or a bare number of milliseconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (number, scale_ms) = if let Some(n) = s.strip_suffix("ms") {
-        (n, 1.0)
-    } else if let Some(n) = s.strip_suffix('s') {
-        (n, 1_000.0)
-    } else if let Some(n) = s.strip_suffix('m') {
-        (n, 60_000.0)
-    } else {
-        (s, 1.0)
-    };
-    let value: f64 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("invalid duration `{s}` (examples: 15ms, 2s, 1m)"))?;
-    if !value.is_finite() || value < 0.0 {
-        return Err(format!("invalid duration `{s}`"));
-    }
-    Ok(Duration::from_micros(
-        (value * scale_ms * 1_000.0).round() as u64
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn durations_parse() {
-        assert_eq!(parse_duration("15ms"), Ok(Duration::from_millis(15)));
-        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
-        assert_eq!(parse_duration("7"), Ok(Duration::from_millis(7)));
-        assert!(parse_duration("fast").is_err());
-        assert!(parse_duration("-1s").is_err());
+    fn defaults_are_the_parsed_command_line() {
+        let defaults = Settings::defaults();
+        assert_eq!(defaults.config, None);
+        let parsed = Settings::with_config("c");
+        let with_config = Settings {
+            config: Some("c".into()),
+            ..defaults
+        };
+        assert_eq!(format!("{with_config:?}"), format!("{parsed:?}"));
     }
 
     #[test]
@@ -350,7 +327,7 @@ mod tests {
         );
         assert_eq!(
             s.config_ops.load.default_algorithm,
-            crate::algorithm::Algorithm::TokenBucket
+            sluice_core::algorithm::Algorithm::TokenBucket
         );
     }
 
@@ -372,7 +349,7 @@ mod tests {
         };
         assert_eq!(
             s.config_ops.load.default_algorithm,
-            crate::algorithm::Algorithm::SlidingWindow
+            sluice_core::algorithm::Algorithm::SlidingWindow
         );
         assert_eq!(s.expiry_jitter_max, Duration::from_secs(30));
         assert!(Cli::try_parse_from(["sluice", "serve", "--default-algorithm", "leaky"]).is_err());

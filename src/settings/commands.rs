@@ -1,0 +1,59 @@
+//! Flags of the subcommands other than `serve`.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::config::LoadArgs;
+use super::flags::{FailureModeArg, OutputFormat};
+
+/// `sluice check-config PATH`.
+#[derive(Clone, Debug, Args)]
+pub struct CheckConfigArgs {
+    /// A YAML file or a directory of *.yaml / *.yml files.
+    pub path: PathBuf,
+
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: OutputFormat,
+
+    /// The request bound of `serve --max-entries`: deeper descriptors are reported unreachable.
+    #[arg(long, env = "SLUICE_MAX_ENTRIES", default_value_t = 32)]
+    pub max_entries: usize,
+
+    #[command(flatten)]
+    pub load: LoadArgs,
+}
+
+/// `sluice explain --config PATH --domain D --descriptor k=v,k2=v2`.
+#[derive(Clone, Debug, Args)]
+pub struct ExplainArgs {
+    /// A YAML file or a directory of *.yaml / *.yml files.
+    #[arg(long, env = "SLUICE_CONFIG")]
+    pub config: PathBuf,
+
+    #[arg(long)]
+    pub domain: String,
+
+    /// The request descriptor's entries: key=value[,key=value...]. Write `,` `=` `%` inside a
+    /// key or value as %2C %3D %25.
+    #[arg(long)]
+    pub descriptor: String,
+
+    /// Prefix of storage keys, as `serve --key-prefix`.
+    #[arg(long, env = "SLUICE_KEY_PREFIX", default_value = "sluice:")]
+    pub key_prefix: String,
+
+    /// Failure mode of rules and domains that set none, as `serve --failure-mode`.
+    #[arg(long, env = "SLUICE_FAILURE_MODE", value_enum, default_value = "error")]
+    pub failure_mode: FailureModeArg,
+
+    /// The request bound of `serve --max-entries`.
+    #[arg(long, env = "SLUICE_MAX_ENTRIES", default_value_t = 32)]
+    pub max_entries: usize,
+
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: OutputFormat,
+
+    #[command(flatten)]
+    pub load: LoadArgs,
+}

@@ -1,0 +1,132 @@
+//! The value types of flags: the enums clap parses (`--backend`, `--redis-mode`, ...) and the
+//! parsers of values clap has none for (durations, ratios, algorithms).
+
+use std::time::Duration;
+
+use clap::ValueEnum;
+use sluice_core::algorithm::Algorithm;
+use sluice_core::rule::FailureMode;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendKind {
+    /// Embedded in-process buckets (one replica; development, tests).
+    Memory,
+    /// Shared buckets in Redis (standalone, Cluster or Sentinel).
+    Redis,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RedisModeArg {
+    Standalone,
+    Cluster,
+    Sentinel,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FailureModeArg {
+    Open,
+    Closed,
+    Local,
+    Error,
+}
+
+impl From<FailureModeArg> for FailureMode {
+    fn from(value: FailureModeArg) -> Self {
+        match value {
+            FailureModeArg::Open => FailureMode::Open,
+            FailureModeArg::Closed => FailureMode::Closed,
+            FailureModeArg::Local => FailureMode::Local,
+            FailureModeArg::Error => FailureMode::Error,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Output of `check-config` and `explain`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// For people.
+    Text,
+    /// One JSON document on stdout, for CI bots.
+    Json,
+}
+
+/// Where descriptor configs come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ConfigSourceArg {
+    /// YAML files (`--config`).
+    File,
+    /// An xDS management server over ADS (`--xds-server`).
+    Xds,
+}
+
+/// Parses `15ms`, `2s`, `1m`, or a bare number of milliseconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (number, scale_ms) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1_000.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60_000.0)
+    } else {
+        (s, 1.0)
+    };
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid duration `{s}` (examples: 15ms, 2s, 1m)"))?;
+    if !value.is_finite() || value < 0.0 {
+        return Err(format!("invalid duration `{s}`"));
+    }
+    Ok(Duration::from_micros(
+        (value * scale_ms * 1_000.0).round() as u64
+    ))
+}
+
+/// An algorithm by any of its spellings ([`Algorithm::parse`]).
+pub(super) fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
+    Algorithm::parse(s).ok_or_else(|| {
+        format!(
+            "unknown algorithm `{s}` (expected one of: {})",
+            Algorithm::names()
+        )
+    })
+}
+
+/// A ratio in (0, 1].
+pub(super) fn parse_near_limit_ratio(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if r > 0.0 && r <= 1.0 => Ok(r),
+        _ => Err(format!("`{s}` is not a ratio in (0, 1]")),
+    }
+}
+
+/// A ratio in [0, 1].
+pub(super) fn parse_sampling_ratio(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        _ => Err(format!("`{s}` is not a ratio in [0, 1]")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("15ms"), Ok(Duration::from_millis(15)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("7"), Ok(Duration::from_millis(7)));
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+}
