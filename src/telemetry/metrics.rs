@@ -28,7 +28,7 @@ use crate::backend::redis::RedisObserver;
 use crate::clock::Stopwatch;
 use crate::config::{Config, ConfigStore};
 use crate::lease::LeaseStore;
-use crate::limiter::Decision;
+use crate::decision::Decision;
 use crate::request::LimitRequest;
 use crate::settings::{BackendKind, OtlpSettings, Settings};
 
@@ -296,8 +296,8 @@ impl Metrics {
     ) {
         let Some(inner) = &self.0 else { return };
         let outcome = match decision.overall {
-            crate::limiter::Code::Ok => Outcome::Ok,
-            crate::limiter::Code::OverLimit => Outcome::OverLimit,
+            crate::decision::Code::Ok => Outcome::Ok,
+            crate::decision::Code::OverLimit => Outcome::OverLimit,
         };
         if decision.unknown_domain {
             inner.shared.unknown_domain.fetch_add(1, Ordering::Relaxed);

@@ -21,7 +21,7 @@ use arc_swap::ArcSwap;
 use opentelemetry::KeyValue;
 
 use crate::config::Config;
-use crate::limiter::{Basis, Decision, Status};
+use crate::decision::{Basis, Decision, Status};
 use crate::request::{Entry, LimitRequest};
 use crate::rule::{FailureMode, Rule};
 
@@ -500,7 +500,7 @@ impl RuleMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::{AppliedLimit, Code};
+    use crate::decision::{AppliedLimit, Code};
     use crate::rule::Unit;
 
     fn status(basis: Basis, over: bool, shadow: bool, capacity: u64, remaining: u64) -> Status {

@@ -23,7 +23,7 @@ use tracing_subscriber::{Layer, Registry};
 use super::TelemetryArgs;
 use super::metrics::Outcome;
 use crate::backend::BackendError;
-use crate::limiter::{Code, Decision};
+use crate::decision::{Code, Decision};
 use crate::request::LimitRequest;
 
 /// The `tracing` target of every exported span.
