@@ -24,8 +24,7 @@ use crate::resilience::local::Replicas;
 use crate::resilience::{self, Resilience, ResilienceOptions};
 use crate::rule::FailureMode;
 use crate::security::tls::{AuthorizeLayer, GrpcIncoming, TlsState};
-use crate::security::wire::RateLimitServer;
-use crate::service::{HeaderOptions, RateLimitGrpc, RequestBounds};
+use crate::service::{HeaderOptions, RateLimitHandler, RateLimitServer, RequestBounds};
 use crate::settings::{BackendKind, RedisModeArg, Settings};
 use crate::telemetry::{BreakerReading, Metrics, MetricsOptions};
 use crate::xds::{self, ConfigSource};
@@ -291,7 +290,7 @@ async fn serve<B: Backend>(
     );
     let lease_limiter = limiter.clone();
     let health_limiter = limiter.clone();
-    let service = RateLimitGrpc::new(
+    let service = RateLimitHandler::new(
         limiter,
         RequestBounds {
             max_message_bytes: settings.max_message_bytes,
@@ -318,7 +317,8 @@ async fn serve<B: Backend>(
     let admin_addr = local_addr(&admin_listener, settings.admin_addr)?;
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    let rls_name = <RateLimitServiceServer<RateLimitGrpc<B>> as tonic::server::NamedService>::NAME;
+    let rls_name =
+        <RateLimitServiceServer<RateLimitHandler<B>> as tonic::server::NamedService>::NAME;
     let grpc_health = GrpcHealth {
         reporter: health_reporter.clone(),
         names: ["", rls_name],
