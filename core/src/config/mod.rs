@@ -29,6 +29,8 @@ mod tests;
 #[cfg(test)]
 mod tests_algorithms;
 #[cfg(test)]
+mod tests_model;
+#[cfg(test)]
 mod tests_ops;
 
 use yaml::Pos;
