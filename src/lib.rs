@@ -23,7 +23,8 @@
 //! - [`limiter`]: request → rules → one backend call → [`limiter::Decision`].
 //! - [`resilience`]: when Redis is slow or gone — circuit breakers, the `local` policy's buckets,
 //!   the over-limit cache, the in-flight bound, readiness rules.
-//! - [`service`]: the tonic `RateLimitService` adapter: protobuf in, protobuf + headers out.
+//! - [`service`]: the gRPC entry point (`ShouldRateLimit`): protobuf in, decide, protobuf +
+//!   headers out.
 //! - [`admin`]: HTTP admin — health, readiness, active config, metrics.
 //! - [`telemetry`]: metrics (OpenTelemetry SDK: Prometheus `/metrics`, OTLP push), traces
 //!   (OTLP, W3C `traceparent`), logs (stderr, text or JSON).

@@ -28,8 +28,7 @@ use crate::resilience::{self, Resilience, ResilienceOptions};
 use crate::rule::FailureMode;
 use crate::security;
 use crate::security::tls::{AuthorizeLayer, GrpcIncoming, TlsState};
-use crate::security::wire::RateLimitServer;
-use crate::service::{HeaderOptions, RateLimitGrpc, RequestBounds};
+use crate::service::{HeaderOptions, RateLimitHandler, RateLimitServer, RequestBounds};
 use crate::settings::{BackendKind, Settings};
 use crate::telemetry::{BreakerReading, Metrics, MetricsOptions};
 use crate::xds::{self, ConfigSource};
@@ -254,7 +253,7 @@ struct Built<B: Backend> {
     limiter: Arc<Limiter<B>>,
     metrics: Metrics,
     /// The `RateLimitService` over `limiter`.
-    service: RateLimitGrpc<B>,
+    service: RateLimitHandler<B>,
     /// Health, readiness, config, metrics, explain and the envoyproxy/ratelimit routes.
     admin: axum::Router,
     tls: Option<Arc<TlsState>>,
@@ -315,7 +314,7 @@ async fn build<B: Backend>(
         )
         .with_leases(leases),
     );
-    let service = RateLimitGrpc::new(
+    let service = RateLimitHandler::new(
         limiter.clone(),
         RequestBounds::from(settings),
         HeaderOptions::from(settings),
@@ -391,7 +390,7 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
         reporter: health_reporter,
         names: [
             "",
-            <RateLimitServiceServer<RateLimitGrpc<B>> as NamedService>::NAME,
+            <RateLimitServiceServer<RateLimitHandler<B>> as NamedService>::NAME,
         ],
     };
     grpc_health.set(built.readiness.is_ready()).await;

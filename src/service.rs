@@ -1,18 +1,40 @@
-//! The tonic adapter for `envoy.service.ratelimit.v3.RateLimitService`: validate and convert the
-//! protobuf request, delegate to the [`Limiter`], convert the [`Decision`] back with headers.
+//! The gRPC entry point: `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`.
+//!
+//! One call takes these hops, in this order:
+//!
+//! 1. Transport ([`crate::server`]): the HTTP/2 limits, TLS, the
+//!    [`crate::security::tls::AuthorizeLayer`] (a client outside `--tls-allowed-sans` gets
+//!    PERMISSION_DENIED) and tonic's message ceiling (OUT_OF_RANGE before any decoding).
+//! 2. [`RateLimitServer`] (here): routes the one method and decodes its bytes with
+//!    [`wire::StrictCodec`] (INVALID_ARGUMENT naming a string field that is not UTF-8, or saying
+//!    why the bytes are no `RateLimitRequest`).
+//! 3. [`RateLimitHandler`]'s `should_rate_limit` (here): [`to_limit_request`] checks the size
+//!    bounds, applies the [`CallerPolicy`] and validates each field into a [`LimitRequest`]
+//!    (INVALID_ARGUMENT naming the field); [`Limiter::decide`] decides; [`to_response`] converts
+//!    the [`Decision`] to Envoy's response with rate-limit headers. Metrics and the trace span
+//!    record the outcome.
 //!
 //! No decisions are made here; this module only translates.
 
+use std::convert::Infallible;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry as PbEntry, RateLimitOverride,
+};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code as PbCode, DescriptorStatus, RateLimit as PbRateLimit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, SERVICE_NAME,
+};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use prost::Message;
+use tonic::codegen::{BoxFuture, StdError};
 use tonic::{Request, Response, Status as GrpcStatus};
 use tracing::Instrument as _;
 
@@ -21,6 +43,7 @@ use crate::limiter::{Code, Decision, LimitError, Limiter, Status};
 use crate::request::{Entry, LimitOverride, LimitRequest, RequestDescriptor};
 use crate::rule::Unit;
 use crate::security::CallerPolicy;
+use crate::security::wire::{self, SHOULD_RATE_LIMIT_PATH};
 use crate::settings::Settings;
 use crate::telemetry::{Metrics, Outcome, traces};
 
@@ -89,17 +112,17 @@ impl Default for HeaderOptions {
     }
 }
 
-/// The gRPC service object.
-pub struct RateLimitGrpc<B> {
+/// Answers `ShouldRateLimit`: decode, decide, encode.
+pub struct RateLimitHandler<B> {
     limiter: Arc<Limiter<B>>,
     bounds: RequestBounds,
     headers: HeaderOptions,
     metrics: Metrics,
 }
 
-impl<B> RateLimitGrpc<B> {
+impl<B> RateLimitHandler<B> {
     pub fn new(limiter: Arc<Limiter<B>>, bounds: RequestBounds, headers: HeaderOptions) -> Self {
-        RateLimitGrpc {
+        RateLimitHandler {
             limiter,
             bounds,
             headers,
@@ -114,8 +137,27 @@ impl<B> RateLimitGrpc<B> {
     }
 }
 
-impl<B: Backend> RateLimitGrpc<B> {
-    /// Validate, decide, convert; metrics and the span record the outcome.
+#[tonic::async_trait]
+impl<B: Backend> RateLimitService for RateLimitHandler<B> {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, GrpcStatus> {
+        let span = traces::rpc_span();
+        let response = if span.is_disabled() {
+            self.answer(request.into_inner(), &span).await
+        } else {
+            traces::adopt_remote_parent(&span, request.metadata());
+            self.answer(request.into_inner(), &span)
+                .instrument(span.clone())
+                .await
+        };
+        response.map(Response::new)
+    }
+}
+
+impl<B: Backend> RateLimitHandler<B> {
+    /// Decode, decide, encode; metrics and the span record the outcome.
     async fn answer(
         &self,
         request: RateLimitRequest,
@@ -151,30 +193,130 @@ impl<B: Backend> RateLimitGrpc<B> {
     }
 }
 
-#[tonic::async_trait]
-impl<B: Backend> RateLimitService for RateLimitGrpc<B> {
-    async fn should_rate_limit(
-        &self,
-        request: Request<RateLimitRequest>,
-    ) -> Result<Response<RateLimitResponse>, GrpcStatus> {
-        let span = traces::rpc_span();
-        let response = if span.is_disabled() {
-            self.answer(request.into_inner(), &span).await
-        } else {
-            traces::adopt_remote_parent(&span, request.metadata());
-            self.answer(request.into_inner(), &span)
-                .instrument(span.clone())
-                .await
-        };
-        response.map(Response::new)
+/// `envoy.service.ratelimit.v3.RateLimitService` as a tower service: the generated
+/// `RateLimitServiceServer` with [`wire::StrictCodec`] in place of tonic's prost codec, whose
+/// decode failures are INTERNAL (blaming the server for the caller's bytes).
+#[derive(Debug)]
+pub struct RateLimitServer<T> {
+    inner: Arc<T>,
+    max_decoding_message_size: Option<usize>,
+    max_encoding_message_size: Option<usize>,
+}
+
+impl<T> RateLimitServer<T> {
+    pub fn new(inner: T) -> Self {
+        Self::from_arc(Arc::new(inner))
+    }
+
+    pub fn from_arc(inner: Arc<T>) -> Self {
+        RateLimitServer {
+            inner,
+            max_decoding_message_size: None,
+            max_encoding_message_size: None,
+        }
+    }
+
+    /// Largest request tonic buffers (larger ones get OUT_OF_RANGE before decoding); default 4 MiB.
+    #[must_use]
+    pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+        self.max_decoding_message_size = Some(limit);
+        self
+    }
+
+    #[must_use]
+    pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+        self.max_encoding_message_size = Some(limit);
+        self
     }
 }
 
-/// Validates a protobuf request and converts it. Every error names the offending field.
+impl<T> Clone for RateLimitServer<T> {
+    fn clone(&self) -> Self {
+        RateLimitServer {
+            inner: Arc::clone(&self.inner),
+            max_decoding_message_size: self.max_decoding_message_size,
+            max_encoding_message_size: self.max_encoding_message_size,
+        }
+    }
+}
+
+impl<T> tonic::server::NamedService for RateLimitServer<T> {
+    const NAME: &'static str = SERVICE_NAME;
+}
+
+/// The one method, as tonic's unary-call adapter wants it.
+struct ShouldRateLimit<T>(Arc<T>);
+
+impl<T: RateLimitService> tonic::server::UnaryService<RateLimitRequest> for ShouldRateLimit<T> {
+    type Response = RateLimitResponse;
+    type Future = BoxFuture<Response<RateLimitResponse>, GrpcStatus>;
+
+    fn call(&mut self, request: Request<RateLimitRequest>) -> Self::Future {
+        let inner = Arc::clone(&self.0);
+        Box::pin(async move { inner.should_rate_limit(request).await })
+    }
+}
+
+impl<T, B> tower_service::Service<http::Request<B>> for RateLimitServer<T>
+where
+    T: RateLimitService,
+    B: tonic::codegen::Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if request.uri().path() != SHOULD_RATE_LIMIT_PATH {
+            return Box::pin(async {
+                Ok(GrpcStatus::unimplemented("unknown method of RateLimitService").into_http())
+            });
+        }
+        let method = ShouldRateLimit(Arc::clone(&self.inner));
+        let (max_decoding, max_encoding) = (
+            self.max_decoding_message_size,
+            self.max_encoding_message_size,
+        );
+        Box::pin(async move {
+            let mut grpc = tonic::server::Grpc::new(wire::StrictCodec)
+                .apply_max_message_size_config(max_decoding, max_encoding);
+            Ok(grpc.unary(method, request).await)
+        })
+    }
+}
+
+/// Validates a protobuf request and converts it: the size bound, the caller policy, then each
+/// field. Every error is INVALID_ARGUMENT naming the offending field.
 pub fn to_limit_request(
     mut request: RateLimitRequest,
     bounds: &RequestBounds,
 ) -> Result<LimitRequest, GrpcStatus> {
+    check_message_size(&request, bounds)?;
+    bounds.policy.apply(&mut request);
+    if request.domain.is_empty() {
+        return Err(invalid("domain: must not be empty".into()));
+    }
+    check_descriptor_count(request.descriptors.len(), bounds)?;
+    let mut descriptors = Vec::with_capacity(request.descriptors.len());
+    for (i, d) in request.descriptors.into_iter().enumerate() {
+        descriptors.push(to_descriptor(i, d, bounds)?);
+    }
+    Ok(LimitRequest {
+        domain: request.domain,
+        descriptors,
+        hits_addend: u64::from(request.hits_addend),
+    })
+}
+
+fn check_message_size(
+    request: &RateLimitRequest,
+    bounds: &RequestBounds,
+) -> Result<(), GrpcStatus> {
     let size = request.encoded_len();
     if size > bounds.max_message_bytes {
         return Err(invalid(format!(
@@ -182,93 +324,101 @@ pub fn to_limit_request(
             bounds.max_message_bytes
         )));
     }
-    bounds.policy.apply(&mut request);
-    if request.domain.is_empty() {
-        return Err(invalid("domain: must not be empty".into()));
-    }
-    if request.descriptors.is_empty() {
+    Ok(())
+}
+
+fn check_descriptor_count(count: usize, bounds: &RequestBounds) -> Result<(), GrpcStatus> {
+    if count == 0 {
         return Err(invalid(
             "descriptors: at least one descriptor is required".into(),
         ));
     }
-    if request.descriptors.len() > bounds.max_descriptors {
+    if count > bounds.max_descriptors {
         return Err(invalid(format!(
-            "descriptors: {} descriptors exceed the limit of {}",
-            request.descriptors.len(),
+            "descriptors: {count} descriptors exceed the limit of {}",
             bounds.max_descriptors
         )));
     }
-    let mut descriptors = Vec::with_capacity(request.descriptors.len());
-    for (i, d) in request.descriptors.into_iter().enumerate() {
-        if d.entries.is_empty() {
-            return Err(invalid(format!(
-                "descriptors[{i}].entries: at least one entry is required"
-            )));
-        }
-        if d.entries.len() > bounds.max_entries {
-            return Err(invalid(format!(
-                "descriptors[{i}].entries: {} entries exceed the limit of {}",
-                d.entries.len(),
-                bounds.max_entries
-            )));
-        }
-        let mut entries = Vec::with_capacity(d.entries.len());
-        for (j, e) in d.entries.into_iter().enumerate() {
-            if e.key.is_empty() {
-                return Err(invalid(format!(
-                    "descriptors[{i}].entries[{j}].key: must not be empty"
-                )));
-            }
-            if e.key.len() > bounds.max_key_bytes {
-                return Err(invalid(format!(
-                    "descriptors[{i}].entries[{j}].key: {} bytes exceed the limit of {}",
-                    e.key.len(),
-                    bounds.max_key_bytes
-                )));
-            }
-            if e.value.len() > bounds.max_value_bytes {
-                return Err(invalid(format!(
-                    "descriptors[{i}].entries[{j}].value: {} bytes exceed the limit of {}",
-                    e.value.len(),
-                    bounds.max_value_bytes
-                )));
-            }
-            entries.push(Entry {
-                key: e.key,
-                value: e.value,
-            });
-        }
-        let limit_override = match d.limit {
-            None => None,
-            Some(l) => {
-                let unit = Unit::from_proto(l.unit).ok_or_else(|| {
-                    invalid(format!(
-                        "descriptors[{i}].limit.unit: {} is not a valid unit (UNKNOWN or unrecognised)",
-                        l.unit
-                    ))
-                })?;
-                if l.requests_per_unit == 0 {
-                    return Err(invalid(format!(
-                        "descriptors[{i}].limit.requests_per_unit: must be at least 1"
-                    )));
-                }
-                Some(LimitOverride {
-                    requests_per_unit: l.requests_per_unit,
-                    unit,
-                })
-            }
-        };
-        descriptors.push(RequestDescriptor {
-            entries,
-            limit_override,
-            hits_addend: d.hits_addend.map(|h| h.value),
-            is_negative_hits: d.is_negative_hits,
-        });
+    Ok(())
+}
+
+/// `descriptors[i]`: its entries, its `limit` override and its hits.
+fn to_descriptor(
+    i: usize,
+    d: RateLimitDescriptor,
+    bounds: &RequestBounds,
+) -> Result<RequestDescriptor, GrpcStatus> {
+    if d.entries.is_empty() {
+        return Err(invalid(format!(
+            "descriptors[{i}].entries: at least one entry is required"
+        )));
     }
-    Ok(LimitRequest {
-        domain: request.domain,
-        descriptors,
-        hits_addend: u64::from(request.hits_addend),
+    if d.entries.len() > bounds.max_entries {
+        return Err(invalid(format!(
+            "descriptors[{i}].entries: {} entries exceed the limit of {}",
+            d.entries.len(),
+            bounds.max_entries
+        )));
+    }
+    let mut entries = Vec::with_capacity(d.entries.len());
+    for (j, e) in d.entries.into_iter().enumerate() {
+        entries.push(to_entry(i, j, e, bounds)?);
+    }
+    let limit_override = match d.limit {
+        None => None,
+        Some(l) => Some(to_limit_override(i, l)?),
+    };
+    Ok(RequestDescriptor {
+        entries,
+        limit_override,
+        hits_addend: d.hits_addend.map(|h| h.value),
+        is_negative_hits: d.is_negative_hits,
+    })
+}
+
+/// `descriptors[i].entries[j]`: a non-empty key and a value within their byte bounds.
+fn to_entry(i: usize, j: usize, e: PbEntry, bounds: &RequestBounds) -> Result<Entry, GrpcStatus> {
+    if e.key.is_empty() {
+        return Err(invalid(format!(
+            "descriptors[{i}].entries[{j}].key: must not be empty"
+        )));
+    }
+    if e.key.len() > bounds.max_key_bytes {
+        return Err(invalid(format!(
+            "descriptors[{i}].entries[{j}].key: {} bytes exceed the limit of {}",
+            e.key.len(),
+            bounds.max_key_bytes
+        )));
+    }
+    if e.value.len() > bounds.max_value_bytes {
+        return Err(invalid(format!(
+            "descriptors[{i}].entries[{j}].value: {} bytes exceed the limit of {}",
+            e.value.len(),
+            bounds.max_value_bytes
+        )));
+    }
+    Ok(Entry {
+        key: e.key,
+        value: e.value,
+    })
+}
+
+/// `descriptors[i].limit`: a known unit and at least one request per unit.
+fn to_limit_override(i: usize, l: RateLimitOverride) -> Result<LimitOverride, GrpcStatus> {
+    let unit = Unit::from_proto(l.unit).ok_or_else(|| {
+        invalid(format!(
+            "descriptors[{i}].limit.unit: {} is not a valid unit (UNKNOWN or unrecognised)",
+            l.unit
+        ))
+    })?;
+    if l.requests_per_unit == 0 {
+        return Err(invalid(format!(
+            "descriptors[{i}].limit.requests_per_unit: must be at least 1"
+        )));
+    }
+    Ok(LimitOverride {
+        requests_per_unit: l.requests_per_unit,
+        unit,
     })
 }
 

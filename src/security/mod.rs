@@ -2,8 +2,8 @@
 //!
 //! - [`tls`]: gRPC over TLS (rustls), optional client certificates (mTLS) and an allow-list of
 //!   client identities, with certificate files reloaded when they change.
-//! - [`wire`]: the `RateLimitService` server with a request decoder that answers malformed
-//!   protobuf (invalid UTF-8 in a string field) with `INVALID_ARGUMENT` naming the field.
+//! - [`wire`]: the strict request codec of the `RateLimitService` server: malformed protobuf
+//!   (invalid UTF-8 in a string field) gets `INVALID_ARGUMENT` naming the field.
 //! - [`CallerPolicy`]: neutralises request fields that only a trusted caller should control
 //!   (`limit` overrides, `is_negative_hits`, huge `hits_addend`).
 //! - [`grpc_server`]: the gRPC listener with its HTTP/2 limits set explicitly.

@@ -1,24 +1,16 @@
-//! The `RateLimitService` gRPC server with a stricter request decoder than the generated one.
+//! The strict wire decoding of `RateLimitRequest`: the codec [`crate::service::RateLimitServer`]
+//! serves `ShouldRateLimit` with.
 //!
-//! The generated server decodes with prost and answers any decode failure with INTERNAL, which
-//! blames the server for the caller's bytes — typically invalid UTF-8 in a string field, since
-//! Envoy copies header values into descriptor values. This server answers INVALID_ARGUMENT and
-//! names the field the way [`crate::service::to_limit_request`] does
-//! (`descriptors[2].entries[0].value: not valid UTF-8`). Otherwise it behaves exactly like
-//! `RateLimitServiceServer`, calling the same [`RateLimitService`] implementation.
+//! tonic's prost codec answers any decode failure with INTERNAL, which blames the server for the
+//! caller's bytes — typically invalid UTF-8 in a string field, since Envoy copies header values
+//! into descriptor values. [`StrictCodec`] answers INVALID_ARGUMENT and names the field the way
+//! [`crate::service::to_limit_request`] does (`descriptors[2].entries[0].value: not valid
+//! UTF-8`). Encoding is prost's.
 
-use std::convert::Infallible;
-use std::sync::Arc;
-use std::task::{Context, Poll};
-
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, SERVICE_NAME,
-};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use prost::Message;
 use prost::bytes::Buf;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
-use tonic::codegen::{BoxFuture, StdError};
 use tonic::{Code, Status};
 
 /// gRPC path of the one method.
@@ -86,7 +78,7 @@ impl RawRequest {
     }
 }
 
-/// The codec of [`RateLimitServer`]: prost encoding, [`decode_request`] decoding.
+/// The codec of `ShouldRateLimit`: prost encoding, [`decode_request`] decoding.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct StrictCodec;
 
@@ -135,101 +127,6 @@ impl Decoder for RequestDecoder {
         };
         src.advance(src.remaining());
         decoded.map(Some)
-    }
-}
-
-/// `envoy.service.ratelimit.v3.RateLimitService` over [`StrictCodec`]; a drop-in replacement
-/// for the generated `RateLimitServiceServer`.
-#[derive(Debug)]
-pub struct RateLimitServer<T> {
-    inner: Arc<T>,
-    max_decoding_message_size: Option<usize>,
-    max_encoding_message_size: Option<usize>,
-}
-
-impl<T> RateLimitServer<T> {
-    pub fn new(inner: T) -> Self {
-        Self::from_arc(Arc::new(inner))
-    }
-
-    pub fn from_arc(inner: Arc<T>) -> Self {
-        RateLimitServer {
-            inner,
-            max_decoding_message_size: None,
-            max_encoding_message_size: None,
-        }
-    }
-
-    /// Largest request tonic buffers (larger ones get OUT_OF_RANGE before decoding); default 4 MiB.
-    #[must_use]
-    pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
-        self.max_decoding_message_size = Some(limit);
-        self
-    }
-
-    #[must_use]
-    pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
-        self.max_encoding_message_size = Some(limit);
-        self
-    }
-}
-
-impl<T> Clone for RateLimitServer<T> {
-    fn clone(&self) -> Self {
-        RateLimitServer {
-            inner: Arc::clone(&self.inner),
-            max_decoding_message_size: self.max_decoding_message_size,
-            max_encoding_message_size: self.max_encoding_message_size,
-        }
-    }
-}
-
-impl<T> tonic::server::NamedService for RateLimitServer<T> {
-    const NAME: &'static str = SERVICE_NAME;
-}
-
-struct ShouldRateLimit<T>(Arc<T>);
-
-impl<T: RateLimitService> tonic::server::UnaryService<RateLimitRequest> for ShouldRateLimit<T> {
-    type Response = RateLimitResponse;
-    type Future = BoxFuture<tonic::Response<RateLimitResponse>, Status>;
-
-    fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
-        let inner = Arc::clone(&self.0);
-        Box::pin(async move { inner.should_rate_limit(request).await })
-    }
-}
-
-impl<T, B> tower_service::Service<http::Request<B>> for RateLimitServer<T>
-where
-    T: RateLimitService,
-    B: tonic::codegen::Body + Send + 'static,
-    B::Error: Into<StdError> + Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Self::Response, Self::Error>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        if request.uri().path() != SHOULD_RATE_LIMIT_PATH {
-            return Box::pin(async {
-                Ok(Status::unimplemented("unknown method of RateLimitService").into_http())
-            });
-        }
-        let method = ShouldRateLimit(Arc::clone(&self.inner));
-        let (max_decoding, max_encoding) = (
-            self.max_decoding_message_size,
-            self.max_encoding_message_size,
-        );
-        Box::pin(async move {
-            let mut grpc = tonic::server::Grpc::new(StrictCodec)
-                .apply_max_message_size_config(max_decoding, max_encoding);
-            Ok(grpc.unary(method, request).await)
-        })
     }
 }
 

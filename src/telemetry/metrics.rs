@@ -27,8 +27,8 @@ use crate::backend::BackendError;
 use crate::backend::redis::RedisObserver;
 use crate::clock::Stopwatch;
 use crate::config::{Config, ConfigStore};
-use crate::lease::LeaseStore;
 use crate::decision::Decision;
+use crate::lease::LeaseStore;
 use crate::request::LimitRequest;
 use crate::settings::{BackendKind, OtlpSettings, Settings};
 

@@ -113,7 +113,52 @@ pub fn resolve(
     config: Option<&Path>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<ConfigSource, XdsSettingsError> {
-    let source = match args.config_source {
+    if source_kind(args, env)? == ConfigSourceArg::File {
+        return config
+            .map(|p| ConfigSource::File(p.to_path_buf()))
+            .ok_or(XdsSettingsError::MissingConfigPath);
+    }
+    if let Some(path) = config {
+        // Deployments migrated from envoyproxy/ratelimit may still carry a file setting.
+        tracing::warn!(path = %path.display(), "--config is ignored: config comes from the xDS server");
+    }
+    let aliases = Aliases(env);
+    let (server, tls) = xds_server(args, &aliases)?;
+    let node = xds_node(args, &aliases)?;
+    let start_without_config = aliases
+        .boolean(
+            args.xds_start_without_config,
+            "FORCE_START_WITHOUT_INITIAL_CONFIG",
+        )?
+        .unwrap_or(false);
+    if args.xds_backoff_initial.is_zero() || args.xds_backoff_max < args.xds_backoff_initial {
+        return Err(XdsSettingsError::BadValue {
+            name: "--xds-backoff-initial/--xds-backoff-max",
+            value: format!("{:?}/{:?}", args.xds_backoff_initial, args.xds_backoff_max),
+            expected: "0 < initial <= max",
+        });
+    }
+    Ok(ConfigSource::Xds(Box::new(XdsOptions {
+        server,
+        node,
+        tls,
+        start_without_config,
+        backoff: Backoff {
+            initial: args.xds_backoff_initial,
+            max: args.xds_backoff_max,
+        },
+        connect_timeout: args.xds_connect_timeout,
+        max_message_bytes: args.xds_max_message_bytes,
+        load: crate::config::LoadOptions::default(),
+    })))
+}
+
+/// `--config-source`, else envoyproxy/ratelimit's `CONFIG_TYPE`, else files.
+fn source_kind(
+    args: &XdsArgs,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<ConfigSourceArg, XdsSettingsError> {
+    Ok(match args.config_source {
         Some(source) => source,
         None => match env("CONFIG_TYPE") {
             None => ConfigSourceArg::File,
@@ -127,83 +172,75 @@ pub fn resolve(
                 });
             }
         },
-    };
-    if source == ConfigSourceArg::File {
-        return config
-            .map(|p| ConfigSource::File(p.to_path_buf()))
-            .ok_or(XdsSettingsError::MissingConfigPath);
-    }
-    if let Some(path) = config {
-        // Deployments migrated from envoyproxy/ratelimit may still carry a file setting.
-        tracing::warn!(path = %path.display(), "--config is ignored: config comes from the xDS server");
+    })
+}
+
+/// A flag's value, else its envoyproxy/ratelimit environment variable's.
+struct Aliases<'e>(&'e dyn Fn(&str) -> Option<String>);
+
+impl Aliases<'_> {
+    fn text(&self, flag: &Option<String>, alias: &str) -> Option<String> {
+        flag.clone().or_else(|| (self.0)(alias))
     }
 
-    let text = |flag: &Option<String>, alias: &str| flag.clone().or_else(|| env(alias));
-    let path = |flag: &Option<PathBuf>, alias: &str| {
+    /// An empty variable is no path.
+    fn path(&self, flag: &Option<PathBuf>, alias: &str) -> Option<PathBuf> {
         flag.clone()
-            .or_else(|| env(alias).filter(|v| !v.is_empty()).map(PathBuf::from))
-    };
-    let boolean = |flag: Option<bool>, alias: &'static str| -> Result<Option<bool>, _> {
+            .or_else(|| (self.0)(alias).filter(|v| !v.is_empty()).map(PathBuf::from))
+    }
+
+    /// The variable in Go's `strconv.ParseBool` spellings.
+    fn boolean(
+        &self,
+        flag: Option<bool>,
+        alias: &'static str,
+    ) -> Result<Option<bool>, XdsSettingsError> {
         match flag {
             Some(b) => Ok(Some(b)),
-            None => env(alias).map(|v| parse_go_bool(alias, v)).transpose(),
+            None => (self.0)(alias).map(|v| parse_go_bool(alias, v)).transpose(),
         }
-    };
+    }
+}
 
+/// The management server's URI and the TLS files to reach it with.
+fn xds_server(
+    args: &XdsArgs,
+    aliases: &Aliases<'_>,
+) -> Result<(String, Option<TlsFiles>), XdsSettingsError> {
     let tls_files = (
-        path(&args.xds_tls_ca, "CONFIG_GRPC_XDS_SERVER_TLS_CACERT"),
-        path(&args.xds_tls_cert, "CONFIG_GRPC_XDS_CLIENT_TLS_CERT"),
-        path(&args.xds_tls_key, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY"),
+        aliases.path(&args.xds_tls_ca, "CONFIG_GRPC_XDS_SERVER_TLS_CACERT"),
+        aliases.path(&args.xds_tls_cert, "CONFIG_GRPC_XDS_CLIENT_TLS_CERT"),
+        aliases.path(&args.xds_tls_key, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY"),
     );
-    let server_name =
-        text(&args.xds_tls_server_name, "CONFIG_GRPC_XDS_SERVER_TLS_SAN").filter(|s| !s.is_empty());
-    let use_tls = boolean(args.xds_tls, "CONFIG_GRPC_XDS_SERVER_USE_TLS")?;
-    let raw_server =
-        text(&args.xds_server, "CONFIG_GRPC_XDS_SERVER_URL").unwrap_or(DEFAULT_SERVER.into());
-    let (server, tls) = server_and_tls(&raw_server, use_tls, tls_files, server_name)?;
+    let server_name = aliases
+        .text(&args.xds_tls_server_name, "CONFIG_GRPC_XDS_SERVER_TLS_SAN")
+        .filter(|s| !s.is_empty());
+    let use_tls = aliases.boolean(args.xds_tls, "CONFIG_GRPC_XDS_SERVER_USE_TLS")?;
+    let raw_server = aliases
+        .text(&args.xds_server, "CONFIG_GRPC_XDS_SERVER_URL")
+        .unwrap_or(DEFAULT_SERVER.into());
+    server_and_tls(&raw_server, use_tls, tls_files, server_name)
+}
 
-    let node_id = text(&args.xds_node_id, "CONFIG_GRPC_XDS_NODE_ID")
+/// The node sluice introduces itself as: its id, metadata and user agent.
+fn xds_node(args: &XdsArgs, aliases: &Aliases<'_>) -> Result<Node, XdsSettingsError> {
+    let node_id = aliases
+        .text(&args.xds_node_id, "CONFIG_GRPC_XDS_NODE_ID")
         .filter(|s| !s.is_empty())
         .unwrap_or(DEFAULT_NODE_ID.into());
-    let metadata = match text(&args.xds_node_metadata, "CONFIG_GRPC_XDS_NODE_METADATA") {
+    let metadata = match aliases.text(&args.xds_node_metadata, "CONFIG_GRPC_XDS_NODE_METADATA") {
         Some(raw) => parse_node_metadata(&raw)?,
         None => None,
     };
-    let start_without_config = boolean(
-        args.xds_start_without_config,
-        "FORCE_START_WITHOUT_INITIAL_CONFIG",
-    )?
-    .unwrap_or(false);
-
-    if args.xds_backoff_initial.is_zero() || args.xds_backoff_max < args.xds_backoff_initial {
-        return Err(XdsSettingsError::BadValue {
-            name: "--xds-backoff-initial/--xds-backoff-max",
-            value: format!("{:?}/{:?}", args.xds_backoff_initial, args.xds_backoff_max),
-            expected: "0 < initial <= max",
-        });
-    }
-
-    Ok(ConfigSource::Xds(Box::new(XdsOptions {
-        server,
-        node: Node {
-            id: node_id,
-            metadata,
-            user_agent_name: "sluice".into(),
-            user_agent_version_type: Some(UserAgentVersionType::UserAgentVersion(
-                env!("CARGO_PKG_VERSION").into(),
-            )),
-            ..Default::default()
-        },
-        tls,
-        start_without_config,
-        backoff: Backoff {
-            initial: args.xds_backoff_initial,
-            max: args.xds_backoff_max,
-        },
-        connect_timeout: args.xds_connect_timeout,
-        max_message_bytes: args.xds_max_message_bytes,
-        load: crate::config::LoadOptions::default(),
-    })))
+    Ok(Node {
+        id: node_id,
+        metadata,
+        user_agent_name: "sluice".into(),
+        user_agent_version_type: Some(UserAgentVersionType::UserAgentVersion(
+            env!("CARGO_PKG_VERSION").into(),
+        )),
+        ..Default::default()
+    })
 }
 
 type TlsPaths = (Option<PathBuf>, Option<PathBuf>, Option<PathBuf>);

@@ -35,11 +35,12 @@ pub(crate) fn config(
         let file = first.file.clone();
         // Merging checked that the parts agree on the failure mode.
         let failure_mode = parts.iter().find_map(|p| p.spec.failure_mode);
-        let (algorithm, algorithm_from) = match parts.iter().find_map(|p| p.spec.algorithm.as_ref())
-        {
-            Some(own) => (own.value, Origin::Domain),
-            None => (default_algorithm, Origin::Default),
-        };
+        let domain_algorithm = parts
+            .iter()
+            .find_map(|p| p.spec.algorithm.as_ref())
+            .map(|a| a.value);
+        let (algorithm, algorithm_from) =
+            resolved_algorithm(None, domain_algorithm, default_algorithm);
         let first_rule = rules.len();
         let mut tree = Level::default();
         for part in &parts {
@@ -47,7 +48,8 @@ pub(crate) fn config(
                 file: &part.file,
                 domain: &name,
                 failure_mode,
-                algorithm: (algorithm, algorithm_from),
+                domain_algorithm,
+                default_algorithm,
                 shadow_all,
                 rules: &mut rules,
             };
@@ -77,12 +79,28 @@ pub(crate) fn config(
     }
 }
 
+/// The algorithm a rule ends up with and where it comes from: its own `algorithm`, else its
+/// domain's, else `--default-algorithm`. A domain's default for its rules is `own: None`.
+pub(crate) fn resolved_algorithm(
+    own: Option<Algorithm>,
+    domain: Option<Algorithm>,
+    global: Algorithm,
+) -> (Algorithm, Origin) {
+    match (own, domain) {
+        (Some(own), _) => (own, Origin::Rule),
+        (None, Some(domain)) => (domain, Origin::Domain),
+        (None, None) => (global, Origin::Default),
+    }
+}
+
 struct Builder<'a> {
     file: &'a str,
     domain: &'a Arc<str>,
     failure_mode: Option<FailureMode>,
-    /// The domain's algorithm for rules that name none, and where it came from.
-    algorithm: (Algorithm, Origin),
+    /// The domain's `algorithm`, for rules that name none.
+    domain_algorithm: Option<Algorithm>,
+    /// `--default-algorithm`, for rules whose rule and domain name none.
+    default_algorithm: Algorithm,
     shadow_all: bool,
     rules: &'a mut Vec<Arc<Rule>>,
 }
@@ -111,10 +129,11 @@ impl Builder<'_> {
                 None => format!("{parent_path}.{}", spec.key),
             };
             let rule = spec.rule.as_ref().map(|r| {
-                let (algorithm, algorithm_from) = match &r.algorithm {
-                    Some(own) => (own.value, Origin::Rule),
-                    None => self.algorithm,
-                };
+                let (algorithm, algorithm_from) = resolved_algorithm(
+                    r.algorithm.as_ref().map(|a| a.value),
+                    self.domain_algorithm,
+                    self.default_algorithm,
+                );
                 let rule = Arc::new(Rule {
                     id: RuleId(self.rules.len() as u32),
                     domain: self.domain.clone(),

@@ -29,6 +29,8 @@ mod tests;
 #[cfg(test)]
 mod tests_algorithms;
 #[cfg(test)]
+mod tests_model;
+#[cfg(test)]
 mod tests_ops;
 #[cfg(test)]
 mod tests_reference;
@@ -225,24 +227,69 @@ pub fn load_sources(sources: &[(String, String)]) -> Result<Config, ConfigErrors
     load_sources_with(sources, &LoadOptions::default())
 }
 
-/// Loads named in-memory sources as one set, with `options`.
+/// Loads named in-memory sources as one set, with `options`: each file checked on its own, the
+/// files grouped by domain (merged or rejected as duplicates), each domain's algorithm-dependent
+/// fields checked, then compiled.
 pub fn load_sources_with(
     sources: &[(String, String)],
     options: &LoadOptions,
 ) -> Result<Config, ConfigErrors> {
     let mut per_file: Vec<Vec<Diagnostic>> = vec![Vec::new(); sources.len()];
+    let (specs, read_warnings) = check_sources(sources, &mut per_file);
+    let groups = group_by_domain(specs, sources, options, &mut per_file);
+    for group in &groups {
+        check_domain(group, sources, options, &mut per_file);
+    }
+    let mut diagnostics: Vec<Diagnostic> = per_file
+        .into_iter()
+        .flat_map(|mut file| {
+            file.sort_by_key(|d| (d.line, d.column));
+            file
+        })
+        .collect();
+    if !diagnostics.is_empty() {
+        // A YAML alias repeats a subtree, and with it that subtree's problems at the same place.
+        diagnostics.dedup();
+        return Err(ConfigErrors(diagnostics));
+    }
+    let mut config = compile_domains(groups, sources, options);
+    config.warnings.extend(read_warnings);
+    config
+        .warnings
+        .sort_by(|a, b| (&a.file, a.line, a.column).cmp(&(&b.file, b.line, b.column)));
+    Ok(config)
+}
+
+/// The files of one domain: each file's index in the sources and its checked model.
+type DomainFiles = Vec<(usize, validate::DomainSpec)>;
+
+/// Each source through [`check_source`]; the good ones with their index, and the warnings
+/// reading them raised.
+fn check_sources(
+    sources: &[(String, String)],
+    per_file: &mut [Vec<Diagnostic>],
+) -> (DomainFiles, Vec<Diagnostic>) {
     let mut specs = Vec::with_capacity(sources.len());
-    let mut read_warnings = Vec::new();
-    for (index, ((name, text), diagnostics)) in sources.iter().zip(&mut per_file).enumerate() {
+    let mut warnings = Vec::new();
+    for (index, ((name, text), diagnostics)) in sources.iter().zip(per_file).enumerate() {
         let mut sink = Sink::new(name, diagnostics);
         if let Some(spec) = check_source(text, &mut sink) {
             specs.push((index, spec));
         }
-        read_warnings.append(&mut sink.warnings);
+        warnings.append(&mut sink.warnings);
     }
+    (specs, warnings)
+}
 
-    // Group the files of each domain, in load order of the domains' first files.
-    let mut groups: Vec<Vec<(usize, validate::DomainSpec)>> = Vec::new();
+/// Groups the files of each domain, in load order of the domains' first files. Without
+/// `merge_domains`, a second file of a domain is an error.
+fn group_by_domain(
+    specs: DomainFiles,
+    sources: &[(String, String)],
+    options: &LoadOptions,
+    per_file: &mut [Vec<Diagnostic>],
+) -> Vec<DomainFiles> {
+    let mut groups: Vec<DomainFiles> = Vec::new();
     let mut group_of: HashMap<String, usize> = HashMap::new();
     for (index, spec) in specs {
         let name = spec.name.value.clone();
@@ -264,39 +311,43 @@ pub fn load_sources_with(
             }
         }
     }
-    for group in &groups {
-        if group.len() > 1 {
-            check_merge(group, sources, &mut per_file);
-        }
-        // The domain's algorithm, from whichever of its files sets it (merging checked that
-        // they agree), decides what `burst` means in all of them.
-        let domain = group.iter().find_map(|(index, spec)| {
-            spec.algorithm
-                .as_ref()
-                .map(|a| (a, sources[*index].0.as_str()))
-        });
-        let default = validate::AlgorithmDefault {
-            domain,
-            global: options.default_algorithm,
-        };
-        for (index, spec) in group {
-            let mut sink = Sink::new(&sources[*index].0, &mut per_file[*index]);
-            validate::algorithm_fields(&spec.descriptors, default, &mut sink);
-        }
-    }
+    groups
+}
 
-    let mut diagnostics: Vec<Diagnostic> = per_file
-        .into_iter()
-        .flat_map(|mut file| {
-            file.sort_by_key(|d| (d.line, d.column));
-            file
-        })
-        .collect();
-    if !diagnostics.is_empty() {
-        // A YAML alias repeats a subtree, and with it that subtree's problems at the same place.
-        diagnostics.dedup();
-        return Err(ConfigErrors(diagnostics));
+/// The checks that need every file of a domain: merging, and the fields whose meaning depends on
+/// the algorithm.
+fn check_domain(
+    group: &[(usize, validate::DomainSpec)],
+    sources: &[(String, String)],
+    options: &LoadOptions,
+    per_file: &mut [Vec<Diagnostic>],
+) {
+    if group.len() > 1 {
+        check_merge(group, sources, per_file);
     }
+    // The domain's algorithm, from whichever of its files sets it (merging checked that
+    // they agree), decides what `burst` means in all of them.
+    let domain = group.iter().find_map(|(index, spec)| {
+        spec.algorithm
+            .as_ref()
+            .map(|a| (a, sources[*index].0.as_str()))
+    });
+    let default = validate::AlgorithmDefault {
+        domain,
+        global: options.default_algorithm,
+    };
+    for (index, spec) in group {
+        let mut sink = Sink::new(&sources[*index].0, &mut per_file[*index]);
+        validate::algorithm_fields(&spec.descriptors, default, &mut sink);
+    }
+}
+
+/// Checked domains → the config, with the lint warnings.
+fn compile_domains(
+    groups: Vec<DomainFiles>,
+    sources: &[(String, String)],
+    options: &LoadOptions,
+) -> Config {
     let domains: Vec<Vec<compile::Part>> = groups
         .into_iter()
         .map(|group| {
@@ -309,9 +360,7 @@ pub fn load_sources_with(
                 .collect()
         })
         .collect();
-    let mut warnings = lint::domains(&domains, options.max_entries);
-    warnings.append(&mut read_warnings);
-    warnings.sort_by(|a, b| (&a.file, a.line, a.column).cmp(&(&b.file, b.line, b.column)));
+    let warnings = lint::domains(&domains, options.max_entries);
     let mut config = compile::config(
         domains,
         digest(sources),
@@ -319,7 +368,7 @@ pub fn load_sources_with(
         options.default_algorithm,
     );
     config.warnings = warnings;
-    Ok(config)
+    config
 }
 
 /// The checks merging adds for the files of one domain: top-level descriptors and rule names
@@ -331,17 +380,38 @@ fn check_merge(
     sources: &[(String, String)],
     per_file: &mut [Vec<Diagnostic>],
 ) {
-    let mut top: HashMap<(&str, Option<&str>), (usize, Pos)> = HashMap::new();
-    let mut names: HashMap<&str, (usize, Pos)> = HashMap::new();
-    let mut failure_mode: Option<(usize, FailureMode)> = None;
-    let mut algorithm: Option<(usize, Algorithm)> = None;
+    let mut seen = MergeSeen::default();
     for (index, spec) in group {
         let index = *index;
         let mut report = |at: Pos, message: String| {
             Sink::new(&sources[index].0, &mut per_file[index]).error(at, message);
         };
+        seen.settings(index, spec, sources, &mut report);
+        seen.top_descriptors(index, spec, sources, &mut report);
+        seen.rule_names(index, spec, sources, &mut report);
+    }
+}
+
+/// What the earlier files of a merged domain set, and in which file.
+#[derive(Default)]
+struct MergeSeen<'a> {
+    top: HashMap<(&'a str, Option<&'a str>), (usize, Pos)>,
+    names: HashMap<&'a str, (usize, Pos)>,
+    failure_mode: Option<(usize, FailureMode)>,
+    algorithm: Option<(usize, Algorithm)>,
+}
+
+impl<'a> MergeSeen<'a> {
+    /// The files must agree on the domain's failure mode and algorithm.
+    fn settings(
+        &mut self,
+        index: usize,
+        spec: &validate::DomainSpec,
+        sources: &[(String, String)],
+        report: &mut impl FnMut(Pos, String),
+    ) {
         if let Some(mode) = spec.failure_mode {
-            match failure_mode {
+            match self.failure_mode {
                 Some((first, earlier)) if earlier != mode => report(
                     spec.name.at,
                     format!(
@@ -353,11 +423,11 @@ fn check_merge(
                     ),
                 ),
                 Some(_) => {}
-                None => failure_mode = Some((index, mode)),
+                None => self.failure_mode = Some((index, mode)),
             }
         }
         if let Some(own) = &spec.algorithm {
-            match algorithm {
+            match self.algorithm {
                 Some((first, earlier)) if earlier != own.value => report(
                     own.at,
                     format!(
@@ -366,12 +436,22 @@ fn check_merge(
                     ),
                 ),
                 Some(_) => {}
-                None => algorithm = Some((index, own.value)),
+                None => self.algorithm = Some((index, own.value)),
             }
         }
+    }
+
+    /// Top-level descriptors stay unique across the files.
+    fn top_descriptors(
+        &mut self,
+        index: usize,
+        spec: &'a validate::DomainSpec,
+        sources: &[(String, String)],
+        report: &mut impl FnMut(Pos, String),
+    ) {
         for d in &spec.descriptors {
             let id = (d.key.as_str(), d.value.as_deref());
-            match top.get(&id) {
+            match self.top.get(&id) {
                 Some((first, at)) => report(
                     d.at,
                     format!(
@@ -384,14 +464,24 @@ fn check_merge(
                     ),
                 ),
                 None => {
-                    top.insert(id, (index, d.at));
+                    self.top.insert(id, (index, d.at));
                 }
             }
         }
+    }
+
+    /// Rule names stay unique across the files.
+    fn rule_names(
+        &mut self,
+        index: usize,
+        spec: &'a validate::DomainSpec,
+        sources: &[(String, String)],
+        report: &mut impl FnMut(Pos, String),
+    ) {
         let mut named = Vec::new();
         validate::named_rules(&spec.descriptors, &mut named);
         for (name, at) in named {
-            match names.get(name) {
+            match self.names.get(name) {
                 Some((first, first_at)) if *first != index => report(
                     at,
                     format!(
@@ -401,7 +491,7 @@ fn check_merge(
                 ),
                 Some(_) => {}
                 None => {
-                    names.insert(name, (index, at));
+                    self.names.insert(name, (index, at));
                 }
             }
         }

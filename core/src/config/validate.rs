@@ -6,11 +6,11 @@
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
-use super::Sink;
 use super::raw::{Field, RawDescriptor, RawDomain, RawRateLimit, Sp};
 use super::yaml::Pos;
+use super::{Sink, compile};
 use crate::algorithm::Algorithm;
-use crate::rule::{FailureMode, Limit, RateLimit, Unit};
+use crate::rule::{FailureMode, Limit, Origin, RateLimit, Unit};
 
 /// One domain whose every field is known good.
 #[derive(Clone, Debug, PartialEq)]
@@ -511,19 +511,7 @@ pub(crate) fn algorithm_fields(
         if let Some(rule) = &d.rule
             && let Some(burst_at) = rule.burst_at
         {
-            let (algorithm, from) = match &rule.algorithm {
-                Some(own) => (own.value, "its `algorithm`".to_owned()),
-                None => match default.domain {
-                    Some((domain, file)) => (
-                        domain.value,
-                        format!(
-                            "the domain's `algorithm` at {file}:{}:{}",
-                            domain.at.line, domain.at.column
-                        ),
-                    ),
-                    None => (default.global, "--default-algorithm".to_owned()),
-                },
-            };
+            let (algorithm, from) = resolved_algorithm(rule, default);
             if !algorithm.takes_burst() {
                 sink.error(
                     burst_at,
@@ -537,21 +525,23 @@ pub(crate) fn algorithm_fields(
     }
 }
 
-/// The algorithm a rule ends up with, and where it comes from (for messages).
+/// The algorithm a rule ends up with ([`compile::resolved_algorithm`]), and where it comes from
+/// in words (for messages).
 fn resolved_algorithm(rule: &RuleSpec, default: AlgorithmDefault<'_>) -> (Algorithm, String) {
-    match &rule.algorithm {
-        Some(own) => (own.value, "its `algorithm`".to_owned()),
-        None => match default.domain {
-            Some((domain, file)) => (
-                domain.value,
-                format!(
-                    "the domain's `algorithm` at {file}:{}:{}",
-                    domain.at.line, domain.at.column
-                ),
-            ),
-            None => (default.global, "--default-algorithm".to_owned()),
-        },
-    }
+    let (algorithm, origin) = compile::resolved_algorithm(
+        rule.algorithm.as_ref().map(|a| a.value),
+        default.domain.map(|(domain, _)| domain.value),
+        default.global,
+    );
+    let from = match (origin, default.domain) {
+        (Origin::Rule, _) => "its `algorithm`".to_owned(),
+        (Origin::Domain, Some((domain, file))) => format!(
+            "the domain's `algorithm` at {file}:{}:{}",
+            domain.at.line, domain.at.column
+        ),
+        (Origin::Domain | Origin::Default, _) => "--default-algorithm".to_owned(),
+    };
+    (algorithm, from)
 }
 
 fn flag(field: &Field<bool>) -> bool {

@@ -1,0 +1,297 @@
+use super::*;
+use crate::config::load_sources;
+
+fn options() -> ExplainOptions {
+    ExplainOptions {
+        key_prefix: "sluice:".into(),
+        default_failure_mode: FailureMode::Error,
+    }
+}
+
+fn config() -> Config {
+    let text = r#"domain: api
+failure_mode: open
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 400}
+    descriptors:
+      - key: route
+        value: export
+        cost: 10
+        failure_mode: local
+        rate_limit: {unit: second, requests_per_unit: 5, burst: 50, name: export}
+      - key: route
+        value: "adm*"
+        shadow_mode: true
+        rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: health
+    rate_limit: {unlimited: true}
+  - key: plain
+    rate_limit: {unit: second, requests_per_unit: 2}
+"#;
+    load_sources(&[("api.yaml".into(), text.into())]).unwrap()
+}
+
+fn run(domain: &str, descriptor: &str) -> Report {
+    explain(
+        &config(),
+        domain,
+        &parse_descriptor(descriptor).unwrap(),
+        &options(),
+    )
+}
+
+#[test]
+fn descriptors_parse_with_percent_encoding() {
+    assert_eq!(
+        parse_descriptor("a=1,b=x=y,c=%2C%3D%25,d=").unwrap(),
+        [
+            Entry::new("a", "1"),
+            Entry::new("b", "x=y"),
+            Entry::new("c", ",=%"),
+            Entry::new("d", "")
+        ]
+    );
+    assert_eq!(parse_descriptor(""), Err(DescriptorArgError::Empty));
+    assert_eq!(
+        parse_descriptor("a=1,b"),
+        Err(DescriptorArgError::NotAPair {
+            index: 2,
+            text: "b".into()
+        })
+    );
+    assert_eq!(
+        parse_descriptor("=1"),
+        Err(DescriptorArgError::EmptyKey { index: 1 })
+    );
+    assert_eq!(
+        parse_descriptor("a=%FF"),
+        Err(DescriptorArgError::NotUtf8 { index: 1 })
+    );
+}
+
+#[test]
+fn a_match_reports_bucket_failure_mode_and_key() {
+    let report = run("api", "tenant=acme,route=export");
+    assert!(report.matched && report.domain_known);
+    let rule = report.rule.as_ref().unwrap();
+    assert_eq!(rule.path, "api.tenant.route_export");
+    assert_eq!(rule.source, "api.yaml:7");
+    assert_eq!(rule.name.as_deref(), Some("export"));
+    let bucket = rule.bucket.as_ref().unwrap();
+    assert_eq!(
+        (bucket.capacity, bucket.cost, bucket.refill_per_second),
+        (50, 10, 5.0)
+    );
+    assert_eq!(
+        (rule.failure_mode, rule.failure_mode_from),
+        (FailureMode::Local, "config")
+    );
+    assert_eq!(
+        rule.key.as_deref(),
+        Some("sluice:{api|tenant=acme}|route=export")
+    );
+    assert_eq!(report.steps[0].matched_by, "any value");
+    assert_eq!(report.steps[1].matched_by, "exact");
+    let text = report.to_text();
+    for line in [
+        "rule:        api.tenant.route_export (name `export`)",
+        "source:      api.yaml:7",
+        "algorithm:   token_bucket (from default)",
+        "bucket:      capacity 50 tokens, refill 5 tokens/s, cost 10 per hit",
+        "on failure:  local (from config)",
+        "key:         sluice:{api|tenant=acme}|route=export",
+    ] {
+        assert!(text.contains(line), "{line}\nin\n{text}");
+    }
+}
+
+#[test]
+fn wildcards_shadow_and_the_domain_failure_mode_are_reported() {
+    let report = run("api", "tenant=t,route=admin");
+    let rule = report.rule.as_ref().unwrap();
+    assert!(rule.shadow);
+    assert_eq!(report.steps[1].configured_value.as_deref(), Some("adm*"));
+    assert_eq!(rule.failure_mode, FailureMode::Open);
+    assert!(report.outcome.contains("shadow"));
+    let slow = rule.bucket.as_ref().unwrap().refill_per_second;
+    assert!((slow - 1.0 / 3600.0).abs() < 1e-12);
+    assert!(report.to_text().contains("refill 0.0002778 tokens/s"));
+}
+
+#[test]
+fn unlimited_rules_have_no_bucket_or_key() {
+    let report = run("api", "health=x");
+    let rule = report.rule.as_ref().unwrap();
+    assert!(rule.unlimited && rule.bucket.is_none() && rule.key.is_none());
+    assert!(rule.algorithm.is_none());
+    assert!(!report.to_text().contains("algorithm:"));
+    assert!(report.to_text().contains("limit:       unlimited"));
+}
+
+#[test]
+fn misses_say_why() {
+    let reason = |d: &str, desc: &str| run(d, desc).reason.unwrap();
+    assert_eq!(
+        reason("web", "a=1"),
+        "domain `web` is not configured (configured domains: api)"
+    );
+    assert!(!run("web", "a=1").domain_known);
+    assert_eq!(
+        reason("api", "nope=1"),
+        "entry 1 `nope=1` matches no descriptor at the top level (keys configured there: health, plain, tenant)"
+    );
+    assert_eq!(
+        reason("api", "tenant=a,verb=get"),
+        "entry 2 `verb=get` matches no descriptor under entry 1 (keys configured there: route)"
+    );
+    assert_eq!(
+        reason("api", "plain=a,route=export"),
+        "depth mismatch: entry 1 `plain=a` reached a descriptor with no nested descriptors, but 1 more entry follows"
+    );
+    let partial = run("api", "tenant=a,route=other");
+    assert_eq!(partial.steps.len(), 1);
+    assert!(
+        partial
+            .reason
+            .as_deref()
+            .unwrap()
+            .starts_with("entry 2 `route=other` matches no descriptor under entry 1")
+    );
+    let json = serde_json::to_value(&partial).unwrap();
+    assert_eq!(json["matched"], false);
+    assert!(json.get("rule").is_none());
+}
+
+#[test]
+fn each_algorithm_is_named_with_its_origin_shape_and_key() {
+    let text = r#"domain: w
+algorithm: fixed_window
+descriptors:
+  - key: fixed
+    rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: sliding
+    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: sliding_window}
+  - key: gcra
+    cost: 2
+    rate_limit: {unit: second, requests_per_unit: 4, algorithm: gcra, burst: 8}
+  - key: bucket
+    rate_limit: {unit: second, requests_per_unit: 4, algorithm: token_bucket}
+"#;
+    let config = load_sources(&[("w.yaml".into(), text.into())]).unwrap();
+    let report = |key: &str| explain(&config, "w", &[Entry::new(key, "x")], &options());
+    let cases = [
+        (
+            "fixed",
+            Algorithm::FixedWindow,
+            "domain",
+            "window:      60 hits per minute aligned to the clock, cost 1 per hit",
+            "sluice:{w|fixed=x}~fw",
+            "the count starts again at the next minute on the clock",
+        ),
+        (
+            "sliding",
+            Algorithm::SlidingWindow,
+            "rule",
+            "window:      100 hits per sliding hour (this hour + the previous one, weighted), cost 1 per hit",
+            "sluice:{w|sliding=x}~sw",
+            "plus the previous hour's, weighted by its overlap",
+        ),
+        (
+            "gcra",
+            Algorithm::Gcra,
+            "rule",
+            "schedule:    one hit every 250 ms, burst 8, cost 2 per hit",
+            "sluice:{w|gcra=x}~gcra",
+            "one every 250 ms, up to 8 at once",
+        ),
+        (
+            "bucket",
+            Algorithm::TokenBucket,
+            "rule",
+            "bucket:      capacity 4 tokens, refill 4 tokens/s, cost 1 per hit",
+            "sluice:{w|bucket=x}",
+            "while the bucket holds the hit's tokens",
+        ),
+    ];
+    for (key, algorithm, from, shape, storage, outcome) in cases {
+        let r = report(key);
+        let rule = r.rule.as_ref().unwrap();
+        assert_eq!(rule.algorithm, Some(algorithm), "{key}");
+        assert_eq!(rule.algorithm_from, Some(from), "{key}");
+        assert_eq!(rule.key.as_deref(), Some(storage), "{key}");
+        assert!(r.outcome.contains(outcome), "{key}: {}", r.outcome);
+        let text = r.to_text();
+        let named = format!("algorithm:   {algorithm} (from {from})");
+        for line in [named.as_str(), shape] {
+            assert!(text.contains(line), "{line}\nin\n{text}");
+        }
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["rule"]["algorithm"], algorithm.as_str());
+    }
+}
+
+#[test]
+fn a_sharded_rule_shows_its_shards_and_every_shard_key() {
+    let text = "domain: hot\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 100, shards: 4, lease: 5}\n";
+    let config = load_sources(&[("hot.yaml".into(), text.into())]).unwrap();
+    let report = explain(&config, "hot", &[Entry::new("tenant", "acme")], &options());
+    let rule = report.rule.as_ref().unwrap();
+    assert_eq!(rule.key, None);
+    assert_eq!(
+        rule.shard_keys,
+        (0..4)
+            .map(|i| format!("sluice:{{hot|tenant=acme~s{i}}}"))
+            .collect::<Vec<_>>()
+    );
+    let bucket = rule.bucket.as_ref().unwrap();
+    assert_eq!(bucket.capacity, 100, "the rule's full limit");
+    assert_eq!(
+        bucket.shards,
+        Some(ShardView {
+            count: 4,
+            requests_per_unit: 25,
+            capacity: 25,
+            refill_per_second: 25.0 / 60.0,
+        })
+    );
+    assert!(
+        report
+            .outcome
+            .ends_with("; judged by one of 4 shards (the limit / 4 each), chosen per request"),
+        "{}",
+        report.outcome
+    );
+    let text = report.to_text();
+    for line in [
+        "limit:       100 per minute",
+        "lease:       up to 5 tokens per backend call",
+        "shards:      4 of 25 per minute each (capacity 25), one slot each; a request is judged by one",
+        "keys:        sluice:{hot|tenant=acme~s0}\n             sluice:{hot|tenant=acme~s1}\n",
+        "             sluice:{hot|tenant=acme~s3}\n",
+    ] {
+        assert!(text.contains(line), "{line}\nin\n{text}");
+    }
+    assert!(!text.contains("key:  "), "{text}");
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["rule"]["bucket"]["shards"]["count"], 4);
+    assert_eq!(json["rule"]["shard_keys"].as_array().unwrap().len(), 4);
+    assert!(json["rule"].get("key").is_none());
+    // Unsharded rules have neither.
+    let plain = serde_json::to_value(run("api", "plain=x")).unwrap();
+    assert!(plain["rule"].get("shard_keys").is_none());
+    assert!(plain["rule"]["bucket"].get("shards").is_none());
+}
+
+#[test]
+fn a_descriptor_stopping_at_a_tree_node_is_a_depth_mismatch() {
+    let text = "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        rate_limit: {unit: second, requests_per_unit: 1}\n";
+    let config = load_sources(&[("d.yaml".into(), text.into())]).unwrap();
+    let report = explain(&config, "d", &[Entry::new("a", "1")], &options());
+    assert_eq!(
+        report.reason.as_deref(),
+        Some(
+            "depth mismatch: entry 1 `a=1` reached a descriptor without a rate_limit of its own; a longer descriptor continues with: b"
+        )
+    );
+}

@@ -1,0 +1,216 @@
+//! The embedded in-memory backend: sharded buckets, idle eviction, a bound on live buckets.
+//!
+//! Buckets live in `shards` maps, each behind its own mutex, so requests for different clients
+//! rarely contend and nothing global is locked per request. One request's buckets are decided
+//! atomically: the distinct shards it touches are locked in ascending index order (so two requests
+//! can never wait on each other in a cycle), [`algorithm::decide`] runs (each key by its own
+//! algorithm), states are written back, and the locks are released.
+//!
+//! Each stored key remembers when its state settles: the bucket is full again, the window is
+//! over, the arrival time has passed ([`State::settled_at_ms`]). From then on it is
+//! indistinguishable from a missing key (a missing key has nothing counted), so it is treated as
+//! missing on lookup and may be dropped at any time: by [`MemoryBackend::sweep`], by the sweeper task, or when a shard needs
+//! room. A request that leaves its bucket full stores nothing at all.
+//!
+//! With [`MemoryOptions::max_buckets_per_rule`], each rule (the [`Hit::rule`] that created a
+//! bucket) may hold only so many buckets: a new bucket of a rule at its bound evicts one of that
+//! rule's own buckets, so a flood of distinct values reaching one rule (spoofed client
+//! addresses, random header values) cannot evict the buckets of any other rule.
+
+mod shard;
+#[cfg(test)]
+mod tests;
+
+use std::collections::hash_map::RandomState;
+use std::future::Future;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use crate::algorithm::{self, Demand, State, Verdict};
+use crate::backend::{Backend, BackendError, Hit};
+use crate::clock::SharedClock;
+use crate::settings::Settings;
+
+use shard::{Shard, Slot};
+
+/// Size and layout of the in-memory store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryOptions {
+    /// Upper bound on stored buckets, so a flood of distinct keys cannot exhaust memory.
+    /// Split evenly across shards; 0 is treated as 1.
+    pub max_buckets: usize,
+    /// Number of independently locked maps; capped at `max_buckets`, at least 1.
+    pub shards: usize,
+    /// Upper bound on stored buckets of one rule; `None`: only `max_buckets` applies. Split
+    /// across shards like `max_buckets`, with at least one per shard (so the effective bound is
+    /// at least the shard count).
+    pub max_buckets_per_rule: Option<usize>,
+}
+
+/// Independently locked maps of a store built from settings (not a flag).
+const SHARDS: usize = 64;
+
+impl From<&Settings> for MemoryOptions {
+    /// The memory backend's bounds, and the same for the `local` failure policy's buckets.
+    fn from(settings: &Settings) -> Self {
+        MemoryOptions {
+            max_buckets: settings.memory_max_buckets,
+            shards: SHARDS,
+            max_buckets_per_rule: settings
+                .security
+                .memory_max_buckets_per_rule
+                .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+        }
+    }
+}
+
+impl Default for MemoryOptions {
+    /// `--memory-max-buckets` and `--memory-max-buckets-per-rule` at their defaults.
+    fn default() -> Self {
+        MemoryOptions::from(&Settings::defaults())
+    }
+}
+
+/// Rate-limit state in this process's memory, with the same semantics as the Redis backend.
+pub struct MemoryBackend {
+    clock: SharedClock,
+    shards: Box<[Mutex<Shard>]>,
+    /// Picks a key's shard; independent of the maps' own hashers so a shard's keys do not cluster
+    /// inside its map.
+    router: RandomState,
+}
+
+impl MemoryBackend {
+    pub fn new(clock: SharedClock, opts: MemoryOptions) -> Self {
+        let max_buckets = opts.max_buckets.max(1);
+        let count = opts.shards.clamp(1, max_buckets);
+        let split = |total: usize, i: usize| total / count + usize::from(i < total % count);
+        let shards = (0..count)
+            .map(|i| {
+                let rule_capacity = opts.max_buckets_per_rule.map(|cap| split(cap, i).max(1));
+                Mutex::new(Shard::new(split(max_buckets, i), rule_capacity))
+            })
+            .collect();
+        MemoryBackend {
+            clock,
+            shards,
+            router: RandomState::new(),
+        }
+    }
+
+    /// Buckets currently stored (some may already be full again and awaiting a sweep).
+    pub fn live_buckets(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).buckets.len()).sum()
+    }
+
+    /// Removes the buckets that are full again; returns how many. Locks one shard at a time.
+    pub fn sweep(&self) -> usize {
+        (0..self.shards.len()).map(|i| self.sweep_shard(i)).sum()
+    }
+
+    /// Sweeps every `every` on the tokio runtime until this backend is dropped (the task holds
+    /// only a weak reference) or the handle is aborted.
+    pub fn spawn_sweeper(self: &Arc<Self>, every: Duration) -> tokio::task::JoinHandle<()> {
+        let backend = Arc::downgrade(self);
+        let every = every.max(Duration::from_millis(1));
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                let Some(shards) = backend.upgrade().map(|b| b.shards.len()) else {
+                    return;
+                };
+                let mut swept = 0;
+                for i in 0..shards {
+                    let Some(b) = backend.upgrade() else { return };
+                    swept += b.sweep_shard(i);
+                    drop(b);
+                    // Let requests run between shards: a full sweep of a large store takes a while.
+                    tokio::task::yield_now().await;
+                }
+                tracing::debug!(swept, "memory backend sweep");
+            }
+        })
+    }
+
+    fn sweep_shard(&self, index: usize) -> usize {
+        let mut shard = lock(&self.shards[index]);
+        let now_ms = self.clock.now_ms();
+        shard.sweep(now_ms)
+    }
+
+    fn shard_index(&self, key: &str) -> usize {
+        let hash = self.router.hash_one(key);
+        // Multiply-shift maps the hash onto 0..len without a division.
+        ((u128::from(hash) * self.shards.len() as u128) >> 64) as usize
+    }
+
+    /// Decides one request's hits atomically.
+    fn decide(&self, hits: &[Hit]) -> Vec<Verdict> {
+        debug_assert!(
+            hits.iter()
+                .enumerate()
+                .all(|(i, a)| hits[..i].iter().all(|b| a.key != b.key)),
+            "keys of one request must be distinct"
+        );
+        let shard_of: Vec<usize> = hits.iter().map(|h| self.shard_index(&h.key)).collect();
+        let mut locked = shard_of.clone();
+        locked.sort_unstable();
+        locked.dedup();
+        let mut guards: Vec<MutexGuard<'_, Shard>> =
+            locked.iter().map(|&i| lock(&self.shards[i])).collect();
+        let guard_of = |shard: usize| {
+            locked
+                .binary_search(&shard)
+                .expect("every touched shard is locked")
+        };
+
+        // Read the clock under the locks, so a bucket's updates are stamped in the order they
+        // were applied.
+        let now_ms = self.clock.now_ms();
+        let mut states: Vec<Option<State>> = hits
+            .iter()
+            .zip(&shard_of)
+            .map(|(hit, &s)| guards[guard_of(s)].state(&hit.key, now_ms))
+            .collect();
+        let demands: Vec<Demand> = hits.iter().map(|h| h.demand).collect();
+        let verdicts = algorithm::decide(now_ms, &demands, &mut states);
+
+        for ((hit, &s), state) in hits.iter().zip(&shard_of).zip(states) {
+            let state = state.expect("decide returns a state for every key");
+            let slot = Slot {
+                state,
+                full_at_ms: state.settled_at_ms(&hit.demand.params),
+                rule: hit.rule,
+            };
+            guards[guard_of(s)].store(&hit.key, slot, now_ms, hits);
+        }
+        verdicts
+    }
+}
+
+impl Backend for MemoryBackend {
+    fn check(
+        &self,
+        hits: &[Hit],
+    ) -> impl Future<Output = Result<Vec<Verdict>, BackendError>> + Send {
+        std::future::ready(Ok(self.decide(hits)))
+    }
+
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn probe(&self) -> impl Future<Output = Result<(), BackendError>> + Send {
+        std::future::ready(Ok(()))
+    }
+}
+
+/// A panic while a shard was locked leaves its map intact (at worst one bucket's state is
+/// stale), so later requests keep using it rather than failing forever.
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}

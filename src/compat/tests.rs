@@ -1,0 +1,365 @@
+use std::collections::HashMap;
+
+use super::go::go_duration;
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn over(t: &Translation, name: &str) -> Option<String> {
+    t.overrides.get(name).cloned()
+}
+
+fn ignored(t: &Translation) -> Vec<&str> {
+    t.ignored.iter().map(|i| i.name.as_str()).collect()
+}
+
+#[test]
+fn an_unrelated_environment_changes_nothing() {
+    let t = apply(&env(&[("PATH", "/bin"), ("HOME", "/root")]));
+    assert_eq!(t, Translation::default());
+}
+
+#[test]
+fn the_runtime_layout_is_the_config_directory() {
+    let t = apply(&env(&[
+        ("RUNTIME_ROOT", "/data"),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("RUNTIME_IGNOREDOTFILES", "true"),
+    ]));
+    assert_eq!(
+        over(&t, "SLUICE_CONFIG").as_deref(),
+        Some("/data/ratelimit/config")
+    );
+    assert_eq!(over(&t, "SLUICE_CONFIG_DOTFILES").as_deref(), Some("false"));
+    // envoyproxy/ratelimit's defaults: no rate-limit headers, HTTP (probes) on 0.0.0.0:8080.
+    assert_eq!(
+        over(&t, "SLUICE_RESPONSE_HEADERS").as_deref(),
+        Some("false")
+    );
+    assert_eq!(
+        over(&t, "SLUICE_ADMIN_ADDR").as_deref(),
+        Some("0.0.0.0:8080")
+    );
+    let t = apply(&env(&[
+        ("RUNTIME_SUBDIRECTORY", "rl"),
+        ("RUNTIME_APPDIRECTORY", "limits"),
+    ]));
+    assert_eq!(
+        over(&t, "SLUICE_CONFIG").as_deref(),
+        Some("/srv/runtime_data/current/rl/limits")
+    );
+    assert_eq!(over(&t, "SLUICE_CONFIG_DOTFILES").as_deref(), Some("true"));
+}
+
+#[test]
+fn sluice_variables_win() {
+    let t = apply(&env(&[
+        ("RUNTIME_ROOT", "/data"),
+        ("RUNTIME_SUBDIRECTORY", "rl"),
+        ("SLUICE_CONFIG", "/etc/sluice"),
+    ]));
+    assert_eq!(over(&t, "SLUICE_CONFIG"), None);
+    assert!(t.notes.iter().any(|n| n.contains("SLUICE_CONFIG is set")));
+}
+
+#[test]
+fn listeners_map_to_grpc_and_admin_addresses() {
+    let t = apply(&env(&[
+        ("GRPC_PORT", "9000"),
+        ("PORT", "8080"),
+        ("HOST", "::1"),
+    ]));
+    assert_eq!(
+        over(&t, "SLUICE_GRPC_ADDR").as_deref(),
+        Some("0.0.0.0:9000")
+    );
+    assert_eq!(over(&t, "SLUICE_ADMIN_ADDR").as_deref(), Some("[::1]:8080"));
+    let t = apply(&env(&[("DEBUG_PORT", "7000")]));
+    assert_eq!(
+        over(&t, "SLUICE_ADMIN_ADDR").as_deref(),
+        Some("0.0.0.0:7000")
+    );
+    let both = apply(&env(&[("PORT", "8080"), ("DEBUG_PORT", "7000")]));
+    assert_eq!(
+        over(&both, "SLUICE_ADMIN_ADDR").as_deref(),
+        Some("0.0.0.0:8080")
+    );
+    assert_eq!(ignored(&both), ["DEBUG_PORT"]);
+    let local = apply(&env(&[("PORT", "1"), ("HOST", "localhost")]));
+    assert_eq!(
+        over(&local, "SLUICE_ADMIN_ADDR").as_deref(),
+        Some("127.0.0.1:1")
+    );
+    // A shell's HOST without PORT means nothing here.
+    assert_eq!(
+        apply(&env(&[("HOST", "my-laptop")])),
+        Translation::default()
+    );
+    let bad = apply(&env(&[
+        ("GRPC_PORT", "http"),
+        ("PORT", "1"),
+        ("HOST", "box"),
+    ]));
+    assert_eq!(bad.errors.len(), 2, "{:?}", bad.errors);
+}
+
+#[test]
+fn redis_single_cluster_and_sentinel() {
+    let t = apply(&env(&[
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "redis.ns:6379"),
+        ("REDIS_AUTH", "s3cr:t,x"),
+    ]));
+    assert_eq!(over(&t, "SLUICE_BACKEND").as_deref(), Some("redis"));
+    assert_eq!(
+        over(&t, "SLUICE_REDIS_URL").as_deref(),
+        Some("redis://s3cr:t%2Cx@redis.ns:6379")
+    );
+    assert_eq!(over(&t, "SLUICE_REDIS_MODE").as_deref(), Some("standalone"));
+
+    let t = apply(&env(&[
+        ("REDIS_TYPE", "cluster"),
+        ("REDIS_URL", "a:7000, b:7001"),
+        ("REDIS_TLS", "true"),
+        ("REDIS_AUTH", "pw"),
+    ]));
+    assert_eq!(
+        over(&t, "SLUICE_REDIS_URL").as_deref(),
+        Some("rediss://:pw@a:7000,rediss://:pw@b:7001")
+    );
+    assert_eq!(over(&t, "SLUICE_REDIS_MODE").as_deref(), Some("cluster"));
+
+    let t = apply(&env(&[
+        ("REDIS_TYPE", "SENTINEL"),
+        ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+        ("REDIS_SENTINEL_AUTH", "other"),
+    ]));
+    assert_eq!(
+        over(&t, "SLUICE_REDIS_SENTINEL_MASTER").as_deref(),
+        Some("mymaster")
+    );
+    assert_eq!(
+        over(&t, "SLUICE_REDIS_URL").as_deref(),
+        Some("redis://s1:26379,redis://s2:26379")
+    );
+    assert_eq!(ignored(&t), ["REDIS_SENTINEL_AUTH"]);
+
+    let bad = apply(&env(&[
+        ("REDIS_TYPE", "SENTINEL"),
+        ("REDIS_URL", "onlymaster"),
+    ]));
+    assert_eq!(bad.errors.len(), 1);
+    let bad = apply(&env(&[("REDIS_TYPE", "RING"), ("REDIS_URL", "a:1")]));
+    assert!(bad.errors[0].starts_with("REDIS_TYPE"));
+}
+
+#[test]
+fn redis_unix_sockets_users_and_explicit_urls() {
+    let t = apply(&env(&[
+        ("REDIS_URL", "/var/run/nutcracker/ratelimit.sock"),
+        ("REDIS_AUTH", "me:p@ss"),
+    ]));
+    assert_eq!(
+        over(&t, "SLUICE_REDIS_URL").as_deref(),
+        Some("redis+unix:///var/run/nutcracker/ratelimit.sock?user=me&pass=p%40ss")
+    );
+    let t = apply(&env(&[
+        ("REDIS_URL", "h:1"),
+        ("REDIS_TLS", "1"),
+        ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+    ]));
+    assert_eq!(
+        over(&t, "SLUICE_REDIS_URL").as_deref(),
+        Some("rediss://h:1#insecure")
+    );
+    let t = apply(&env(&[("REDIS_URL", "redis://x:1/2")]));
+    assert_eq!(
+        over(&t, "SLUICE_REDIS_URL").as_deref(),
+        Some("redis://x:1/2")
+    );
+    // memcache is not Redis: no backend switch, and reported.
+    let t = apply(&env(&[("REDIS_URL", "h:1"), ("BACKEND_TYPE", "memcache")]));
+    assert_eq!(over(&t, "SLUICE_BACKEND"), None);
+    assert_eq!(ignored(&t), ["BACKEND_TYPE"]);
+}
+
+#[test]
+fn logging_limits_and_headers() {
+    let t = apply(&env(&[
+        ("LOG_LEVEL", "WARNING"),
+        ("LOG_FORMAT", "JSON"),
+        ("CACHE_KEY_PREFIX", "rl_"),
+        ("NEAR_LIMIT_RATIO", "0.9"),
+        ("EXPIRATION_JITTER_MAX_SECONDS", "300"),
+        ("SHADOW_MODE", "True"),
+        ("MERGE_DOMAIN_CONFIG", "1"),
+        ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+        ("LIMIT_REMAINING_HEADER", "X-Left"),
+    ]));
+    let expect = [
+        ("SLUICE_LOG_LEVEL", "warn"),
+        ("SLUICE_LOG_FORMAT", "json"),
+        ("SLUICE_KEY_PREFIX", "rl_"),
+        ("SLUICE_NEAR_LIMIT_RATIO", "0.9"),
+        ("SLUICE_EXPIRY_JITTER_MAX", "300s"),
+        ("SLUICE_SHADOW_MODE", "true"),
+        ("SLUICE_MERGE_DOMAINS", "true"),
+        ("SLUICE_RESPONSE_HEADERS", "true"),
+        ("SLUICE_HEADER_LIMIT", "RateLimit-Limit"),
+        ("SLUICE_HEADER_REMAINING", "X-Left"),
+        ("SLUICE_HEADER_RESET", "RateLimit-Reset"),
+    ];
+    for (name, value) in expect {
+        assert_eq!(over(&t, name).as_deref(), Some(value), "{name}");
+    }
+    assert!(t.errors.is_empty(), "{:?}", t.errors);
+    let bad = apply(&env(&[
+        ("LOG_LEVEL", "loud"),
+        ("NEAR_LIMIT_RATIO", "2"),
+        ("SHADOW_MODE", "yes"),
+        ("EXPIRATION_JITTER_MAX_SECONDS", "-1"),
+    ]));
+    assert_eq!(bad.errors.len(), 4, "{:?}", bad.errors);
+}
+
+#[test]
+fn unsupported_settings_are_reported_unless_harmless() {
+    let t = apply(&env(&[
+        ("USE_STATSD", "true"),
+        ("STATSD_HOST", "statsd"),
+        ("USE_DOG_STATSD", "false"),
+        ("MEMCACHE_HOST_PORT", "m:11211"),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ("CONFIG_GRPC_XDS_SERVER_URL", "xds:18000"),
+        ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "a:b"),
+        ("XDS_CLIENT_BACKOFF_JITTER", "true"),
+        ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
+        ("REDIS_PERSECOND", "false"),
+        ("TRACING_EXPORTER_PROTOCOL", "http"),
+        ("TRACING_SERVICE_NAME", "RateLimit"),
+        ("GRPC_SERVER_USE_TLS", "true"),
+    ]));
+    assert_eq!(
+        ignored(&t),
+        [
+            "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+            "GRPC_SERVER_USE_TLS",
+            "MEMCACHE_HOST_PORT",
+            "STATSD_HOST",
+            "TRACING_EXPORTER_PROTOCOL",
+            "TRACING_SERVICE_NAME",
+            "USE_STATSD",
+        ]
+    );
+}
+
+#[test]
+fn stats_and_tracing_switches_map() {
+    let t = apply(&env(&[
+        ("DISABLE_STATS", "true"),
+        ("TRACING_ENABLED", "true"),
+        ("TRACING_SAMPLING_RATE", "0.25"),
+        ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+    ]));
+    assert_eq!(over(&t, "SLUICE_METRICS").as_deref(), Some("false"));
+    assert_eq!(over(&t, "SLUICE_TRACING").as_deref(), Some("true"));
+    assert_eq!(
+        over(&t, "SLUICE_TRACE_SAMPLING_RATIO").as_deref(),
+        Some("0.25")
+    );
+    assert!(ignored(&t).is_empty(), "{:?}", t.ignored);
+    let bad = apply(&env(&[("TRACING_SAMPLING_RATE", "2")]));
+    assert_eq!(bad.errors.len(), 1);
+}
+
+#[test]
+fn local_cache_size_maps_to_the_over_limit_cache() {
+    let t = apply(&env(&[("LOCAL_CACHE_SIZE_IN_BYTES", "1048576")]));
+    assert_eq!(over(&t, "SLUICE_OVER_LIMIT_CACHE").as_deref(), Some("true"));
+    assert_eq!(
+        over(&t, "SLUICE_OVER_LIMIT_CACHE_MAX_KEYS").as_deref(),
+        Some("4096")
+    );
+    let off = apply(&env(&[("LOCAL_CACHE_SIZE_IN_BYTES", "0")]));
+    assert_eq!(
+        over(&off, "SLUICE_OVER_LIMIT_CACHE").as_deref(),
+        Some("false")
+    );
+    assert!(ignored(&off).is_empty());
+    let bad = apply(&env(&[("LOCAL_CACHE_SIZE_IN_BYTES", "lots")]));
+    assert_eq!(bad.errors.len(), 1, "{:?}", bad.errors);
+}
+
+#[test]
+fn xds_client_settings_map_with_go_durations() {
+    let t = apply(&env(&[
+        ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "1m30s"),
+        ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "1.5h"),
+        ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "4194304"),
+    ]));
+    assert_eq!(
+        over(&t, "SLUICE_XDS_BACKOFF_INITIAL").as_deref(),
+        Some("90000ms")
+    );
+    assert_eq!(
+        over(&t, "SLUICE_XDS_BACKOFF_MAX").as_deref(),
+        Some("5400000ms")
+    );
+    assert_eq!(
+        over(&t, "SLUICE_XDS_MAX_MESSAGE_BYTES").as_deref(),
+        Some("4194304")
+    );
+    assert_eq!(
+        go_duration("250ms"),
+        Some(std::time::Duration::from_millis(250))
+    );
+    assert_eq!(go_duration("0"), Some(std::time::Duration::ZERO));
+    assert_eq!(go_duration("10"), None);
+    assert_eq!(go_duration("5d"), None);
+    let bad = apply(&env(&[("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "soon")]));
+    assert_eq!(bad.errors.len(), 1);
+}
+
+#[test]
+fn overrides_become_flags_unless_given_on_the_command_line() {
+    let t = apply(&env(&[("GRPC_PORT", "9000"), ("PORT", "9001")]));
+    let flag_of = |v: &str| {
+        v.strip_prefix("SLUICE_")
+            .map(|f| format!("--{}", f.to_ascii_lowercase().replace('_', "-")))
+    };
+    let args: Vec<OsString> = ["sluice", "serve", "--admin-addr=127.0.0.1:1"]
+        .iter()
+        .map(OsString::from)
+        .collect();
+    let out: Vec<String> = t
+        .args(args, flag_of)
+        .into_iter()
+        .map(|a| a.into_string().unwrap())
+        .collect();
+    assert_eq!(
+        out,
+        [
+            "sluice",
+            "serve",
+            "--admin-addr=127.0.0.1:1",
+            "--grpc-addr=0.0.0.0:9000"
+        ]
+    );
+}
+
+#[test]
+fn credentials_are_redacted_in_logs() {
+    assert_eq!(
+        redact_userinfo("redis://u:p%40@h:1,rediss://:x@h:2,redis://h:3"),
+        "redis://u:***@h:1,rediss://:***@h:2,redis://h:3"
+    );
+    assert_eq!(
+        redact_userinfo("redis+unix:///s.sock?user=u&pass=p"),
+        "redis+unix:///s.sock?user=u&pass=***"
+    );
+}
