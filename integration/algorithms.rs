@@ -4,8 +4,6 @@
 //! long (a day; a scenario does not start in the last minute of one) and the checks of reported
 //! times allow for the seconds a test takes.
 
-mod harness;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -15,11 +13,11 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use harness::{RedisCluster, RedisServer};
 use sluice::clock::{Clock, MonotonicClock};
 use sluice::config::load_sources;
 use sluice::server::{self, Running};
 use sluice::settings::{BackendKind, RedisModeArg, Settings};
+use sluice_harness::{RedisCluster, RedisServer};
 use tonic::transport::Channel;
 
 const OK: i32 = 1;
