@@ -365,3 +365,28 @@ fn signal_group(child: &Child, signal: libc::c_int) {
 fn is_transient(err: &redis::RedisError) -> bool {
     err.is_connection_refusal() || err.is_timeout() || err.is_connection_dropped()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn connect_error(url: &str) -> redis::RedisError {
+        match connect(url) {
+            Ok(_) => panic!("{url} answered"),
+            Err(err) => err,
+        }
+    }
+
+    #[test]
+    fn refused_and_unanswered_connects_are_transient() {
+        let port = free_port(false);
+        let refused = connect_error(&format!("redis://127.0.0.1:{port}"));
+        assert!(is_transient(&refused), "{refused}");
+        // Accepted but never answered, as by a server too busy to finish the handshake: the read
+        // times out with EAGAIN ("Resource temporarily unavailable").
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("redis://{}", silent.local_addr().expect("addr"));
+        let unanswered = connect_error(&url);
+        assert!(is_transient(&unanswered), "{unanswered}");
+    }
+}
