@@ -111,14 +111,8 @@ fn signal(child: &Child, sig: i32) {
 }
 
 /// Polls `check` every 10 ms; fails after 10 s.
-fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    for _ in 0..1_000 {
-        if check() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!("not within 10 s: {what}");
+fn eventually(what: &str, check: impl FnMut() -> bool) {
+    harness::wait_until(what, Duration::from_secs(10), check);
 }
 
 const EDGE: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 3}\n";

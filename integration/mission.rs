@@ -12,7 +12,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice_harness as harness;
-use sluice_harness::{RedisCluster, RedisServer, command_calls};
+use sluice_harness::{RedisCluster, RedisServer, command_calls, without_sluice_env};
 use tonic::transport::Channel;
 
 const OK: i32 = 1;
@@ -57,11 +57,7 @@ impl Sluice {
                 c
             }
         };
-        for (k, _) in std::env::vars() {
-            if k.starts_with("SLUICE_") {
-                cmd.env_remove(k);
-            }
-        }
+        without_sluice_env(&mut cmd);
         cmd.args(["serve", "--config"])
             .arg(dir.path())
             .args([

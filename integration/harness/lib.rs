@@ -8,7 +8,8 @@
 //! when the thread that started it exits: start servers from the test's own thread (or a runtime
 //! worker), never from a short-lived helper thread.
 //!
-//! Test crates name it `use sluice_harness as harness;`.
+//! A dev-dependency of the sluice package and of sluice-bench; integration tests import from it
+//! (`use sluice_harness::{RedisServer, ...}`; some as `use sluice_harness as harness;`).
 
 mod cluster;
 pub mod otlp;
@@ -20,6 +21,7 @@ pub mod tls;
 
 use std::net::TcpListener;
 use std::path::PathBuf;
+use std::process::Command;
 use std::thread::sleep;
 use std::time::Duration;
 
@@ -61,6 +63,17 @@ pub fn workspace_bin(name: &str) -> PathBuf {
         path.display()
     );
     path
+}
+
+/// Removes every `SLUICE_*` variable from `cmd`'s environment: the developer's environment must
+/// not leak into a sluice process a test starts.
+pub fn without_sluice_env(cmd: &mut Command) -> &mut Command {
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("SLUICE_") {
+            cmd.env_remove(name);
+        }
+    }
+    cmd
 }
 
 /// A loopback port nothing listens on (bind :0, read, close). With `bus`, port + 10000 is

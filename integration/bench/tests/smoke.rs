@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
-use sluice_harness::{RedisServer, workspace_bin};
+use sluice_harness::{RedisServer, without_sluice_env, workspace_bin};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_sluice-bench");
 
@@ -20,11 +20,7 @@ struct Server {
 
 impl Server {
     fn start(mut cmd: Command) -> Server {
-        for (k, _) in std::env::vars() {
-            if k.starts_with("SLUICE_") {
-                cmd.env_remove(k);
-            }
-        }
+        without_sluice_env(&mut cmd);
         cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
         // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
         unsafe {
