@@ -12,12 +12,6 @@
 //! `getrusage`): on a shared machine that figure moves much less than the throughput, and the
 //! client's share is the same in every mode. Prints figures only; nothing is asserted.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-#[path = "../integration/harness/otlp.rs"]
-#[allow(dead_code)]
-mod otlp;
-
 use std::process::Command;
 use std::time::Duration;
 
@@ -27,6 +21,7 @@ use sluice::clock::Stopwatch;
 use sluice::settings::TelemetryArgs;
 use sluice::settings::{LogFormat, Settings};
 use sluice::telemetry;
+use sluice_harness::{otlp, rls};
 
 const CONFIG: &str = "domain: bench\ndescriptors:\n  - key: client\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n    descriptors:\n      - key: route\n        rate_limit: {unit: second, requests_per_unit: 1000000000}\n";
 const MODES: [&str; 3] = ["off", "metrics", "traces"];
@@ -207,11 +202,8 @@ async fn drive(
                     let request = RateLimitRequest {
                         domain: "bench".into(),
                         descriptors: vec![
-                            common::desc(&[(
-                                "client",
-                                &format!("c{}", (n * 7 + task as u64) % 1000),
-                            )]),
-                            common::desc(&[("client", "shared"), ("route", "r")]),
+                            rls::desc(&[("client", &format!("c{}", (n * 7 + task as u64) % 1000))]),
+                            rls::desc(&[("client", "shared"), ("route", "r")]),
                         ],
                         hits_addend: 0,
                     };

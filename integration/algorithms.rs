@@ -4,8 +4,6 @@
 //! long (a day; a scenario does not start in the last minute of one) and the checks of reported
 //! times allow for the seconds a test takes.
 
-mod harness;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -15,11 +13,12 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use harness::{RedisCluster, RedisServer};
 use sluice::clock::{Clock, MonotonicClock};
 use sluice::config::load_sources;
 use sluice::server::{self, Running};
 use sluice::settings::{BackendKind, RedisModeArg, Settings};
+use sluice_harness::rls::{self, header};
+use sluice_harness::{RedisCluster, RedisServer};
 use tonic::transport::Channel;
 
 const OK: i32 = 1;
@@ -132,14 +131,6 @@ fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
         descriptors,
         hits_addend: 0,
     }
-}
-
-fn header<'a>(response: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
-    response
-        .response_headers_to_add
-        .iter()
-        .find(|h| h.key == name)
-        .map(|h| h.value.as_str())
 }
 
 fn seconds(response: &RateLimitResponse, name: &str) -> u64 {
@@ -449,18 +440,9 @@ async fn the_default_algorithm_applies_and_the_config_dump_shows_it() {
     s.stop().await;
 }
 
-/// A minimal HTTP/1.0 GET of the admin listener: the body.
+/// `GET path` of the admin listener, which must answer 200: the body.
 fn http_get(addr: SocketAddr, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    assert!(
-        text.starts_with("HTTP/1.1 200") || text.starts_with("HTTP/1.0 200"),
-        "{text}"
-    );
-    text.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default()
+    let (status, body) = rls::http_get(addr, path);
+    assert_eq!(status, 200, "{body}");
+    body
 }

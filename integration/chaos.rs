@@ -9,8 +9,6 @@
 //! machine): no decision longer than the Redis deadline plus a margin, zero hung calls, zero
 //! unexpected errors, every decision during the fault made by the failure policy in force.
 
-mod harness;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,10 +16,11 @@ use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use harness::sluice::{OK, OVER_LIMIT, Sluice, header, request};
-use harness::{RedisCluster, RedisSentinel, RedisServer, command_calls};
 use sluice::resilience::breaker::BreakerState;
 use sluice::settings::{FailureModeArg, RedisModeArg, Settings};
+use sluice_harness::rls::{OK, OVER_LIMIT, header, request};
+use sluice_harness::sluice::Sluice;
+use sluice_harness::{RedisCluster, RedisSentinel, RedisServer, command_calls};
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 

@@ -2,18 +2,15 @@
 //! `explain` as CI and operators run them, and an envoyproxy/ratelimit deployment (its
 //! environment, its runtime directory, its Redis) switched to sluice by changing the image.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-mod harness;
-
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use common::{OK, OVER_LIMIT, desc, header, http_get, req};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use sluice_harness as harness;
+use sluice_harness::rls::{OK, OVER_LIMIT, desc, header, http_get, req};
 
 /// The binary with an empty environment: nothing from the developer's or CI's environment
 /// (SLUICE_*, REDIS_URL, PORT, ...) may leak into what is tested.
@@ -114,14 +111,8 @@ fn signal(child: &Child, sig: i32) {
 }
 
 /// Polls `check` every 10 ms; fails after 10 s.
-fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    for _ in 0..1_000 {
-        if check() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!("not within 10 s: {what}");
+fn eventually(what: &str, check: impl FnMut() -> bool) {
+    harness::wait_until(what, Duration::from_secs(10), check);
 }
 
 const EDGE: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 3}\n";

@@ -7,8 +7,6 @@
 //! Each backend runs all scenarios on one server (scenarios use disjoint keys); a failing
 //! scenario is reported by name and the others still run.
 
-mod harness;
-
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +20,8 @@ use sluice::backend::redis::{RedisBackend, RedisMode, RedisOptions};
 use sluice::backend::{Backend, Hit};
 use sluice::clock::ManualClock;
 
-use harness::{RedisCluster, RedisServer};
+use sluice_harness as harness;
+use sluice_harness::{RedisCluster, RedisServer};
 
 /// Start of every scenario's timeline: a realistic epoch in ms, so large-number precision counts.
 const T0: u64 = 1_700_000_000_000;

@@ -2,14 +2,13 @@
 //! sharing one Redis. The limits are per day so the refill during a test (seconds) is below one
 //! token and every count is exact whatever the machine's speed.
 
-mod harness;
-
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
-use harness::sluice::{OK, OVER_LIMIT, Sluice, request};
-use harness::{RedisServer, command_calls};
 use sluice::settings::RedisModeArg;
+use sluice_harness::rls::{OK, OVER_LIMIT, request};
+use sluice_harness::sluice::Sluice;
+use sluice_harness::{RedisServer, command_calls};
 
 const CONFIG: &str = r#"
 domain: lease

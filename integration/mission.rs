@@ -1,8 +1,6 @@
 //! The mission: several sluice processes sharing one Redis hold one limit, whatever their number,
 //! through the real path (gRPC in, Redis out). Real processes, real sockets.
 
-mod harness;
-
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
@@ -13,7 +11,8 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use harness::{RedisCluster, RedisServer, command_calls};
+use sluice_harness as harness;
+use sluice_harness::{RedisCluster, RedisServer, command_calls, without_sluice_env};
 use tonic::transport::Channel;
 
 const OK: i32 = 1;
@@ -58,11 +57,7 @@ impl Sluice {
                 c
             }
         };
-        for (k, _) in std::env::vars() {
-            if k.starts_with("SLUICE_") {
-                cmd.env_remove(k);
-            }
-        }
+        without_sluice_env(&mut cmd);
         cmd.args(["serve", "--config"])
             .arg(dir.path())
             .args([

@@ -2,21 +2,17 @@
 //! listener's `GET /metrics`, memory and Redis backends, reloads, and the real binary's logs.
 //! Also: every metric the Grafana dashboard and the alert rules use is in a real scrape.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-mod harness;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{OK, OVER_LIMIT, TestServer, desc, http_get, req};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use sluice::settings::BackendKind;
-
-use harness::{RedisServer, command_calls, wait_until};
+use sluice_harness::rls::{OK, OVER_LIMIT, desc, http_get, req};
+use sluice_harness::sluice::TestServer;
+use sluice_harness::{RedisServer, command_calls, wait_until};
 
 /// One scrape: (sample name, labels) → value, and the families of `# TYPE` lines.
 #[derive(Debug, Default)]

@@ -4,21 +4,17 @@
 //!
 //! One test in this binary: it installs the process-wide tracing subscriber.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-mod harness;
-
 use std::time::Duration;
 
-use common::{TestServer, desc, req};
 use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point};
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use sluice::settings::TelemetryArgs;
 use sluice::settings::{BackendKind, LogFormat};
 use sluice::telemetry;
-
-use harness::RedisServer;
-use harness::otlp::{Collector, attr};
+use sluice_harness::RedisServer;
+use sluice_harness::otlp::{Collector, attr};
+use sluice_harness::rls::{desc, req};
+use sluice_harness::sluice::TestServer;
 
 const CONFIG: &str = "domain: otlp\ndescriptors:\n  - key: client\n    rate_limit: {unit: hour, requests_per_unit: 100}\n";
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";

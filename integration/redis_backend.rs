@@ -1,8 +1,6 @@
 //! The Redis backend against real servers: round trips per check, script cache loss, restarts,
 //! key expiry, Cluster slot routing and MOVED, Sentinel failover, timeouts, credentials.
 
-mod harness;
-
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +12,8 @@ use sluice::clock::ManualClock;
 use sluice::key::{RuleTag, bucket_key};
 use sluice::request::Entry;
 
-use harness::{RedisCluster, RedisSentinel, RedisServer, command_calls, wait_until};
+use sluice_harness as harness;
+use sluice_harness::{RedisCluster, RedisSentinel, RedisServer, command_calls, wait_until};
 
 /// Plenty of tokens: these tests are about transport, not limits.
 const ROOMY: BucketParams = BucketParams {

@@ -3,16 +3,14 @@
 //! Its own test binary: the test sets an environment variable, which is only sound while no
 //! other thread of the process reads the environment.
 
-mod harness;
-
 use std::time::Duration;
 
 use sluice::algorithm::BucketParams;
 use sluice::backend::redis::{RedisBackend, RedisMode, RedisOptions};
 use sluice::backend::{Backend, Hit};
 
-use harness::tls::TlsFiles;
-use harness::{RedisServer, command_calls, free_port};
+use sluice_harness::tls::TlsFiles;
+use sluice_harness::{RedisServer, command_calls, free_port};
 
 #[tokio::test]
 async fn rediss_with_a_private_ca() {

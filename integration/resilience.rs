@@ -2,15 +2,14 @@
 //! the over-limit cache sparing Redis, the in-flight bound, the replica heartbeat. The faults
 //! themselves (kill, stop, restart, failover) are in `chaos.rs`.
 
-mod harness;
-
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use harness::sluice::{OK, OVER_LIMIT, Sluice, header, request};
-use harness::{RedisServer, command_calls};
 use sluice::settings::RedisModeArg;
+use sluice_harness::rls::{OK, OVER_LIMIT, header, request};
+use sluice_harness::sluice::Sluice;
+use sluice_harness::{RedisServer, command_calls};
 use tonic::transport::Channel;
 
 /// 3 per hour: after three hits the bucket is empty for 20 minutes.

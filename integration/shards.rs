@@ -3,16 +3,15 @@
 //! replicas leasing from the shards of one Redis. The limits are per day so the refill during a
 //! test (seconds) is far below one token and every count is exact whatever the machine's speed.
 
-mod harness;
-
 use std::collections::HashSet;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use harness::sluice::{OK, OVER_LIMIT, Sluice, header, request};
-use harness::{RedisCluster, RedisServer, command_calls};
 use sluice::settings::RedisModeArg;
+use sluice_harness::rls::{OK, OVER_LIMIT, header, request};
+use sluice_harness::sluice::Sluice;
+use sluice_harness::{RedisCluster, RedisServer, command_calls};
 
 const CONFIG: &str = r#"
 domain: shards

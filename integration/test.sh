@@ -1,17 +1,42 @@
 #!/usr/bin/env bash
 # The test command (README "Set up"): every Rust test (unit, in-process end-to-end, and
 # integration tests against real redis-server processes) plus validation of deploy/.
-# Needs redis-server/redis-cli (Debian package `redis-server`) and python3; .ci/run installs them.
+# On a fresh Debian machine it installs what it lacks first: the Debian packages (as root, or
+# through sudo when that needs no password; otherwise it stops and names the command to run) and
+# cargo-nextest (without it the tests run under `cargo test`).
+# NEXTEST_PROFILE picks the nextest profile (.config/nextest.toml; CI uses `ci`); FUZZ_SECONDS is
+# the time per fuzz target (0 skips fuzzing); SLUICE_VENV the Python venv for deploy/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-for tool in redis-server redis-cli faketime; do
-  if ! command -v "$tool" >/dev/null; then
-    echo "error: $tool not found: install it from Debian (apt-get install -y redis-server faketime)" >&2
+# Debian packages: redis-server (redis-server, redis-cli), faketime, openssl (the harness's TLS
+# material), python3 and python3-venv (deploy/ validation).
+missing=()
+command -v redis-server >/dev/null && command -v redis-cli >/dev/null || missing+=(redis-server)
+command -v faketime >/dev/null || missing+=(faketime)
+command -v openssl >/dev/null || missing+=(openssl)
+command -v python3 >/dev/null || missing+=(python3)
+python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+if [ ${#missing[@]} -gt 0 ]; then
+  install=(apt-get install -y -qq "${missing[@]}")
+  if [ "$(id -u)" -eq 0 ]; then
+    as_root=()
+  elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+    as_root=(sudo -n)
+  else
+    echo "error: missing Debian packages: ${missing[*]}" >&2
+    echo "install them as root: apt-get update && ${install[*]}" >&2
     exit 1
   fi
-done
+  echo "installing: ${missing[*]}"
+  "${as_root[@]}" apt-get update -qq
+  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive "${install[@]}"
+fi
 
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "cargo-nextest not found; installing it" >&2
+  cargo install cargo-nextest --locked || echo "cargo-nextest could not be installed" >&2
+fi
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --all-targets --locked --profile "${NEXTEST_PROFILE:-default}"
 else

@@ -2,16 +2,15 @@
 //! many reloads, Kubernetes ConfigMap and runtime-root symlink swaps), bucket state across a
 //! reload, and the admin `GET /explain` and `GET /healthcheck` endpoints.
 
-mod common;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::*;
 use sluice::config::ConfigStore;
 use sluice::settings::Settings;
+use sluice_harness::rls::*;
+use sluice_harness::sluice::TestServer;
 
 fn rule(rpu: u32, unit: &str) -> String {
     format!(

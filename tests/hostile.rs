@@ -2,9 +2,6 @@
 //! naming the field, or a decision), the server keeps serving others afterwards, and the memory
 //! backend stays within its bounds under a flood of distinct keys.
 
-mod common;
-
-use common::*;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
@@ -14,6 +11,8 @@ use envoy_types::pb::google::protobuf::UInt64Value;
 use prost::Message;
 use prost::bytes::{Buf, BufMut};
 use sluice::security::wire::SHOULD_RATE_LIMIT_PATH;
+use sluice_harness::rls::*;
+use sluice_harness::sluice::TestServer;
 use tonic::Code;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 

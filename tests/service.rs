@@ -1,11 +1,10 @@
 //! End-to-end through the real gRPC path on the embedded memory backend: Envoy's own client in,
 //! `RateLimitResponse` out.
 
-mod common;
-
-use common::*;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::google::protobuf::UInt64Value;
+use sluice_harness::rls::*;
+use sluice_harness::sluice::TestServer;
 use tonic::Code;
 
 const CONFIG: &str = r#"

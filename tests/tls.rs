@@ -1,12 +1,9 @@
 //! gRPC over TLS and mTLS through the real server: certificates made with rcgen in a temp dir,
 //! Envoy's own RLS client over tonic's rustls client.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{OK, desc, http_get, req};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
@@ -14,6 +11,7 @@ use rcgen::{
 };
 use sluice::server::{self, Running};
 use sluice::settings::Settings;
+use sluice_harness::rls::{OK, desc, http_get, req};
 use tonic::Code;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 

@@ -3,14 +3,11 @@
 //! types, sluice answers `ShouldRateLimit` over real gRPC, and the test reads the ACKs and NACKs
 //! the server received.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Parser;
-use common::{OK, OVER_LIMIT, desc, http_get, req};
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
@@ -30,6 +27,7 @@ use sluice::config::{Config, ConfigStore};
 use sluice::server::{self, Running};
 use sluice::settings::{Cli, Command};
 use sluice::xds::{Backoff, Pause, RATE_LIMIT_CONFIG_TYPE, XdsClient, XdsOptions};
+use sluice_harness::rls::{OK, OVER_LIMIT, desc, http_get, req};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;

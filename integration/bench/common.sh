@@ -3,7 +3,7 @@
 # on a free loopback port (never 6379).
 # SLUICE=path BENCH=path: use those binaries instead (A/B runs of two builds); no build then.
 if [ -z "${SLUICE:-}" ]; then
-  cargo build --release --locked --bin sluice --bin sluice-bench
+  cargo build --release --locked -p sluice -p sluice-bench --bins
 fi
 SLUICE=${SLUICE:-target/release/sluice}
 BENCH=${BENCH:-target/release/sluice-bench}

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code as PbCode;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use serde::{Deserialize, Serialize};
@@ -21,7 +22,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::hist::Histogram;
 use crate::mix::{Rng, Sampler};
-use crate::stats::{CpuSnapshot, CpuUse, NamedPid, RedisProbe, RedisUse};
+use crate::stats::{CpuSnapshot, CpuUse, NamedPid, RedisProbe, RedisSnapshot, RedisUse};
 
 /// The generator measures wall time; it is not part of the service, whose time is injected.
 #[allow(clippy::disallowed_methods)]
@@ -102,6 +103,137 @@ struct Tally {
     outcomes: Outcomes,
 }
 
+/// A call's result: the response, a gRPC error, or the client's timeout.
+type CallResult =
+    Result<Result<tonic::Response<RateLimitResponse>, tonic::Status>, tokio::time::error::Elapsed>;
+
+impl Tally {
+    /// One measured call: its latency from the intended send time, and its outcome.
+    fn record(&mut self, latency: Duration, result: CallResult) {
+        self.hist.record(latency.as_nanos() as u64);
+        match result {
+            Ok(Ok(response)) => match PbCode::try_from(response.get_ref().overall_code) {
+                Ok(PbCode::Ok) => self.outcomes.ok += 1,
+                Ok(PbCode::OverLimit) => self.outcomes.over_limit += 1,
+                _ => self.outcomes.other_code += 1,
+            },
+            Ok(Err(status)) => {
+                *self
+                    .outcomes
+                    .errors
+                    .entry(format!("{:?}", status.code()))
+                    .or_default() += 1
+            }
+            Err(_) => {
+                *self
+                    .outcomes
+                    .errors
+                    .entry("ClientTimeout".into())
+                    .or_default() += 1
+            }
+        }
+    }
+
+    fn merge(&mut self, other: &Tally) {
+        self.hist.merge(&other.hist);
+        let o = &other.outcomes;
+        self.outcomes.ok += o.ok;
+        self.outcomes.over_limit += o.over_limit;
+        self.outcomes.other_code += o.other_code;
+        for (code, n) in &o.errors {
+            *self.outcomes.errors.entry(code.clone()).or_default() += n;
+        }
+    }
+}
+
+/// What every worker shares: the request mix, the call sequence, the pacing and the clock marks.
+#[derive(Clone)]
+struct Plan {
+    sampler: Arc<Sampler>,
+    /// Next call number, over all workers.
+    sequence: Arc<AtomicU64>,
+    /// Measured calls sent so far (for `requests`).
+    measured_sent: Arc<AtomicU64>,
+    /// Open loop: one permit per due call, released by the pacer.
+    permits: Option<Arc<Semaphore>>,
+    rate: Option<f64>,
+    limit: Option<u64>,
+    timeout: Duration,
+    start: Instant,
+    measure_from: Instant,
+    end: Instant,
+}
+
+impl Plan {
+    fn new(spec: &LoadSpec, sampler: Arc<Sampler>, start: Instant) -> Plan {
+        let measure_from = start + spec.warmup;
+        Plan {
+            sampler,
+            sequence: Arc::new(AtomicU64::new(0)),
+            measured_sent: Arc::new(AtomicU64::new(0)),
+            permits: spec.rate.map(|_| Arc::new(Semaphore::new(0))),
+            rate: spec.rate,
+            limit: spec.requests,
+            timeout: spec.timeout,
+            start,
+            measure_from,
+            end: measure_from + spec.duration,
+        }
+    }
+
+    /// The next call's number and intended send time: open loop, when its permit is released
+    /// (`None` once the pacer is done); closed loop, now.
+    async fn next_call(&self) -> Option<(u64, Instant)> {
+        match (&self.permits, self.rate) {
+            (Some(p), Some(rate)) => {
+                let permit = p.acquire().await.ok()?;
+                permit.forget();
+                let k = self.sequence.fetch_add(1, Ordering::Relaxed);
+                Some((k, self.start + Duration::from_secs_f64(k as f64 / rate)))
+            }
+            _ => Some((self.sequence.fetch_add(1, Ordering::Relaxed), now())),
+        }
+    }
+}
+
+/// One worker: sends its calls one at a time until the run ends and tallies the measured ones.
+async fn worker(w: usize, mut client: RateLimitServiceClient<Channel>, plan: Plan) -> Tally {
+    let mut rng = Rng::new(w as u64);
+    let mut tally = Tally::default();
+    while let Some((seq, intended)) = plan.next_call().await {
+        if intended >= plan.end {
+            break;
+        }
+        let measured = intended >= plan.measure_from;
+        if measured
+            && let Some(n) = plan.limit
+            && plan.measured_sent.fetch_add(1, Ordering::Relaxed) >= n
+        {
+            break;
+        }
+        let request = plan.sampler.request(&mut rng, seq);
+        let result = tokio::time::timeout(plan.timeout, client.should_rate_limit(request)).await;
+        let done = now();
+        if !measured {
+            continue;
+        }
+        // Closed loop with a duration: a call that returns after the end is not counted.
+        if plan.rate.is_none() && plan.limit.is_none() && done > plan.end {
+            break;
+        }
+        tally.record(done.duration_since(intended), result);
+    }
+    tally
+}
+
+/// Snapshots at the start and end of the measured window.
+struct Window {
+    wall: f64,
+    cpu_before: CpuSnapshot,
+    cpu_after: CpuSnapshot,
+    redis: Option<(RedisSnapshot, RedisSnapshot)>,
+}
+
 async fn connect(spec: &LoadSpec) -> Result<Vec<Channel>, String> {
     let uri = if spec.target.contains("://") {
         spec.target.clone()
@@ -136,92 +268,51 @@ pub async fn run(spec: &LoadSpec, sampler: Arc<Sampler>) -> Result<Report, Strin
         None => None,
     };
 
-    let start = now();
-    let measure_from = start + spec.warmup;
-    let end = measure_from + spec.duration;
-    let sequence = Arc::new(AtomicU64::new(0));
-    let measured_sent = Arc::new(AtomicU64::new(0));
-    let permits = spec.rate.map(|_| Arc::new(Semaphore::new(0)));
-    let pacer = match (&permits, spec.rate) {
-        (Some(p), Some(rate)) => Some(spawn_pacer(p.clone(), rate, start, end)),
+    let plan = Plan::new(spec, sampler.clone(), now());
+    let pacer = match (&plan.permits, spec.rate) {
+        (Some(p), Some(rate)) => Some(spawn_pacer(p.clone(), rate, plan.start, plan.end)),
         _ => None,
     };
-
-    let mut workers = Vec::with_capacity(spec.concurrency);
-    for w in 0..spec.concurrency {
-        let mut client = RateLimitServiceClient::new(channels[w % channels.len()].clone())
-            .max_decoding_message_size(16 * 1024 * 1024);
-        let sampler = sampler.clone();
-        let sequence = sequence.clone();
-        let measured_sent = measured_sent.clone();
-        let permits = permits.clone();
-        let rate = spec.rate;
-        let limit = spec.requests;
-        let timeout = spec.timeout;
-        workers.push(tokio::spawn(async move {
-            let mut rng = Rng::new(w as u64);
-            let mut tally = Tally::default();
-            loop {
-                let (seq, intended) = match (&permits, rate) {
-                    (Some(p), Some(rate)) => {
-                        let Ok(permit) = p.acquire().await else { break };
-                        permit.forget();
-                        let k = sequence.fetch_add(1, Ordering::Relaxed);
-                        (k, start + Duration::from_secs_f64(k as f64 / rate))
-                    }
-                    _ => (sequence.fetch_add(1, Ordering::Relaxed), now()),
-                };
-                if intended >= end {
-                    break;
-                }
-                let measured = intended >= measure_from;
-                if measured
-                    && let Some(n) = limit
-                    && measured_sent.fetch_add(1, Ordering::Relaxed) >= n
-                {
-                    break;
-                }
-                let request = sampler.request(&mut rng, seq);
-                let result = tokio::time::timeout(timeout, client.should_rate_limit(request)).await;
-                let done = now();
-                if !measured {
-                    continue;
-                }
-                // Closed loop with a duration: a call that returns after the end is not counted.
-                if rate.is_none() && limit.is_none() && done > end {
-                    break;
-                }
-                tally
-                    .hist
-                    .record(done.duration_since(intended).as_nanos() as u64);
-                match result {
-                    Ok(Ok(response)) => match PbCode::try_from(response.get_ref().overall_code) {
-                        Ok(PbCode::Ok) => tally.outcomes.ok += 1,
-                        Ok(PbCode::OverLimit) => tally.outcomes.over_limit += 1,
-                        _ => tally.outcomes.other_code += 1,
-                    },
-                    Ok(Err(status)) => {
-                        *tally
-                            .outcomes
-                            .errors
-                            .entry(format!("{:?}", status.code()))
-                            .or_default() += 1
-                    }
-                    Err(_) => {
-                        *tally
-                            .outcomes
-                            .errors
-                            .entry("ClientTimeout".into())
-                            .or_default() += 1
-                    }
-                }
-            }
-            tally
-        }));
+    let workers = (0..spec.concurrency)
+        .map(|w| {
+            let client = RateLimitServiceClient::new(channels[w % channels.len()].clone())
+                .max_decoding_message_size(16 * 1024 * 1024);
+            tokio::spawn(worker(w, client, plan.clone()))
+        })
+        .collect();
+    let (window, tallies) = measure(spec, &plan, redis.as_mut(), workers).await?;
+    let backlog = match pacer {
+        Some(pacer) => {
+            let released = pacer
+                .join()
+                .map_err(|_| "pacer thread panicked".to_string())?;
+            released.saturating_sub(plan.sequence.load(Ordering::Relaxed))
+        }
+        None => 0,
+    };
+    let mut total = Tally::default();
+    for tally in &tallies {
+        total.merge(tally);
     }
+    Ok(report(
+        spec,
+        &sampler,
+        channels.len(),
+        window,
+        total,
+        backlog,
+    ))
+}
 
-    // Snapshots at the start and end of the measured window.
-    tokio::time::sleep_until(measure_from.into()).await;
+/// Waits out the warm-up, snapshots CPU and Redis, lets the workers run (until the end, or
+/// until they sent `requests` calls), snapshots again and collects every worker's tally.
+async fn measure(
+    spec: &LoadSpec,
+    plan: &Plan,
+    mut redis: Option<&mut RedisProbe>,
+    workers: Vec<tokio::task::JoinHandle<Tally>>,
+) -> Result<(Window, Vec<Tally>), String> {
+    tokio::time::sleep_until(plan.measure_from.into()).await;
     let cpu_before = CpuSnapshot::take(&spec.pids);
     let redis_before = match redis.as_mut() {
         Some(r) => Some(r.snapshot().await?),
@@ -229,13 +320,12 @@ pub async fn run(spec: &LoadSpec, sampler: Arc<Sampler>) -> Result<Report, Strin
     };
     let measured_start = now();
 
-    let mut total = Tally::default();
     let mut cpu_after = None;
     let mut redis_after = None;
     let mut measured_end = None;
     let mut joined = Vec::with_capacity(workers.len());
     if spec.requests.is_none() {
-        tokio::time::sleep_until(end.into()).await;
+        tokio::time::sleep_until(plan.end.into()).await;
         measured_end = Some(now());
         cpu_after = Some(CpuSnapshot::take(&spec.pids));
         if let Some(r) = redis.as_mut() {
@@ -252,34 +342,32 @@ pub async fn run(spec: &LoadSpec, sampler: Arc<Sampler>) -> Result<Report, Strin
     {
         redis_after = Some(r.snapshot().await?);
     }
-    let backlog = match pacer {
-        Some(pacer) => {
-            let released = pacer
-                .join()
-                .map_err(|_| "pacer thread panicked".to_string())?;
-            released.saturating_sub(sequence.load(Ordering::Relaxed))
-        }
-        None => 0,
+    let window = Window {
+        wall: measured_end.duration_since(measured_start).as_secs_f64(),
+        cpu_before,
+        cpu_after,
+        redis: redis_before.zip(redis_after),
     };
-    for tally in &joined {
-        total.hist.merge(&tally.hist);
-        let o = &tally.outcomes;
-        total.outcomes.ok += o.ok;
-        total.outcomes.over_limit += o.over_limit;
-        total.outcomes.other_code += o.other_code;
-        for (code, n) in &o.errors {
-            *total.outcomes.errors.entry(code.clone()).or_default() += n;
-        }
-    }
+    Ok((window, joined))
+}
 
-    let wall = measured_end.duration_since(measured_start).as_secs_f64();
+/// The report of a finished run.
+fn report(
+    spec: &LoadSpec,
+    sampler: &Sampler,
+    connections: usize,
+    window: Window,
+    total: Tally,
+    backlog: u64,
+) -> Report {
+    let wall = window.wall;
     let completed = total.hist.count();
     let us = |ns: u64| ns as f64 / 1_000.0;
-    let mut cpu = cpu_after.since(&cpu_before, wall);
+    let mut cpu = window.cpu_after.since(&window.cpu_before, wall);
     for use_ in cpu.values_mut() {
         use_.us_per_request = (completed > 0).then(|| use_.seconds * 1e6 / completed as f64);
     }
-    Ok(Report {
+    Report {
         target: spec.target.clone(),
         mode: if spec.rate.is_some() {
             "open"
@@ -287,12 +375,12 @@ pub async fn run(spec: &LoadSpec, sampler: Arc<Sampler>) -> Result<Report, Strin
             "closed"
         }
         .into(),
-        connections: channels.len(),
+        connections,
         concurrency: spec.concurrency,
         offered_rps: spec.rate,
         duration_s: wall,
         warmup_s: spec.warmup.as_secs_f64(),
-        mix: mix_json(&sampler),
+        mix: mix_json(sampler),
         completed,
         throughput_rps: if wall > 0.0 {
             completed as f64 / wall
@@ -310,23 +398,33 @@ pub async fn run(spec: &LoadSpec, sampler: Arc<Sampler>) -> Result<Report, Strin
         },
         outcomes: total.outcomes,
         cpu,
-        redis: redis_before
-            .zip(redis_after)
+        redis: window
+            .redis
             .map(|(before, after)| after.since(&before, completed)),
-        loadavg_1m: std::fs::read_to_string("/proc/loadavg")
-            .ok()
-            .and_then(|l| l.split_whitespace().next()?.parse().ok()),
-        cpu_pressure_avg10: std::fs::read_to_string("/proc/pressure/cpu")
-            .ok()
-            .and_then(|p| {
-                p.lines()
-                    .find(|l| l.starts_with("some"))?
-                    .split_whitespace()
-                    .find_map(|f| f.strip_prefix("avg10="))?
-                    .parse()
-                    .ok()
-            }),
-    })
+        loadavg_1m: loadavg_1m(),
+        cpu_pressure_avg10: cpu_pressure_avg10(),
+    }
+}
+
+/// The 1-minute load average (/proc/loadavg).
+fn loadavg_1m() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+}
+
+/// `some avg10` of /proc/pressure/cpu.
+fn cpu_pressure_avg10() -> Option<f64> {
+    std::fs::read_to_string("/proc/pressure/cpu")
+        .ok()
+        .and_then(|p| {
+            p.lines()
+                .find(|l| l.starts_with("some"))?
+                .split_whitespace()
+                .find_map(|f| f.strip_prefix("avg10="))?
+                .parse()
+                .ok()
+        })
 }
 
 /// Releases one permit per call as it falls due; returns how many it released.

@@ -8,6 +8,7 @@ mod load;
 mod mix;
 mod noop;
 mod stats;
+mod summary;
 mod svg;
 
 use std::net::SocketAddr;
@@ -18,10 +19,10 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use serde::{Deserialize, Serialize};
 
-use crate::floor::FloorPoint;
 use crate::load::{LoadSpec, Report};
 use crate::mix::{Distribution, MixSpec, Sampler};
 use crate::stats::{NamedPid, RedisProbe};
+use crate::summary::{FloorFile, SweepFile};
 
 #[derive(Parser)]
 #[command(
@@ -52,29 +53,7 @@ enum Command {
         json: Option<PathBuf>,
     },
     /// A closed-loop peak, then open-loop runs at --rates or at --fractions of that peak.
-    Sweep {
-        #[command(flatten)]
-        load: LoadArgs,
-        /// Offered loads (requests/s), comma-separated; instead of --fractions.
-        #[arg(long, value_delimiter = ',')]
-        rates: Vec<f64>,
-        /// Fractions of the measured peak to offer, comma-separated.
-        #[arg(
-            long,
-            value_delimiter = ',',
-            default_value = "0.1,0.25,0.5,0.75,0.9,1.0,1.2"
-        )]
-        fractions: Vec<f64>,
-        /// Duration of each open-loop point (default: --duration).
-        #[arg(long, value_parser = parse_duration)]
-        point_duration: Option<Duration>,
-        #[arg(long, default_value = "target")]
-        label: String,
-        #[arg(long)]
-        json: Option<PathBuf>,
-        #[arg(long)]
-        svg: Option<PathBuf>,
-    },
+    Sweep(SweepArgs),
     /// Overlays sweeps in one SVG: `plot --out x.svg noop=a.json sluice=b.json`.
     Plot {
         #[arg(long)]
@@ -95,27 +74,7 @@ enum Command {
     },
     /// The Redis floor: the production script with EVALSHA via redis-benchmark (with and without
     /// pipelining) and via redis-rs over 1..N multiplexed sockets.
-    RedisFloor {
-        #[arg(long)]
-        redis_url: String,
-        /// Calls in flight (the load generator's connections × concurrency per connection).
-        #[arg(long, default_value_t = 512)]
-        in_flight: usize,
-        /// redis-benchmark -P values (connections = in_flight / P).
-        #[arg(long, value_delimiter = ',', default_value = "1,16")]
-        pipelines: Vec<usize>,
-        #[arg(long, default_value_t = 500_000)]
-        requests: u64,
-        #[arg(long, default_value_t = 10_000)]
-        keys: u64,
-        /// redis-rs multiplexed socket counts to try (empty: skip).
-        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
-        sockets: Vec<usize>,
-        #[arg(long, value_parser = parse_duration, default_value = "5s")]
-        duration: Duration,
-        #[arg(long)]
-        json: Option<PathBuf>,
-    },
+    RedisFloor(FloorArgs),
     /// Prints the summary table and ratios of a run.sh run and writes it as JSON.
     Summary {
         #[arg(long)]
@@ -139,6 +98,56 @@ enum Command {
     },
     /// Prints a free loopback TCP port.
     FreePort,
+}
+
+// The options of `sweep` (the subcommand's help is the variant's doc comment).
+#[derive(Args)]
+struct SweepArgs {
+    #[command(flatten)]
+    load: LoadArgs,
+    /// Offered loads (requests/s), comma-separated; instead of --fractions.
+    #[arg(long, value_delimiter = ',')]
+    rates: Vec<f64>,
+    /// Fractions of the measured peak to offer, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0.1,0.25,0.5,0.75,0.9,1.0,1.2"
+    )]
+    fractions: Vec<f64>,
+    /// Duration of each open-loop point (default: --duration).
+    #[arg(long, value_parser = parse_duration)]
+    point_duration: Option<Duration>,
+    #[arg(long, default_value = "target")]
+    label: String,
+    #[arg(long)]
+    json: Option<PathBuf>,
+    #[arg(long)]
+    svg: Option<PathBuf>,
+}
+
+// The options of `redis-floor`.
+#[derive(Args)]
+struct FloorArgs {
+    #[arg(long)]
+    redis_url: String,
+    /// Calls in flight (the load generator's connections × concurrency per connection).
+    #[arg(long, default_value_t = 512)]
+    in_flight: usize,
+    /// redis-benchmark -P values (connections = in_flight / P).
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    pipelines: Vec<usize>,
+    #[arg(long, default_value_t = 500_000)]
+    requests: u64,
+    #[arg(long, default_value_t = 10_000)]
+    keys: u64,
+    /// redis-rs multiplexed socket counts to try (empty: skip).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    sockets: Vec<usize>,
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    duration: Duration,
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 #[derive(Args, Clone)]
@@ -251,19 +260,6 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(v * scale))
 }
 
-#[derive(Serialize, Deserialize)]
-struct SweepFile {
-    label: String,
-    peak: Report,
-    points: Vec<Report>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct FloorFile {
-    in_flight: usize,
-    points: Vec<FloorPoint>,
-}
-
 fn line(label: &str, r: &Report) -> String {
     let offered = r
         .offered_rps
@@ -314,134 +310,11 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &PathBuf) -> Result<T, String> 
 
 async fn run(command: Command) -> Result<(), String> {
     match command {
-        Command::Load { load, json } => {
-            let report = load::run(&load.spec(load.rate, load.duration), load.sampler()?).await?;
-            println!("{}", line(&load.target, &report));
-            if let Some(path) = json {
-                write_json(&path, &report)?;
-            }
-        }
-        Command::Sweep {
-            load,
-            rates,
-            fractions,
-            point_duration,
-            label,
-            json,
-            svg,
-        } => {
-            let sampler = load.sampler()?;
-            let peak = load::run(&load.spec(None, load.duration), sampler.clone()).await?;
-            println!("{}", line(&format!("{label} peak"), &peak));
-            let offered: Vec<f64> = if rates.is_empty() {
-                fractions.iter().map(|f| f * peak.throughput_rps).collect()
-            } else {
-                rates
-            };
-            let mut points = Vec::new();
-            for rate in offered.into_iter().filter(|r| *r > 0.0) {
-                let spec = load.spec(Some(rate), point_duration.unwrap_or(load.duration));
-                let report = load::run(&spec, sampler.clone()).await?;
-                println!("{}", line(&label, &report));
-                points.push(report);
-            }
-            let file = SweepFile {
-                label,
-                peak,
-                points,
-            };
-            if let Some(path) = &svg {
-                let series = [svg::Series {
-                    label: &file.label,
-                    points: &file.points,
-                }];
-                std::fs::write(path, svg::render(&file.label, &series))
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
-            }
-            if let Some(path) = json {
-                write_json(&path, &file)?;
-            }
-        }
-        Command::Plot { out, title, sweeps } => {
-            let mut files = Vec::new();
-            for arg in &sweeps {
-                let (label, path) = arg
-                    .split_once('=')
-                    .ok_or_else(|| format!("`{arg}`: expected label=sweep.json"))?;
-                files.push((
-                    label.to_string(),
-                    read_json::<SweepFile>(&PathBuf::from(path))?,
-                ));
-            }
-            let series: Vec<svg::Series<'_>> = files
-                .iter()
-                .map(|(label, f)| svg::Series {
-                    label,
-                    points: &f.points,
-                })
-                .collect();
-            std::fs::write(&out, svg::render(&title, &series))
-                .map_err(|e| format!("{}: {e}", out.display()))?;
-        }
-        Command::Noop { addr } => noop::serve(addr).await?,
-        Command::RedisFloor {
-            redis_url,
-            in_flight,
-            pipelines,
-            requests,
-            keys,
-            sockets,
-            duration,
-            json,
-        } => {
-            let info = redis::IntoConnectionInfo::into_connection_info(redis_url.as_str())
-                .map_err(|e| e.to_string())?;
-            let (host, port) = match info.addr() {
-                redis::ConnectionAddr::Tcp(h, p) => (h.clone(), *p),
-                _ => return Err("redis-floor needs a redis://host:port URL".into()),
-            };
-            let mut probe = RedisProbe::connect(&redis_url).await?;
-            let sha = floor::load_script(&mut probe).await?;
-            let mut points = Vec::new();
-            for p in pipelines {
-                let run = floor::RedisBenchmark {
-                    host: &host,
-                    port,
-                    sha: &sha,
-                    in_flight,
-                    pipeline: p,
-                    requests,
-                    keys,
-                };
-                let point = floor::redis_benchmark_measured(&mut probe, &run).await?;
-                println!(
-                    "redis-benchmark EVALSHA -c {} -P {}: {:.0}/s p50={}ms p99={}ms; CPU per call: redis-benchmark {:.1}us, redis-server {:.1}us",
-                    point.connections,
-                    point.pipeline,
-                    point.throughput_rps,
-                    point.p50_ms.unwrap_or(f64::NAN),
-                    point.p99_ms.unwrap_or(f64::NAN),
-                    point.client_cpu_us_per_call.unwrap_or(f64::NAN),
-                    point.redis_cpu_us_per_call.unwrap_or(f64::NAN)
-                );
-                points.push(point);
-            }
-            for s in sockets {
-                let point = floor::redis_rs(&redis_url, &sha, s, in_flight, duration, keys).await?;
-                println!(
-                    "redis-rs EVALSHA, {} multiplexed socket(s), {} in flight: {:.0}/s; CPU per call: client {:.1}us, redis-server {:.1}us",
-                    point.connections,
-                    point.in_flight,
-                    point.throughput_rps,
-                    point.client_cpu_us_per_call.unwrap_or(f64::NAN),
-                    point.redis_cpu_us_per_call.unwrap_or(f64::NAN)
-                );
-                points.push(point);
-            }
-            if let Some(path) = json {
-                write_json(&path, &FloorFile { in_flight, points })?;
-            }
-        }
+        Command::Load { load, json } => load_once(&load, json).await,
+        Command::Sweep(args) => sweep(args).await,
+        Command::Plot { out, title, sweeps } => plot(&out, &title, &sweeps),
+        Command::Noop { addr } => noop::serve(addr).await,
+        Command::RedisFloor(args) => redis_floor(args).await,
         Command::Summary {
             noop,
             memory,
@@ -453,195 +326,175 @@ async fn run(command: Command) -> Result<(), String> {
             let memory: SweepFile = read_json(&memory)?;
             let redis: SweepFile = read_json(&redis)?;
             let floor: FloorFile = read_json(&floor)?;
-            let summary = summarize(&noop, &memory, &redis, &floor);
+            let summary = summary::summarize(&noop, &memory, &redis, &floor);
             print!("{}", summary.0);
             if let Some(path) = json {
                 write_json(&path, &summary.1)?;
             }
+            Ok(())
         }
-        Command::GenConfig { rules, out } => {
-            let mut text = String::from(
-                "# Generated by `sluice-bench gen-config`: one exact-value rule per value.\ndomain: bench\ndescriptors:\n",
-            );
-            for i in 0..rules {
-                text.push_str(&format!(
-                    "  - key: k\n    value: v{i}\n    rate_limit: {{unit: day, requests_per_unit: 1, burst: 1000000000}}\n"
-                ));
-            }
-            std::fs::write(&out, text).map_err(|e| format!("{}: {e}", out.display()))?;
-        }
+        Command::GenConfig { rules, out } => gen_config(rules, &out),
         Command::FreePort => {
             let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
             println!(
                 "{}",
                 listener.local_addr().map_err(|e| e.to_string())?.port()
             );
+            Ok(())
         }
+    }
+}
+
+/// `load`: one run, its summary line, and the report as JSON.
+async fn load_once(load: &LoadArgs, json: Option<PathBuf>) -> Result<(), String> {
+    let report = load::run(&load.spec(load.rate, load.duration), load.sampler()?).await?;
+    println!("{}", line(&load.target, &report));
+    if let Some(path) = json {
+        write_json(&path, &report)?;
     }
     Ok(())
 }
 
-fn floor_name(p: &FloorPoint) -> String {
-    if p.tool == "redis-benchmark" {
-        format!("redis-benchmark -c {} -P {}", p.connections, p.pipeline)
+/// `sweep`: the closed-loop peak, then one open-loop run per offered rate.
+async fn sweep(args: SweepArgs) -> Result<(), String> {
+    let SweepArgs {
+        load,
+        rates,
+        fractions,
+        point_duration,
+        label,
+        json,
+        svg,
+    } = args;
+    let sampler = load.sampler()?;
+    let peak = load::run(&load.spec(None, load.duration), sampler.clone()).await?;
+    println!("{}", line(&format!("{label} peak"), &peak));
+    let offered: Vec<f64> = if rates.is_empty() {
+        fractions.iter().map(|f| f * peak.throughput_rps).collect()
     } else {
-        format!(
-            "redis-rs, {} socket(s), {} in flight",
-            p.connections, p.in_flight
+        rates
+    };
+    let mut points = Vec::new();
+    for rate in offered.into_iter().filter(|r| *r > 0.0) {
+        let spec = load.spec(Some(rate), point_duration.unwrap_or(load.duration));
+        let report = load::run(&spec, sampler.clone()).await?;
+        println!("{}", line(&label, &report));
+        points.push(report);
+    }
+    let file = SweepFile {
+        label,
+        peak,
+        points,
+    };
+    if let Some(path) = &svg {
+        let series = [svg::Series {
+            label: &file.label,
+            points: &file.points,
+        }];
+        std::fs::write(path, svg::render(&file.label, &series))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some(path) = json {
+        write_json(&path, &file)?;
+    }
+    Ok(())
+}
+
+/// `plot`: sweeps given as `label=sweep.json`, overlaid in one SVG.
+fn plot(out: &PathBuf, title: &str, sweeps: &[String]) -> Result<(), String> {
+    let mut files = Vec::new();
+    for arg in sweeps {
+        let (label, path) = arg
+            .split_once('=')
+            .ok_or_else(|| format!("`{arg}`: expected label=sweep.json"))?;
+        files.push((
+            label.to_string(),
+            read_json::<SweepFile>(&PathBuf::from(path))?,
+        ));
+    }
+    let series: Vec<svg::Series<'_>> = files
+        .iter()
+        .map(|(label, f)| svg::Series {
+            label,
+            points: &f.points,
+        })
+        .collect();
+    std::fs::write(out, svg::render(title, &series)).map_err(|e| format!("{}: {e}", out.display()))
+}
+
+/// `redis-floor`: the script through redis-benchmark at each pipeline depth, then through
+/// redis-rs at each socket count.
+async fn redis_floor(args: FloorArgs) -> Result<(), String> {
+    let info = redis::IntoConnectionInfo::into_connection_info(args.redis_url.as_str())
+        .map_err(|e| e.to_string())?;
+    let (host, port) = match info.addr() {
+        redis::ConnectionAddr::Tcp(h, p) => (h.clone(), *p),
+        _ => return Err("redis-floor needs a redis://host:port URL".into()),
+    };
+    let mut probe = RedisProbe::connect(&args.redis_url).await?;
+    let sha = floor::load_script(&mut probe).await?;
+    let mut points = Vec::new();
+    for &pipeline in &args.pipelines {
+        let run = floor::RedisBenchmark {
+            host: &host,
+            port,
+            sha: &sha,
+            in_flight: args.in_flight,
+            pipeline,
+            requests: args.requests,
+            keys: args.keys,
+        };
+        let point = floor::redis_benchmark_measured(&mut probe, &run).await?;
+        println!(
+            "redis-benchmark EVALSHA -c {} -P {}: {:.0}/s p50={}ms p99={}ms; CPU per call: redis-benchmark {:.1}us, redis-server {:.1}us",
+            point.connections,
+            point.pipeline,
+            point.throughput_rps,
+            point.p50_ms.unwrap_or(f64::NAN),
+            point.p99_ms.unwrap_or(f64::NAN),
+            point.client_cpu_us_per_call.unwrap_or(f64::NAN),
+            point.redis_cpu_us_per_call.unwrap_or(f64::NAN)
+        );
+        points.push(point);
+    }
+    for &sockets in &args.sockets {
+        let point = floor::redis_rs(
+            &args.redis_url,
+            &sha,
+            sockets,
+            args.in_flight,
+            args.duration,
+            args.keys,
         )
+        .await?;
+        println!(
+            "redis-rs EVALSHA, {} multiplexed socket(s), {} in flight: {:.0}/s; CPU per call: client {:.1}us, redis-server {:.1}us",
+            point.connections,
+            point.in_flight,
+            point.throughput_rps,
+            point.client_cpu_us_per_call.unwrap_or(f64::NAN),
+            point.redis_cpu_us_per_call.unwrap_or(f64::NAN)
+        );
+        points.push(point);
     }
+    if let Some(path) = args.json {
+        let in_flight = args.in_flight;
+        write_json(&path, &FloorFile { in_flight, points })?;
+    }
+    Ok(())
 }
 
-/// The point of a sweep offered closest to `fraction` of its peak.
-fn at_fraction(sweep: &SweepFile, fraction: f64) -> Option<&Report> {
-    let target = fraction * sweep.peak.throughput_rps;
-    sweep.points.iter().min_by(|a, b| {
-        let d = |r: &Report| (r.offered_rps.unwrap_or(0.0) - target).abs();
-        d(a).total_cmp(&d(b))
-    })
-}
-
-fn summarize(
-    noop: &SweepFile,
-    memory: &SweepFile,
-    redis: &SweepFile,
-    floor: &FloorFile,
-) -> (String, serde_json::Value) {
-    let mut out = String::new();
-    out.push_str(&format!(
-        "{:<8} {:>10} {:>9} {:>9} {:>10} {:>13} {:>13} {:>13} {:>13}\n",
-        "target",
-        "peak req/s",
-        "peak p50",
-        "peak p99",
-        "½peak p99",
-        "server CPU",
-        "redis CPU",
-        "generator CPU",
-        "redis cmd/req"
-    ));
-    let mut rows = serde_json::Map::new();
-    for (name, s) in [("noop", noop), ("memory", memory), ("redis", redis)] {
-        let half = at_fraction(s, 0.5);
-        let server = s
-            .peak
-            .cpu
-            .iter()
-            .find(|(n, _)| n.as_str() != "generator" && n.as_str() != "redis")
-            .map(|(_, c)| c);
-        let redis_cpu = s.peak.cpu.get("redis");
-        let generator = s.peak.cpu.get("generator");
-        let cmds = s.peak.redis.as_ref().map(|r| r.commands_per_request);
-        let cpu = |c: Option<&stats::CpuUse>| {
-            c.map_or("-".to_string(), |c| {
-                format!("{:.1}us/req", c.us_per_request.unwrap_or(f64::NAN))
-            })
-        };
-        out.push_str(&format!(
-            "{:<8} {:>10.0} {:>7.0}us {:>7.0}us {:>8.0}us {:>13} {:>13} {:>13} {:>13}\n",
-            name,
-            s.peak.throughput_rps,
-            s.peak.latency.p50_us,
-            s.peak.latency.p99_us,
-            half.map_or(f64::NAN, |h| h.latency.p99_us),
-            cpu(server),
-            cpu(redis_cpu),
-            cpu(generator),
-            cmds.map_or("-".into(), |c| format!("{c:.2}")),
-        ));
-        rows.insert(
-            name.into(),
-            serde_json::json!({
-                "peak_rps": s.peak.throughput_rps,
-                "peak_p50_us": s.peak.latency.p50_us,
-                "peak_p99_us": s.peak.latency.p99_us,
-                "half_peak_offered_rps": half.and_then(|h| h.offered_rps),
-                "half_peak_p99_us": half.map(|h| h.latency.p99_us),
-                "half_peak_p999_us": half.map(|h| h.latency.p999_us),
-                "server_cores": server.map(|c| c.cores),
-                "server_cpu_us_per_request": server.and_then(|c| c.us_per_request),
-                "redis_cores": redis_cpu.map(|c| c.cores),
-                "redis_cpu_us_per_request": redis_cpu.and_then(|c| c.us_per_request),
-                "generator_cpu_us_per_request": generator.and_then(|c| c.us_per_request),
-                "redis_commands_per_request": cmds,
-                "redis_script_calls_per_request": s.peak.redis.as_ref().map(|r| r.script_calls_per_request),
-            }),
-        );
-    }
-    for p in &floor.points {
-        out.push_str(&format!(
-            "floor    {:>10.0}   {} (CPU/call: client {:.1}us, redis {:.1}us)\n",
-            p.throughput_rps,
-            floor_name(p),
-            p.client_cpu_us_per_call.unwrap_or(f64::NAN),
-            p.redis_cpu_us_per_call.unwrap_or(f64::NAN)
+/// `gen-config`: `rules` exact-value rules under domain `bench`.
+fn gen_config(rules: usize, out: &PathBuf) -> Result<(), String> {
+    let mut text = String::from(
+        "# Generated by `sluice-bench gen-config`: one exact-value rule per value.\ndomain: bench\ndescriptors:\n",
+    );
+    for i in 0..rules {
+        text.push_str(&format!(
+            "  - key: k\n    value: v{i}\n    rate_limit: {{unit: day, requests_per_unit: 1, burst: 1000000000}}\n"
         ));
     }
-    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
-    let mut ratios = serde_json::Map::new();
-    let mut add = |name: String, value: f64, target: Option<f64>| {
-        let verdict = match target {
-            Some(t) if value >= t => format!("(target ≥ {t}: met)"),
-            Some(t) => format!("(target ≥ {t}: NOT met)"),
-            None => String::new(),
-        };
-        out.push_str(&format!("{name:<44} {value:>6.3} {verdict}\n"));
-        ratios.insert(name, serde_json::json!({"value": value, "target": target}));
-    };
-    add(
-        "memory / noop (peak throughput)".into(),
-        ratio(memory.peak.throughput_rps, noop.peak.throughput_rps),
-        Some(0.85),
-    );
-    let server_us = |s: &SweepFile| {
-        s.peak
-            .cpu
-            .iter()
-            .find(|(n, _)| n.as_str() != "generator" && n.as_str() != "redis")
-            .and_then(|(_, c)| c.us_per_request)
-            .unwrap_or(f64::NAN)
-    };
-    add(
-        "noop / memory (server CPU per request)".into(),
-        ratio(server_us(noop), server_us(memory)),
-        None,
-    );
-    add(
-        "noop / redis (server CPU per request)".into(),
-        ratio(server_us(noop), server_us(redis)),
-        None,
-    );
-    add(
-        "redis / noop (peak throughput)".into(),
-        ratio(redis.peak.throughput_rps, noop.peak.throughput_rps),
-        Some(0.4),
-    );
-    for p in &floor.points {
-        let target = (p.tool == "redis-benchmark").then_some(0.7);
-        add(
-            format!("redis / {}", floor_name(p)),
-            ratio(redis.peak.throughput_rps, p.throughput_rps),
-            target,
-        );
-    }
-    for (name, s, bound) in [("memory", memory, 1_000.0), ("redis", redis, 2_000.0)] {
-        if let Some(h) = at_fraction(s, 0.5) {
-            out.push_str(&format!(
-                "{name} p99 at ½ peak ({:.0}/s offered): {:.0} us (target ≤ {bound:.0} us: {})\n",
-                h.offered_rps.unwrap_or(0.0),
-                h.latency.p99_us,
-                if h.latency.p99_us <= bound {
-                    "met"
-                } else {
-                    "NOT met"
-                }
-            ));
-        }
-    }
-    (
-        out,
-        serde_json::json!({"targets": rows, "ratios": ratios, "floor": floor.points}),
-    )
+    std::fs::write(out, text).map_err(|e| format!("{}: {e}", out.display()))
 }
 
 // sluice's allocator (src/main.rs), so the no-op server's floor is measured on the same one.

@@ -3,7 +3,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use super::{RedisServer, binary, wait_until};
+use crate::{RedisServer, binary, wait_until};
 
 /// Small, so failover tests are quick (Redis's default is 15 s).
 const NODE_TIMEOUT_MS: u64 = 500;
@@ -69,7 +69,7 @@ impl RedisCluster {
                 &format!("cluster formed on {}", node.addr()),
                 FORM_DEADLINE,
                 || {
-                    let info = super::parse_info(&node.cmd::<String>(&["CLUSTER", "INFO"]));
+                    let info = crate::parse_info(&node.cmd::<String>(&["CLUSTER", "INFO"]));
                     let field = |name: &str| info.get(name).map(String::as_str);
                     let replication = node.info("replication");
                     let linked = replication.get("role").map(String::as_str) == Some("master")

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use super::{RedisServer, free_port, wait_until};
+use crate::{RedisServer, free_port, wait_until};
 
 pub const MASTER_NAME: &str = "sluice-master";
 const SENTINELS: usize = 3;

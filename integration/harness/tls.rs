@@ -14,7 +14,7 @@ pub struct TlsFiles {
 
 impl TlsFiles {
     pub fn generate() -> TlsFiles {
-        let dir = super::temp_dir();
+        let dir = crate::temp_dir();
         let path = |name: &str| dir.path().join(name);
         std::fs::write(path("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").expect("write ext.cnf");
         let ec = [

@@ -1,68 +1,23 @@
-//! Real `redis-server` processes for integration tests: a standalone server, a Cluster, and a
-//! master + replica + 3 Sentinels, each on free loopback ports in its own temp dir.
-//! [`sluice`] starts sluice itself in the test process against them.
-//!
-//! Everything is torn down on Drop (process group killed, temp dir removed), also when a test
-//! panics. As a safety net against a killed test process, every server also gets SIGKILL when
-//! the thread that started it exits: start servers from the test's own thread (or a runtime
-//! worker), never from a short-lived helper thread.
-//!
-//! Include with `mod harness;` from a test crate under `integration/`.
-
-#![allow(dead_code, unused_imports)]
-
-mod cluster;
-pub mod otlp;
-mod sentinel;
-pub mod sluice;
-pub mod tls;
+//! One real `redis-server` (or sentinel) process on a free loopback port, in its own temp dir.
 
 use std::io::Read;
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::Duration;
 
-pub use cluster::RedisCluster;
-pub use sentinel::RedisSentinel;
-
-/// Where redis-server and redis-cli come from (.ci/run installs it).
-const PACKAGE_HINT: &str =
-    "install the Debian package `redis-server` (apt-get install -y redis-server)";
+use crate::{binary, free_port, parse_info, temp_dir, tls};
 
 /// How long a server may take to answer PING after spawn before the harness gives up.
 const START_DEADLINE: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(5);
-/// Redis Cluster's bus listens on the data port + 10000.
-const BUS_OFFSET: u16 = 10_000;
-
-/// Path of a Redis tool, or the panic every test shares when it is missing.
-pub fn binary(name: &str) -> PathBuf {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|candidate| candidate.is_file())
-        .unwrap_or_else(|| panic!("{name} not found: {PACKAGE_HINT}"))
-}
-
-/// A loopback port nothing listens on (bind :0, read, close). With `bus`, port + 10000 is
-/// free too. A race with another process is caught by [`RedisServer`] retrying on a new port.
-pub fn free_port(bus: bool) -> u16 {
-    loop {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
-        let port = listener.local_addr().expect("local addr").port();
-        if !bus {
-            return port;
-        }
-        if port <= u16::MAX - BUS_OFFSET
-            && TcpListener::bind(("127.0.0.1", port + BUS_OFFSET)).is_ok()
-        {
-            return port;
-        }
-    }
-}
+/// How long [`RedisServer::conn`] retries transient connect errors (refused, timed out, reset:
+/// a server restarting or too busy to finish the handshake) before it panics.
+const CONNECT_DEADLINE: Duration = Duration::from_secs(10);
+/// One connect attempt: TCP connect plus the client's handshake.
+const CONNECT_ATTEMPT: Duration = Duration::from_millis(500);
+const CONNECT_RETRY: Duration = Duration::from_millis(20);
 
 /// What a process is started as.
 #[derive(Clone, Debug)]
@@ -118,7 +73,7 @@ impl RedisServer {
     }
 
     /// A cluster-enabled node (its bus port, port + 10000, is free too), with `extra` arguments.
-    fn start_cluster_node(node_timeout_ms: u64, extra: &[&str]) -> RedisServer {
+    pub(crate) fn start_cluster_node(node_timeout_ms: u64, extra: &[&str]) -> RedisServer {
         let args = [
             "--cluster-enabled",
             "yes",
@@ -137,7 +92,7 @@ impl RedisServer {
 
     /// A sentinel on `port` whose config file `config(dir)` returns. Ports of sentinels are
     /// fixed up front (they name each other), so a port race here panics instead of retrying.
-    fn start_sentinel_on(port: u16, config: impl Fn(&Path) -> String) -> RedisServer {
+    pub(crate) fn start_sentinel_on(port: u16, config: impl Fn(&Path) -> String) -> RedisServer {
         let dir = temp_dir();
         std::fs::write(dir.path().join("sentinel.conf"), config(dir.path()))
             .expect("write sentinel.conf");
@@ -183,6 +138,11 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// The URL as ACL user `user` with `password`.
+    pub fn url_for(&self, user: &str, password: &str) -> String {
+        format!("redis://{user}:{password}@127.0.0.1:{}", self.port)
+    }
+
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
@@ -196,8 +156,32 @@ impl RedisServer {
     }
 
     /// A fresh synchronous connection (for setup and inspection, not for the code under test).
+    /// Transient errors (refused, timed out, reset) are retried for up to 10 s.
     pub fn conn(&self) -> redis::Connection {
-        connect(&self.url()).unwrap_or_else(|err| panic!("connect to {}: {err}", self.addr()))
+        let url = self.url();
+        let mut waited = Duration::ZERO;
+        loop {
+            match connect(&url) {
+                Ok(conn) => return conn,
+                Err(err) if is_transient(&err) && waited < CONNECT_DEADLINE => {
+                    sleep(CONNECT_RETRY);
+                    waited += CONNECT_RETRY;
+                }
+                Err(err) => panic!("connect to {} (retried {waited:?}): {err}", self.addr()),
+            }
+        }
+    }
+
+    /// `redis-cli` against this server, as `auth` = (user, password) if given: stdout and
+    /// stderr together (Redis errors such as NOPERM included).
+    pub fn cli(&self, auth: Option<(&str, &str)>, args: &[&str]) -> String {
+        let mut cmd = Command::new(binary("redis-cli"));
+        cmd.args(["-h", "127.0.0.1", "-p", &self.port.to_string()]);
+        if let Some((user, password)) = auth {
+            cmd.args(["--user", user, "--pass", password, "--no-auth-warning"]);
+        }
+        let out = cmd.args(args).output().expect("redis-cli runs");
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
     }
 
     /// Runs one command and returns its reply.
@@ -361,16 +345,9 @@ impl Drop for RedisServer {
     }
 }
 
-fn temp_dir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("sluice-redis-")
-        .tempdir()
-        .expect("create a temp dir")
-}
-
 fn connect(url: &str) -> redis::RedisResult<redis::Connection> {
     let client = redis::Client::open(url)?;
-    let conn = client.get_connection_with_timeout(Duration::from_millis(500))?;
+    let conn = client.get_connection_with_timeout(CONNECT_ATTEMPT)?;
     conn.set_read_timeout(Some(Duration::from_secs(5)))?;
     Ok(conn)
 }
@@ -383,36 +360,33 @@ fn signal_group(child: &Child, signal: libc::c_int) {
     }
 }
 
-fn parse_info(text: &str) -> std::collections::HashMap<String, String> {
-    text.lines()
-        .filter_map(|line| line.trim_end().split_once(':'))
-        .map(|(key, value)| (key.to_string(), value.to_string()))
-        .collect()
+/// An error a retry may cure: nothing listens yet (or again), the handshake timed out (a read
+/// timeout is EAGAIN, "Resource temporarily unavailable"), or the connection dropped.
+fn is_transient(err: &redis::RedisError) -> bool {
+    err.is_connection_refusal() || err.is_timeout() || err.is_connection_dropped()
 }
 
-/// Polls `ready` every few ms until it is true; panics with `what` after `deadline`.
-pub fn wait_until(what: &str, deadline: Duration, mut ready: impl FnMut() -> bool) {
-    let mut waited = Duration::ZERO;
-    while !ready() {
-        assert!(
-            waited < deadline,
-            "timed out after {deadline:?} waiting for {what}"
-        );
-        sleep(Duration::from_millis(10));
-        waited += Duration::from_millis(10);
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn connect_error(url: &str) -> redis::RedisError {
+        match connect(url) {
+            Ok(_) => panic!("{url} answered"),
+            Err(err) => err,
+        }
     }
-}
 
-/// Calls of `command` (lower case, e.g. `evalsha`) in `INFO commandstats`.
-pub fn command_calls(server: &RedisServer, command: &str) -> u64 {
-    let stats = server.info("commandstats");
-    stats
-        .get(&format!("cmdstat_{command}"))
-        .and_then(|value| {
-            value
-                .split(',')
-                .find_map(|field| field.strip_prefix("calls="))
-                .and_then(|calls| calls.parse().ok())
-        })
-        .unwrap_or(0)
+    #[test]
+    fn refused_and_unanswered_connects_are_transient() {
+        let port = free_port(false);
+        let refused = connect_error(&format!("redis://127.0.0.1:{port}"));
+        assert!(is_transient(&refused), "{refused}");
+        // Accepted but never answered, as by a server too busy to finish the handshake: the read
+        // times out with EAGAIN ("Resource temporarily unavailable").
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("redis://{}", silent.local_addr().expect("addr"));
+        let unanswered = connect_error(&url);
+        assert!(is_transient(&unanswered), "{unanswered}");
+    }
 }

@@ -4,14 +4,11 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
+use sluice_harness::without_sluice_env;
+
 fn sluice() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    // The developer's environment must not leak into what is tested.
-    for (k, _) in std::env::vars() {
-        if k.starts_with("SLUICE_") {
-            c.env_remove(k);
-        }
-    }
+    without_sluice_env(&mut c);
     c
 }
 

@@ -1,98 +1,21 @@
 //! The least-privilege Redis ACL documented in docs/security.md, checked against a real
 //! redis-server started on a free loopback port: the Redis backend works with exactly those
 //! permissions, and the same user can touch nothing outside the key prefix.
-//!
-//! Skipped (with a message) when no `redis-server` binary is installed.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use sluice::algorithm::BucketParams;
 use sluice::backend::redis::{RedisBackend, RedisOptions};
 use sluice::backend::{Backend, Hit};
+use sluice_harness::RedisServer;
 
 /// The ACL rule of docs/security.md, for user `sluice` and key prefix `sluice:`.
 const ACL_RULE: &str = "on >s3cret-test-password resetkeys ~sluice:* resetchannels -@all \
      +evalsha +eval +script|load +time +hmget +hset +pexpire +ping \
      +zadd +zremrangebyscore +zcard";
 
-struct RedisServer {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl RedisServer {
-    fn start() -> Option<RedisServer> {
-        if Command::new("redis-server")
-            .arg("--version")
-            .output()
-            .is_err()
-        {
-            eprintln!("skipped: redis-server is not installed");
-            return None;
-        }
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = tempfile::tempdir().unwrap();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server starts");
-        let server = RedisServer {
-            child,
-            port,
-            _dir: dir,
-        };
-        for _ in 0..500 {
-            if server.cli(None, &["PING"]).trim() == "PONG" {
-                return Some(server);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        panic!("redis-server on port {port} did not answer PING");
-    }
-
-    /// One redis-cli command; `user` authenticates as that ACL user with the test password.
-    fn cli(&self, user: Option<&str>, args: &[&str]) -> String {
-        let mut cmd = Command::new("redis-cli");
-        cmd.args(["-h", "127.0.0.1", "-p", &self.port.to_string()]);
-        if let Some(user) = user {
-            cmd.args([
-                "--user",
-                user,
-                "--pass",
-                "s3cret-test-password",
-                "--no-auth-warning",
-            ]);
-        }
-        let out = cmd.args(args).output().expect("redis-cli runs");
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
-    }
-
-    fn url(&self, user: &str) -> String {
-        format!(
-            "redis://{user}:s3cret-test-password@127.0.0.1:{}",
-            self.port
-        )
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+/// The password of every ACL user this test creates (also in `ACL_RULE`).
+const PASSWORD: &str = "s3cret-test-password";
 
 const TEN: BucketParams = BucketParams {
     capacity: 10,
@@ -112,14 +35,12 @@ async fn connect(url: String) -> Result<RedisBackend, sluice::backend::BackendEr
 
 #[tokio::test]
 async fn least_privilege_acl_is_enough_and_confines_the_user_to_its_prefix() {
-    let Some(redis) = RedisServer::start() else {
-        return;
-    };
+    let redis = RedisServer::start();
     let mut setuser = vec!["ACL", "SETUSER", "sluice"];
     setuser.extend(ACL_RULE.split_whitespace());
     assert_eq!(redis.cli(None, &setuser).trim(), "OK");
 
-    let backend = connect(redis.url("sluice"))
+    let backend = connect(redis.url_for("sluice", PASSWORD))
         .await
         .expect("connects and loads the script");
     backend.probe().await.expect("probe");
@@ -150,7 +71,7 @@ async fn least_privilege_acl_is_enough_and_confines_the_user_to_its_prefix() {
         &["SCRIPT", "FLUSH"],
         &["ACL", "LIST"],
     ] {
-        let reply = redis.cli(Some("sluice"), command);
+        let reply = redis.cli(Some(("sluice", PASSWORD)), command);
         assert!(reply.contains("NOPERM"), "{command:?} answered {reply}");
     }
 
@@ -161,7 +82,7 @@ async fn least_privilege_acl_is_enough_and_confines_the_user_to_its_prefix() {
         let mut setuser = vec!["ACL", "SETUSER", user.as_str()];
         setuser.extend(ACL_RULE.split_whitespace().filter(|r| *r != missing));
         assert_eq!(redis.cli(None, &setuser).trim(), "OK");
-        let result = match connect(redis.url(&user)).await {
+        let result = match connect(redis.url_for(&user, PASSWORD)).await {
             Ok(b) => b.check(&hits).await.map(|_| ()),
             Err(e) => Err(e),
         };
@@ -172,7 +93,7 @@ async fn least_privilege_acl_is_enough_and_confines_the_user_to_its_prefix() {
         let mut setuser = vec!["ACL", "SETUSER", user.as_str()];
         setuser.extend(ACL_RULE.split_whitespace().filter(|r| *r != missing));
         assert_eq!(redis.cli(None, &setuser).trim(), "OK");
-        let b = connect(redis.url(&user))
+        let b = connect(redis.url_for(&user, PASSWORD))
             .await
             .expect("decisions need no heartbeat command");
         let beat = b

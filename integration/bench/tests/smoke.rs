@@ -2,18 +2,15 @@
 //! server and sluice (memory and Redis backends) for a fraction of a second and writes reports of
 //! the documented shape with the outcomes the target must give. No speed is asserted.
 
-mod harness;
-
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-use harness::RedisServer;
 use serde_json::Value;
+use sluice_harness::{RedisServer, without_sluice_env, workspace_bin};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_sluice-bench");
-const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
 /// A server child that printed `... grpc=ADDR ...`; SIGTERM then reaped on drop.
 struct Server {
@@ -23,11 +20,7 @@ struct Server {
 
 impl Server {
     fn start(mut cmd: Command) -> Server {
-        for (k, _) in std::env::vars() {
-            if k.starts_with("SLUICE_") {
-                cmd.env_remove(k);
-            }
-        }
+        without_sluice_env(&mut cmd);
         cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
         // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
         unsafe {
@@ -56,8 +49,8 @@ impl Server {
     }
 
     fn sluice(args: &[&str]) -> Server {
-        let mut cmd = Command::new(SLUICE);
-        cmd.args(["serve", "--config", "integration/bench/config"])
+        let mut cmd = Command::new(workspace_bin("sluice"));
+        cmd.args(["serve", "--config", "config"])
             .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
             .args(["--log-level", "warn"])
             .args(args)
