@@ -42,10 +42,12 @@ pub struct LeaseOptions {
 }
 
 impl Default for LeaseOptions {
+    /// `--lease-max-keys` and `--lease-lifetime` at their defaults.
     fn default() -> Self {
+        let settings = crate::settings::Settings::defaults();
         LeaseOptions {
-            max_keys: 100_000,
-            lifetime_ms: 1_000,
+            max_keys: usize::try_from(settings.lease_max_keys).unwrap_or(usize::MAX),
+            lifetime_ms: u64::try_from(settings.lease_lifetime.as_millis()).unwrap_or(u64::MAX),
         }
     }
 }

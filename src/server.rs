@@ -306,10 +306,7 @@ async fn build<B: Backend>(
         Limiter::with_resilience(
             config.active().clone(),
             backend,
-            LimiterOptions {
-                key_prefix: settings.key_prefix.clone(),
-                default_failure_mode: settings.failure_mode.into(),
-            },
+            LimiterOptions::from(settings),
             resilience,
         )
         .with_leases(leases),

@@ -43,6 +43,7 @@ use crate::request::LimitRequest;
 use crate::resilience::Resilience;
 use crate::resilience::breaker::BreakerState;
 use crate::rule::FailureMode;
+use crate::settings::Settings;
 
 pub use crate::decision::{AppliedLimit, Basis, Code, Decision, Status};
 pub use targets::shard_of;
@@ -69,12 +70,19 @@ pub struct LimiterOptions {
     pub default_failure_mode: FailureMode,
 }
 
-impl Default for LimiterOptions {
-    fn default() -> Self {
+impl From<&Settings> for LimiterOptions {
+    fn from(settings: &Settings) -> Self {
         LimiterOptions {
-            key_prefix: "sluice:".to_string(),
-            default_failure_mode: FailureMode::Error,
+            key_prefix: settings.key_prefix.clone(),
+            default_failure_mode: settings.failure_mode.into(),
         }
+    }
+}
+
+impl Default for LimiterOptions {
+    /// `--key-prefix` and `--failure-mode` at their defaults.
+    fn default() -> Self {
+        LimiterOptions::from(&Settings::defaults())
     }
 }
 
