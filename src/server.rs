@@ -33,7 +33,9 @@ use crate::settings::{BackendKind, Settings};
 use crate::telemetry::{BreakerReading, Metrics, MetricsOptions};
 use crate::xds::{self, ConfigSource};
 
-/// Hard ceiling tonic enforces before our own `max_message_bytes` check can name the field.
+/// Smallest ceiling tonic enforces (OUT_OF_RANGE, before buffering the body); under it the strict
+/// codec holds `--max-message-bytes` against the encoded request and names the message. A larger
+/// `--max-message-bytes` raises the ceiling with it.
 const TRANSPORT_MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
 
 /// How often readiness (admin and gRPC health) is re-evaluated, and the backend probed unless live
@@ -411,8 +413,9 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
     );
     let admin_task = spawn_admin(admin_listener, built.admin, stop_rx.clone());
 
-    let rls =
-        RateLimitServer::new(built.service).max_decoding_message_size(TRANSPORT_MAX_MESSAGE_BYTES);
+    let rls = RateLimitServer::new(built.service)
+        .max_request_bytes(settings.max_message_bytes)
+        .max_decoding_message_size(TRANSPORT_MAX_MESSAGE_BYTES.max(settings.max_message_bytes));
     let enforces_allow_list = built.tls.as_ref().is_some_and(|t| t.enforces_allow_list());
     if let Some(tls) = &built.tls {
         tls.spawn_reloader();

@@ -199,6 +199,8 @@ impl<B: Backend> RateLimitHandler<B> {
 #[derive(Debug)]
 pub struct RateLimitServer<T> {
     inner: Arc<T>,
+    /// `--max-message-bytes`, held by the codec against the encoded request.
+    max_request_bytes: usize,
     max_decoding_message_size: Option<usize>,
     max_encoding_message_size: Option<usize>,
 }
@@ -211,9 +213,19 @@ impl<T> RateLimitServer<T> {
     pub fn from_arc(inner: Arc<T>) -> Self {
         RateLimitServer {
             inner,
+            max_request_bytes: usize::MAX,
             max_decoding_message_size: None,
             max_encoding_message_size: None,
         }
+    }
+
+    /// Largest encoded request decoded (unknown fields included); a larger one is
+    /// INVALID_ARGUMENT (`message: N bytes exceed the limit of M`). Default: no bound beyond
+    /// tonic's.
+    #[must_use]
+    pub fn max_request_bytes(mut self, limit: usize) -> Self {
+        self.max_request_bytes = limit;
+        self
     }
 
     /// Largest request tonic buffers (larger ones get OUT_OF_RANGE before decoding); default 4 MiB.
@@ -234,6 +246,7 @@ impl<T> Clone for RateLimitServer<T> {
     fn clone(&self) -> Self {
         RateLimitServer {
             inner: Arc::clone(&self.inner),
+            max_request_bytes: self.max_request_bytes,
             max_decoding_message_size: self.max_decoding_message_size,
             max_encoding_message_size: self.max_encoding_message_size,
         }
@@ -278,12 +291,15 @@ where
             });
         }
         let method = ShouldRateLimit(Arc::clone(&self.inner));
+        let codec = wire::StrictCodec {
+            max_message_bytes: self.max_request_bytes,
+        };
         let (max_decoding, max_encoding) = (
             self.max_decoding_message_size,
             self.max_encoding_message_size,
         );
         Box::pin(async move {
-            let mut grpc = tonic::server::Grpc::new(wire::StrictCodec)
+            let mut grpc = tonic::server::Grpc::new(codec)
                 .apply_max_message_size_config(max_decoding, max_encoding);
             Ok(grpc.unary(method, request).await)
         })
@@ -317,14 +333,7 @@ fn check_message_size(
     request: &RateLimitRequest,
     bounds: &RequestBounds,
 ) -> Result<(), GrpcStatus> {
-    let size = request.encoded_len();
-    if size > bounds.max_message_bytes {
-        return Err(invalid(format!(
-            "message: {size} bytes exceed the limit of {}",
-            bounds.max_message_bytes
-        )));
-    }
-    Ok(())
+    wire::check_encoded_len(request.encoded_len(), bounds.max_message_bytes)
 }
 
 fn check_descriptor_count(count: usize, bounds: &RequestBounds) -> Result<(), GrpcStatus> {

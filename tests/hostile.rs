@@ -437,6 +437,37 @@ async fn invalid_utf8_and_malformed_protobuf_are_invalid_argument() {
     s.stop().await;
 }
 
+/// `bytes` with a length-delimited unknown field (tag 15) of `len` bytes appended.
+fn with_unknown_field(mut bytes: Vec<u8>, len: usize) -> Vec<u8> {
+    prost::encoding::encode_key(15, prost::encoding::WireType::LengthDelimited, &mut bytes);
+    prost::encoding::encode_varint(len as u64, &mut bytes);
+    bytes.resize(bytes.len() + len, b'u');
+    bytes
+}
+
+#[tokio::test]
+async fn unknown_fields_count_toward_the_message_bound() {
+    let mut s = TestServer::start(&[("edge.yaml", CONFIG)]).await;
+    let valid = req("edge", vec![desc(&[("tenant", "unknown")])]).encode_to_vec();
+    // A small unknown field is skipped, as protobuf wants.
+    let r = call_raw(&s, with_unknown_field(valid.clone(), 100))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, OK);
+    for len in [64 * 1024, 4 * MIB] {
+        let bytes = with_unknown_field(valid.clone(), len);
+        let size = bytes.len();
+        let err = call_raw(&s, bytes).await.expect_err("refused");
+        assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+        assert_eq!(
+            err.message(),
+            format!("message: {size} bytes exceed the limit of 65536")
+        );
+        still_serving(&mut s).await;
+    }
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn oversized_headers_are_refused_and_the_connection_recovers() {
     let mut s = TestServer::start(&[("edge.yaml", CONFIG)]).await;
