@@ -55,6 +55,8 @@ pub struct RequestBounds {
     pub max_entries: usize,
     pub max_key_bytes: usize,
     pub max_value_bytes: usize,
+    /// Largest `hits_addend`, request- or descriptor-level (`--max-hits-addend`).
+    pub max_hits_addend: u64,
     /// What untrusted callers may not decide (applied before validation).
     pub policy: CallerPolicy,
 }
@@ -67,6 +69,7 @@ impl From<&Settings> for RequestBounds {
             max_entries: settings.max_entries,
             max_key_bytes: settings.max_key_bytes,
             max_value_bytes: settings.max_value_bytes,
+            max_hits_addend: settings.security.callers.max_hits_addend,
             policy: CallerPolicy::from(&settings.security.callers),
         }
     }
@@ -317,6 +320,7 @@ pub fn to_limit_request(
     if request.domain.is_empty() {
         return Err(invalid("domain: must not be empty".into()));
     }
+    check_hits_addend("hits_addend", u64::from(request.hits_addend), bounds)?;
     check_descriptor_count(request.descriptors.len(), bounds)?;
     let mut descriptors = Vec::with_capacity(request.descriptors.len());
     for (i, d) in request.descriptors.into_iter().enumerate() {
@@ -334,6 +338,18 @@ fn check_message_size(
     bounds: &RequestBounds,
 ) -> Result<(), GrpcStatus> {
     wire::check_encoded_len(request.encoded_len(), bounds.max_message_bytes)
+}
+
+/// `hits_addend` within `--max-hits-addend`, so one call moves a bucket, and the hit counters
+/// of the metrics, by at most that much.
+fn check_hits_addend(field: &str, hits: u64, bounds: &RequestBounds) -> Result<(), GrpcStatus> {
+    if hits > bounds.max_hits_addend {
+        return Err(invalid(format!(
+            "{field}: {hits} exceeds the limit of {}",
+            bounds.max_hits_addend
+        )));
+    }
+    Ok(())
 }
 
 fn check_descriptor_count(count: usize, bounds: &RequestBounds) -> Result<(), GrpcStatus> {
@@ -372,6 +388,9 @@ fn to_descriptor(
     let mut entries = Vec::with_capacity(d.entries.len());
     for (j, e) in d.entries.into_iter().enumerate() {
         entries.push(to_entry(i, j, e, bounds)?);
+    }
+    if let Some(h) = &d.hits_addend {
+        check_hits_addend(&format!("descriptors[{i}].hits_addend"), h.value, bounds)?;
     }
     let limit_override = match d.limit {
         None => None,

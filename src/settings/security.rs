@@ -56,7 +56,7 @@ pub struct TlsArgs {
 }
 
 /// Settings for callers that are not trusted to size their own hits.
-#[derive(Clone, Debug, Default, clap::Args)]
+#[derive(Clone, Debug, clap::Args)]
 pub struct CallerArgs {
     /// Ignore a descriptor's `limit` override: the configured rule applies.
     #[arg(
@@ -80,9 +80,13 @@ pub struct CallerArgs {
     )]
     pub ignore_negative_hits: bool,
 
-    /// Largest `hits_addend` honoured, request- or descriptor-level; larger values count as this.
-    #[arg(long, env = "SLUICE_MAX_HITS_ADDEND", value_parser = clap::value_parser!(u64).range(1..))]
-    pub max_hits_addend: Option<u64>,
+    /// Largest `hits_addend` accepted, request- or descriptor-level; a larger one is
+    /// INVALID_ARGUMENT naming the field. The default is the range of Envoy's own request-level
+    /// field (uint32): no legitimate count of hits or bytes per request reaches it, and it bounds
+    /// what one call adds to a hit counter.
+    #[arg(long, env = "SLUICE_MAX_HITS_ADDEND", default_value_t = u64::from(u32::MAX),
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_hits_addend: u64,
 }
 
 /// HTTP/2 limits of the gRPC listener. Set explicitly rather than left to library defaults, so a
