@@ -27,6 +27,7 @@ use crate::resilience::local::Replicas;
 use crate::resilience::{self, Resilience, ResilienceOptions};
 use crate::rule::FailureMode;
 use crate::security;
+use crate::security::listener::{ConnectionLimits, ConnectionStats};
 use crate::security::tls::{AuthorizeLayer, GrpcIncoming, TlsState};
 use crate::service::{HeaderOptions, RateLimitHandler, RateLimitServer, RequestBounds};
 use crate::settings::{BackendKind, Settings};
@@ -420,12 +421,18 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
     if let Some(tls) = &built.tls {
         tls.spawn_reloader();
     }
+    let connections = Arc::new(ConnectionStats::default());
+    built.metrics.observe_connections(connections.clone());
+    let incoming = GrpcIncoming::new(grpc_listener, built.tls).with_limits(
+        ConnectionLimits::from(&settings.security.listener),
+        connections,
+    );
     let grpc = security::grpc_server(&settings.security.http2)
         .layer(AuthorizeLayer::new(enforces_allow_list))
         .add_service(health_service)
         .add_service(rls)
         .serve_with_incoming_shutdown(
-            GrpcIncoming::new(grpc_listener, built.tls),
+            incoming,
             stopped(stop_rx.clone(), built.readiness.clone(), grpc_health),
         );
     let drain = settings.drain_timeout;

@@ -8,9 +8,12 @@
 //!   (`limit` overrides, `is_negative_hits`). `hits_addend` is bounded for every caller
 //!   (`--max-hits-addend`, checked with the other request bounds in [`crate::service`]).
 //! - [`grpc_server`]: the gRPC listener with its HTTP/2 limits set explicitly.
+//! - [`listener`]: the cap on open connections and the deadline for a connection's handshake
+//!   (TLS, the HTTP/2 preface and its SETTINGS).
 //!
 //! The flags are [`crate::settings::SecurityArgs`]; this module turns them into behaviour.
 
+pub mod listener;
 pub mod tls;
 pub mod wire;
 

@@ -14,6 +14,8 @@ pub struct SecurityArgs {
     pub callers: CallerArgs,
     #[command(flatten)]
     pub http2: Http2Args,
+    #[command(flatten)]
+    pub listener: ListenerArgs,
     /// Most live buckets one rule may hold in the memory backend, so a flood of distinct values
     /// for one rule evicts only that rule's buckets, never another rule's. Unset: only
     /// --memory-max-buckets bounds the store.
@@ -87,6 +89,21 @@ pub struct CallerArgs {
     #[arg(long, env = "SLUICE_MAX_HITS_ADDEND", default_value_t = u64::from(u32::MAX),
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_hits_addend: u64,
+}
+
+/// What one connection to the gRPC listener may cost before it carries an RPC.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ListenerArgs {
+    /// Most open gRPC connections (pending TLS handshakes included); past it a new connection
+    /// is closed as soon as it is accepted.
+    #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: u64,
+
+    /// A connection that has not completed TLS (when on), the HTTP/2 client preface and its
+    /// SETTINGS frame within this after it was accepted is closed.
+    #[arg(long, env = "SLUICE_HANDSHAKE_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
+    pub handshake_timeout: Duration,
 }
 
 /// HTTP/2 limits of the gRPC listener. Set explicitly rather than left to library defaults, so a
