@@ -27,13 +27,16 @@ use crate::resilience::local::Replicas;
 use crate::resilience::{self, Resilience, ResilienceOptions};
 use crate::rule::FailureMode;
 use crate::security;
+use crate::security::listener::{ConnectionLimits, ConnectionStats};
 use crate::security::tls::{AuthorizeLayer, GrpcIncoming, TlsState};
 use crate::service::{HeaderOptions, RateLimitHandler, RateLimitServer, RequestBounds};
 use crate::settings::{BackendKind, Settings};
 use crate::telemetry::{BreakerReading, Metrics, MetricsOptions};
 use crate::xds::{self, ConfigSource};
 
-/// Hard ceiling tonic enforces before our own `max_message_bytes` check can name the field.
+/// Smallest ceiling tonic enforces (OUT_OF_RANGE, before buffering the body); under it the strict
+/// codec holds `--max-message-bytes` against the encoded request and names the message. A larger
+/// `--max-message-bytes` raises the ceiling with it.
 const TRANSPORT_MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
 
 /// How often readiness (admin and gRPC health) is re-evaluated, and the backend probed unless live
@@ -408,18 +411,25 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
     );
     let admin_task = spawn_admin(admin_listener, built.admin, stop_rx.clone());
 
-    let rls =
-        RateLimitServer::new(built.service).max_decoding_message_size(TRANSPORT_MAX_MESSAGE_BYTES);
+    let rls = RateLimitServer::new(built.service)
+        .max_request_bytes(settings.max_message_bytes)
+        .max_decoding_message_size(TRANSPORT_MAX_MESSAGE_BYTES.max(settings.max_message_bytes));
     let enforces_allow_list = built.tls.as_ref().is_some_and(|t| t.enforces_allow_list());
     if let Some(tls) = &built.tls {
         tls.spawn_reloader();
     }
+    let connections = Arc::new(ConnectionStats::default());
+    built.metrics.observe_connections(connections.clone());
+    let incoming = GrpcIncoming::new(grpc_listener, built.tls).with_limits(
+        ConnectionLimits::from(&settings.security.listener),
+        connections,
+    );
     let grpc = security::grpc_server(&settings.security.http2)
         .layer(AuthorizeLayer::new(enforces_allow_list))
         .add_service(health_service)
         .add_service(rls)
         .serve_with_incoming_shutdown(
-            GrpcIncoming::new(grpc_listener, built.tls),
+            incoming,
             stopped(stop_rx.clone(), built.readiness.clone(), grpc_health),
         );
     let drain = settings.drain_timeout;

@@ -55,6 +55,8 @@ pub struct RequestBounds {
     pub max_entries: usize,
     pub max_key_bytes: usize,
     pub max_value_bytes: usize,
+    /// Largest `hits_addend`, request- or descriptor-level (`--max-hits-addend`).
+    pub max_hits_addend: u64,
     /// What untrusted callers may not decide (applied before validation).
     pub policy: CallerPolicy,
 }
@@ -67,6 +69,7 @@ impl From<&Settings> for RequestBounds {
             max_entries: settings.max_entries,
             max_key_bytes: settings.max_key_bytes,
             max_value_bytes: settings.max_value_bytes,
+            max_hits_addend: settings.security.callers.max_hits_addend,
             policy: CallerPolicy::from(&settings.security.callers),
         }
     }
@@ -199,6 +202,8 @@ impl<B: Backend> RateLimitHandler<B> {
 #[derive(Debug)]
 pub struct RateLimitServer<T> {
     inner: Arc<T>,
+    /// `--max-message-bytes`, held by the codec against the encoded request.
+    max_request_bytes: usize,
     max_decoding_message_size: Option<usize>,
     max_encoding_message_size: Option<usize>,
 }
@@ -211,9 +216,19 @@ impl<T> RateLimitServer<T> {
     pub fn from_arc(inner: Arc<T>) -> Self {
         RateLimitServer {
             inner,
+            max_request_bytes: usize::MAX,
             max_decoding_message_size: None,
             max_encoding_message_size: None,
         }
+    }
+
+    /// Largest encoded request decoded (unknown fields included); a larger one is
+    /// INVALID_ARGUMENT (`message: N bytes exceed the limit of M`). Default: no bound beyond
+    /// tonic's.
+    #[must_use]
+    pub fn max_request_bytes(mut self, limit: usize) -> Self {
+        self.max_request_bytes = limit;
+        self
     }
 
     /// Largest request tonic buffers (larger ones get OUT_OF_RANGE before decoding); default 4 MiB.
@@ -234,6 +249,7 @@ impl<T> Clone for RateLimitServer<T> {
     fn clone(&self) -> Self {
         RateLimitServer {
             inner: Arc::clone(&self.inner),
+            max_request_bytes: self.max_request_bytes,
             max_decoding_message_size: self.max_decoding_message_size,
             max_encoding_message_size: self.max_encoding_message_size,
         }
@@ -278,12 +294,15 @@ where
             });
         }
         let method = ShouldRateLimit(Arc::clone(&self.inner));
+        let codec = wire::StrictCodec {
+            max_message_bytes: self.max_request_bytes,
+        };
         let (max_decoding, max_encoding) = (
             self.max_decoding_message_size,
             self.max_encoding_message_size,
         );
         Box::pin(async move {
-            let mut grpc = tonic::server::Grpc::new(wire::StrictCodec)
+            let mut grpc = tonic::server::Grpc::new(codec)
                 .apply_max_message_size_config(max_decoding, max_encoding);
             Ok(grpc.unary(method, request).await)
         })
@@ -301,6 +320,7 @@ pub fn to_limit_request(
     if request.domain.is_empty() {
         return Err(invalid("domain: must not be empty".into()));
     }
+    check_hits_addend("hits_addend", u64::from(request.hits_addend), bounds)?;
     check_descriptor_count(request.descriptors.len(), bounds)?;
     let mut descriptors = Vec::with_capacity(request.descriptors.len());
     for (i, d) in request.descriptors.into_iter().enumerate() {
@@ -317,11 +337,16 @@ fn check_message_size(
     request: &RateLimitRequest,
     bounds: &RequestBounds,
 ) -> Result<(), GrpcStatus> {
-    let size = request.encoded_len();
-    if size > bounds.max_message_bytes {
+    wire::check_encoded_len(request.encoded_len(), bounds.max_message_bytes)
+}
+
+/// `hits_addend` within `--max-hits-addend`, so one call moves a bucket, and the hit counters
+/// of the metrics, by at most that much.
+fn check_hits_addend(field: &str, hits: u64, bounds: &RequestBounds) -> Result<(), GrpcStatus> {
+    if hits > bounds.max_hits_addend {
         return Err(invalid(format!(
-            "message: {size} bytes exceed the limit of {}",
-            bounds.max_message_bytes
+            "{field}: {hits} exceeds the limit of {}",
+            bounds.max_hits_addend
         )));
     }
     Ok(())
@@ -363,6 +388,9 @@ fn to_descriptor(
     let mut entries = Vec::with_capacity(d.entries.len());
     for (j, e) in d.entries.into_iter().enumerate() {
         entries.push(to_entry(i, j, e, bounds)?);
+    }
+    if let Some(h) = &d.hits_addend {
+        check_hits_addend(&format!("descriptors[{i}].hits_addend"), h.value, bounds)?;
     }
     let limit_override = match d.limit {
         None => None,

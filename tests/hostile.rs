@@ -231,27 +231,64 @@ async fn control_characters_and_braces_are_plain_values_with_their_own_buckets()
     s.stop().await;
 }
 
+/// The sum of the `name` series whose labels contain `label`, from the Prometheus text.
+fn metric(s: &TestServer, name: &str, label: &str) -> u64 {
+    let text = s.running.as_ref().unwrap().metrics.prometheus_text();
+    let text = text.expect("metrics on").expect("encoded");
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64)
+        .sum()
+}
+
 #[tokio::test]
-async fn extreme_hits_addend_is_a_decision() {
+async fn extreme_hits_addend_is_a_decision_up_to_the_bound() {
+    const MAX: u64 = u32::MAX as u64;
     let mut s = TestServer::start(&[("edge.yaml", CONFIG)]).await;
+    let over_limit = |s: &TestServer| {
+        metric(
+            s,
+            "ratelimit_service_rate_limit_over_limit",
+            "key=\"tenant\"",
+        )
+    };
     let mut r = req("edge", vec![desc(&[("tenant", "big")])]);
     r.hits_addend = u32::MAX;
     assert_eq!(s.ok(r).await.overall_code, OVER_LIMIT);
+    assert_eq!(
+        over_limit(&s),
+        MAX,
+        "the request-level field's range is the default bound"
+    );
     let mut d = desc(&[("tenant", "big")]);
-    d.hits_addend = Some(UInt64Value { value: u64::MAX });
-    let resp = s.ok(req("edge", vec![d])).await;
+    d.hits_addend = Some(UInt64Value { value: MAX });
+    let resp = s.ok(req("edge", vec![d.clone()])).await;
     assert_eq!(resp.overall_code, OVER_LIMIT);
     assert!(header(&resp, "retry-after").is_none(), "never satisfiable");
-    // Two descriptors on one bucket, both u64::MAX: the sum saturates, still a decision.
-    let mut d = desc(&[("tenant", "big")]);
-    d.hits_addend = Some(UInt64Value { value: u64::MAX });
+    // Two descriptors on one bucket at the bound: still a decision.
     assert_eq!(
         s.ok(req("edge", vec![d.clone(), d.clone()]))
             .await
             .overall_code,
         OVER_LIMIT
     );
-    // A u64::MAX refund is capped at capacity.
+    assert_eq!(over_limit(&s), 4 * MAX);
+    // Past the bound the request is refused and counts no hit.
+    for value in [MAX + 1, u64::MAX] {
+        let mut far = desc(&[("tenant", "big")]);
+        far.hits_addend = Some(UInt64Value { value });
+        let err = s
+            .call(req("edge", vec![desc(&[("tenant", "x")]), far]))
+            .await
+            .expect_err("refused");
+        assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+        assert_eq!(
+            err.message(),
+            format!("descriptors[1].hits_addend: {value} exceeds the limit of {MAX}")
+        );
+    }
+    assert_eq!(over_limit(&s), 4 * MAX);
+    // A refund at the bound is capped at capacity.
     d.is_negative_hits = true;
     let resp = s.ok(req("edge", vec![d])).await;
     assert_eq!(
@@ -270,7 +307,7 @@ async fn untrusted_caller_policy_through_grpc() {
     let mut s = TestServer::start_with(&[("edge.yaml", CONFIG)], |st| {
         st.security.callers.ignore_limit_override = true;
         st.security.callers.ignore_negative_hits = true;
-        st.security.callers.max_hits_addend = Some(2);
+        st.security.callers.max_hits_addend = 2;
     })
     .await;
     // An override asking for a million per second gets the configured 3 per minute.
@@ -293,18 +330,27 @@ async fn untrusted_caller_policy_through_grpc() {
         1
     );
 
-    // hits_addend is clamped to 2, request- and descriptor-level.
+    // hits_addend is bounded by 2, request- and descriptor-level.
     let mut r = req("edge", vec![desc(&[("ip", "h")])]);
-    r.hits_addend = u32::MAX;
+    r.hits_addend = 3;
+    rejected(&mut s, r.clone(), "hits_addend: 3 exceeds the limit of 2").await;
+    r.hits_addend = 2;
     assert_eq!(s.ok(r).await.statuses[0].limit_remaining, 8);
     let mut d = desc(&[("ip", "h")]);
     d.hits_addend = Some(UInt64Value { value: u64::MAX });
+    rejected(
+        &mut s,
+        req("edge", vec![d.clone()]),
+        "descriptors[0].hits_addend: 18446744073709551615 exceeds the limit of 2",
+    )
+    .await;
+    d.hits_addend = Some(UInt64Value { value: 2 });
     assert_eq!(
         s.ok(req("edge", vec![d])).await.statuses[0].limit_remaining,
         6
     );
 
-    // A refund gives nothing back.
+    // A refund gives nothing back (and, ignored, is not bounded either).
     let mut d = desc(&[("ip", "h")]);
     d.is_negative_hits = true;
     d.hits_addend = Some(UInt64Value { value: 5 });
@@ -434,6 +480,37 @@ async fn invalid_utf8_and_malformed_protobuf_are_invalid_argument() {
         (err.code(), err.message()),
         (Code::InvalidArgument, "domain: must not be empty")
     );
+    s.stop().await;
+}
+
+/// `bytes` with a length-delimited unknown field (tag 15) of `len` bytes appended.
+fn with_unknown_field(mut bytes: Vec<u8>, len: usize) -> Vec<u8> {
+    prost::encoding::encode_key(15, prost::encoding::WireType::LengthDelimited, &mut bytes);
+    prost::encoding::encode_varint(len as u64, &mut bytes);
+    bytes.resize(bytes.len() + len, b'u');
+    bytes
+}
+
+#[tokio::test]
+async fn unknown_fields_count_toward_the_message_bound() {
+    let mut s = TestServer::start(&[("edge.yaml", CONFIG)]).await;
+    let valid = req("edge", vec![desc(&[("tenant", "unknown")])]).encode_to_vec();
+    // A small unknown field is skipped, as protobuf wants.
+    let r = call_raw(&s, with_unknown_field(valid.clone(), 100))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, OK);
+    for len in [64 * 1024, 4 * MIB] {
+        let bytes = with_unknown_field(valid.clone(), len);
+        let size = bytes.len();
+        let err = call_raw(&s, bytes).await.expect_err("refused");
+        assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+        assert_eq!(
+            err.message(),
+            format!("message: {size} bytes exceed the limit of 65536")
+        );
+        still_serving(&mut s).await;
+    }
     s.stop().await;
 }
 

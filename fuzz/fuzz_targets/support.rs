@@ -158,8 +158,11 @@ impl Harness {
             policy: CallerPolicy {
                 ignore_limit_override: policy.ignore_limit_override,
                 ignore_negative_hits: policy.ignore_negative_hits,
-                max_hits_addend: policy.max_hits_addend.filter(|&n| n > 0),
             },
+            max_hits_addend: policy
+                .max_hits_addend
+                .filter(|&n| n > 0)
+                .unwrap_or(RequestBounds::default().max_hits_addend),
             ..RequestBounds::default()
         };
         Harness {
@@ -177,7 +180,10 @@ impl Harness {
                 assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
                 let field = status.message().split(':').next().unwrap_or_default();
                 assert!(
-                    field == "message" || field == "domain" || field.starts_with("descriptors"),
+                    field == "message"
+                        || field == "domain"
+                        || field == "hits_addend"
+                        || field.starts_with("descriptors"),
                     "{status:?}"
                 );
                 return;
@@ -197,10 +203,8 @@ impl Harness {
             if b.policy.ignore_limit_override {
                 assert!(d.limit_override.is_none());
             }
-            if let Some(max) = b.policy.max_hits_addend {
-                assert!(d.hits_addend.is_none_or(|h| h <= max));
-                assert!(limit_request.hits_addend <= max);
-            }
+            assert!(d.hits_addend.is_none_or(|h| h <= b.max_hits_addend));
+            assert!(limit_request.hits_addend <= b.max_hits_addend);
             if b.policy.ignore_negative_hits && d.is_negative_hits {
                 assert_eq!(d.hits_addend, Some(0));
             }

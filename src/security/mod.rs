@@ -5,11 +5,15 @@
 //! - [`wire`]: the strict request codec of the `RateLimitService` server: malformed protobuf
 //!   (invalid UTF-8 in a string field) gets `INVALID_ARGUMENT` naming the field.
 //! - [`CallerPolicy`]: neutralises request fields that only a trusted caller should control
-//!   (`limit` overrides, `is_negative_hits`, huge `hits_addend`).
+//!   (`limit` overrides, `is_negative_hits`). `hits_addend` is bounded for every caller
+//!   (`--max-hits-addend`, checked with the other request bounds in [`crate::service`]).
 //! - [`grpc_server`]: the gRPC listener with its HTTP/2 limits set explicitly.
+//! - [`listener`]: the cap on open connections and the deadline for a connection's handshake
+//!   (TLS, the HTTP/2 preface and its SETTINGS).
 //!
 //! The flags are [`crate::settings::SecurityArgs`]; this module turns them into behaviour.
 
+pub mod listener;
 pub mod tls;
 pub mod wire;
 
@@ -23,7 +27,6 @@ impl From<&CallerArgs> for CallerPolicy {
         CallerPolicy {
             ignore_limit_override: args.ignore_limit_override,
             ignore_negative_hits: args.ignore_negative_hits,
-            max_hits_addend: args.max_hits_addend,
         }
     }
 }
@@ -38,26 +41,18 @@ pub struct CallerPolicy {
     /// Answer `is_negative_hits` as a refund of zero tokens: the descriptor is reported, nothing
     /// is given back, nothing is taken. A caller cannot refill a bucket it (or others) drained.
     pub ignore_negative_hits: bool,
-    /// Clamp the request's and every descriptor's `hits_addend` to this.
-    pub max_hits_addend: Option<u64>,
 }
 
 impl CallerPolicy {
     /// Rewrites the fields this policy overrules, before validation: an ignored override is
     /// neither validated nor applied.
     pub fn apply(&self, request: &mut RateLimitRequest) {
-        if let Some(max) = self.max_hits_addend {
-            request.hits_addend = u64::from(request.hits_addend).min(max) as u32;
-        }
         for d in &mut request.descriptors {
             if self.ignore_limit_override {
                 d.limit = None;
             }
             if self.ignore_negative_hits && d.is_negative_hits {
                 d.hits_addend = Some(UInt64Value { value: 0 });
-            }
-            if let (Some(max), Some(h)) = (self.max_hits_addend, d.hits_addend.as_mut()) {
-                h.value = h.value.min(max);
             }
         }
     }
@@ -144,21 +139,6 @@ mod tests {
 
         let mut r = original.clone();
         CallerPolicy {
-            max_hits_addend: Some(10),
-            ..Default::default()
-        }
-        .apply(&mut r);
-        assert_eq!(r.hits_addend, 10);
-        let hits: Vec<_> = r
-            .descriptors
-            .iter()
-            .map(|d| d.hits_addend.as_ref().map(|h| h.value))
-            .collect();
-        assert_eq!(hits, [Some(10), Some(5), None, Some(0)]);
-        assert!(r.descriptors[0].limit.is_some());
-
-        let mut r = original.clone();
-        CallerPolicy {
             ignore_limit_override: true,
             ..Default::default()
         }
@@ -180,17 +160,6 @@ mod tests {
         assert_eq!(hits, [Some(u64::MAX), Some(0), Some(0), Some(0)]);
     }
 
-    #[test]
-    fn request_cap_above_u32_keeps_the_request_value() {
-        let mut r = request(7, vec![]);
-        CallerPolicy {
-            max_hits_addend: Some(u64::MAX),
-            ..Default::default()
-        }
-        .apply(&mut r);
-        assert_eq!(r.hits_addend, 7);
-    }
-
     fn parse(args: &[&str]) -> Result<SecurityArgs, clap::Error> {
         let mut all = vec!["sluice", "serve", "--config", "c"];
         all.extend_from_slice(args);
@@ -205,6 +174,7 @@ mod tests {
         let s = parse(&[]).unwrap();
         assert!(s.tls.tls_cert.is_none());
         assert_eq!(CallerPolicy::from(&s.callers), CallerPolicy::default());
+        assert_eq!(s.callers.max_hits_addend, u64::from(u32::MAX));
         assert_eq!(s.http2.grpc_max_concurrent_streams, 1024);
 
         let s = parse(&[
@@ -222,9 +192,9 @@ mod tests {
             CallerPolicy {
                 ignore_limit_override: true,
                 ignore_negative_hits: true,
-                max_hits_addend: Some(100),
             }
         );
+        assert_eq!(s.callers.max_hits_addend, 100);
         assert_eq!(s.memory_max_buckets_per_rule, Some(5000));
 
         assert!(parse(&["--max-hits-addend", "0"]).is_err());

@@ -8,7 +8,8 @@
 //!   its key during a rotation is rejected once and picked up when the key follows).
 //! - [`GrpcIncoming`] accepts connections (plain or TLS) for tonic: TLS handshakes run
 //!   concurrently with a deadline and a cap on how many may be pending, so slow or silent clients
-//!   cannot stall accepting.
+//!   cannot stall accepting; the [`super::listener`] limits (open connections, the deadline for
+//!   TLS plus the HTTP/2 preface) hold for every connection.
 //! - [`AuthorizeLayer`] answers every RPC of a connection whose client certificate is not on the
 //!   allow-list with PERMISSION_DENIED: the client did authenticate (its certificate chains to the
 //!   trusted CA), it is just not allowed to call. A client without a valid certificate never gets
@@ -35,6 +36,7 @@ use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
+use super::listener::{ConnectionGuard, ConnectionLimits, ConnectionStats, Refusal};
 use crate::settings::TlsArgs;
 
 /// Handshakes in progress at once; further connections wait in the kernel's accept queue.
@@ -253,21 +255,29 @@ impl TlsState {
         tcp: TcpStream,
         local_addr: Option<SocketAddr>,
         remote_addr: SocketAddr,
+        mut guard: ConnectionGuard,
+        stats: Arc<ConnectionStats>,
     ) -> Option<Conn> {
         let acceptor = TlsAcceptor::from(self.config.load_full());
-        let stream =
-            match tokio::time::timeout(self.settings.handshake_timeout, acceptor.accept(tcp)).await
-            {
-                Err(_) => {
-                    tracing::debug!(%remote_addr, "TLS handshake timed out");
-                    return None;
-                }
-                Ok(Err(error)) => {
-                    tracing::debug!(%remote_addr, %error, "TLS handshake failed");
-                    return None;
-                }
-                Ok(Ok(stream)) => stream,
-            };
+        let accepted = tokio::select! {
+            accepted = tokio::time::timeout(self.settings.handshake_timeout, acceptor.accept(tcp)) => accepted,
+            () = guard.expired() => {
+                tracing::debug!(%remote_addr, "TLS handshake not done within --handshake-timeout");
+                return None;
+            }
+        };
+        let stream = match accepted {
+            Err(_) => {
+                stats.count_refusal(Refusal::HandshakeTimeout);
+                tracing::debug!(%remote_addr, "TLS handshake timed out");
+                return None;
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(%remote_addr, %error, "TLS handshake failed");
+                return None;
+            }
+            Ok(Ok(stream)) => stream,
+        };
         let leaf = stream
             .get_ref()
             .1
@@ -301,6 +311,7 @@ impl TlsState {
                 client_names: names.into(),
                 authorized,
             },
+            guard,
         })
     }
 }
@@ -366,6 +377,8 @@ fn build_config(settings: &TlsSettings, sources: &Sources) -> Result<Arc<ServerC
 pub struct Conn {
     io: ConnIo,
     info: PeerInfo,
+    /// Its place under `--max-connections` and, until the HTTP/2 handshake is in, its deadline.
+    guard: ConnectionGuard,
 }
 
 enum ConnIo {
@@ -387,10 +400,17 @@ impl AsyncRead for Conn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().io {
+        let this = self.get_mut();
+        this.guard.check(cx)?;
+        let before = buf.filled().len();
+        let polled = match &mut this.io {
             ConnIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
             ConnIo::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        };
+        if let Poll::Ready(Ok(())) = polled {
+            this.guard.read(&buf.filled()[before..]);
         }
+        polled
     }
 }
 
@@ -445,18 +465,33 @@ impl AsyncWrite for Conn {
 pub struct GrpcIncoming {
     listener: TcpListener,
     tls: Option<Arc<TlsState>>,
+    limits: ConnectionLimits,
+    stats: Arc<ConnectionStats>,
     handshakes: FuturesUnordered<BoxFuture<'static, Option<Conn>>>,
     backoff: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl GrpcIncoming {
+    /// With the default [`ConnectionLimits`].
     pub fn new(listener: TcpListener, tls: Option<Arc<TlsState>>) -> Self {
         GrpcIncoming {
             listener,
             tls,
+            limits: ConnectionLimits::default(),
+            stats: Arc::default(),
             handshakes: FuturesUnordered::new(),
             backoff: None,
         }
+    }
+}
+
+impl GrpcIncoming {
+    /// Holds every connection to `limits`, counting in `stats`.
+    #[must_use]
+    pub fn with_limits(mut self, limits: ConnectionLimits, stats: Arc<ConnectionStats>) -> Self {
+        self.limits = limits;
+        self.stats = stats;
+        self
     }
 }
 
@@ -490,6 +525,11 @@ impl Stream for GrpcIncoming {
                 }
                 Poll::Ready(Ok(accepted)) => accepted,
             };
+            let Some(slot) = this.stats.admit(this.limits.max_connections) else {
+                tracing::debug!(%remote_addr, "--max-connections reached: connection closed");
+                continue;
+            };
+            let guard = ConnectionGuard::new(slot, this.limits.handshake_timeout);
             // Small request/response RPCs: never hold a segment back waiting for more.
             let _ = tcp.set_nodelay(true);
             let local_addr = tcp.local_addr().ok();
@@ -503,11 +543,12 @@ impl Stream for GrpcIncoming {
                             client_names: Arc::from([]),
                             authorized: true,
                         },
+                        guard,
                     })));
                 }
                 Some(tls) => this.handshakes.push(
                     Arc::clone(tls)
-                        .handshake(tcp, local_addr, remote_addr)
+                        .handshake(tcp, local_addr, remote_addr, guard, this.stats.clone())
                         .boxed(),
                 ),
             }

@@ -6,6 +6,10 @@
 //! into descriptor values. [`StrictCodec`] answers INVALID_ARGUMENT and names the field the way
 //! [`crate::service::to_limit_request`] does (`descriptors[2].entries[0].value: not valid
 //! UTF-8`). Encoding is prost's.
+//!
+//! The codec also holds `--max-message-bytes` against the encoded message as it arrived, before
+//! decoding: unknown fields are bytes too, and prost skips them, so the decoded request's size
+//! says nothing about what the caller sent.
 
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use prost::Message;
@@ -78,15 +82,31 @@ impl RawRequest {
     }
 }
 
-/// The codec of `ShouldRateLimit`: prost encoding, [`decode_request`] decoding.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct StrictCodec;
+/// A request whose encoding is larger than `max` bytes: INVALID_ARGUMENT naming the message, the
+/// same answer as every other size bound.
+pub fn check_encoded_len(len: usize, max: usize) -> Result<(), Status> {
+    if len > max {
+        return Err(Status::invalid_argument(format!(
+            "message: {len} bytes exceed the limit of {max}"
+        )));
+    }
+    Ok(())
+}
+
+/// The codec of `ShouldRateLimit`: prost encoding; decoding refuses a message over
+/// `max_message_bytes` (encoded, unknown fields included), then [`decode_request`].
+#[derive(Clone, Copy, Debug)]
+pub struct StrictCodec {
+    pub max_message_bytes: usize,
+}
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ResponseEncoder;
 
-#[derive(Clone, Copy, Debug, Default)]
-pub struct RequestDecoder;
+#[derive(Clone, Copy, Debug)]
+pub struct RequestDecoder {
+    max_message_bytes: usize,
+}
 
 impl Codec for StrictCodec {
     type Encode = RateLimitResponse;
@@ -99,7 +119,9 @@ impl Codec for StrictCodec {
     }
 
     fn decoder(&mut self) -> RequestDecoder {
-        RequestDecoder
+        RequestDecoder {
+            max_message_bytes: self.max_message_bytes,
+        }
     }
 }
 
@@ -119,6 +141,10 @@ impl Decoder for RequestDecoder {
 
     fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<RateLimitRequest>, Status> {
         let len = src.remaining();
+        if let Err(status) = check_encoded_len(len, self.max_message_bytes) {
+            src.advance(len);
+            return Err(status);
+        }
         // tonic hands over one message in one contiguous buffer; copy only if it ever does not.
         let decoded = if src.chunk().len() == len {
             decode_request(src.chunk())

@@ -29,7 +29,7 @@ pub use self::flags::{
     BackendKind, ConfigSourceArg, FailureModeArg, LogFormat, OutputFormat, RedisModeArg,
     parse_duration,
 };
-pub use self::security::{CallerArgs, Http2Args, SecurityArgs, TlsArgs};
+pub use self::security::{CallerArgs, Http2Args, ListenerArgs, SecurityArgs, TlsArgs};
 pub use self::telemetry::{OtlpSettings, TelemetryArgs};
 pub use self::xds::XdsArgs;
 

@@ -14,6 +14,8 @@ pub struct SecurityArgs {
     pub callers: CallerArgs,
     #[command(flatten)]
     pub http2: Http2Args,
+    #[command(flatten)]
+    pub listener: ListenerArgs,
     /// Most live buckets one rule may hold in the memory backend, so a flood of distinct values
     /// for one rule evicts only that rule's buckets, never another rule's. Unset: only
     /// --memory-max-buckets bounds the store.
@@ -56,7 +58,7 @@ pub struct TlsArgs {
 }
 
 /// Settings for callers that are not trusted to size their own hits.
-#[derive(Clone, Debug, Default, clap::Args)]
+#[derive(Clone, Debug, clap::Args)]
 pub struct CallerArgs {
     /// Ignore a descriptor's `limit` override: the configured rule applies.
     #[arg(
@@ -80,9 +82,28 @@ pub struct CallerArgs {
     )]
     pub ignore_negative_hits: bool,
 
-    /// Largest `hits_addend` honoured, request- or descriptor-level; larger values count as this.
-    #[arg(long, env = "SLUICE_MAX_HITS_ADDEND", value_parser = clap::value_parser!(u64).range(1..))]
-    pub max_hits_addend: Option<u64>,
+    /// Largest `hits_addend` accepted, request- or descriptor-level; a larger one is
+    /// INVALID_ARGUMENT naming the field. The default is the range of Envoy's own request-level
+    /// field (uint32): no legitimate count of hits or bytes per request reaches it, and it bounds
+    /// what one call adds to a hit counter.
+    #[arg(long, env = "SLUICE_MAX_HITS_ADDEND", default_value_t = u64::from(u32::MAX),
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_hits_addend: u64,
+}
+
+/// What one connection to the gRPC listener may cost before it carries an RPC.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ListenerArgs {
+    /// Most open gRPC connections (pending TLS handshakes included); past it a new connection
+    /// is closed as soon as it is accepted.
+    #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: u64,
+
+    /// A connection that has not completed TLS (when on), the HTTP/2 client preface and its
+    /// SETTINGS frame within this after it was accepted is closed.
+    #[arg(long, env = "SLUICE_HANDSHAKE_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
+    pub handshake_timeout: Duration,
 }
 
 /// HTTP/2 limits of the gRPC listener. Set explicitly rather than left to library defaults, so a

@@ -30,6 +30,7 @@ use crate::config::{Config, ConfigStore};
 use crate::decision::Decision;
 use crate::lease::LeaseStore;
 use crate::request::LimitRequest;
+use crate::security::listener::{ConnectionStats, Refusal};
 use crate::settings::{BackendKind, OtlpSettings, Settings};
 
 /// Upper bounds (seconds) of the latency histograms: sub-millisecond steps, then up to and past
@@ -162,6 +163,7 @@ struct Shared {
     breakers: Mutex<Vec<BreakerSource>>,
     redis_timeout: Option<Duration>,
     leases: Mutex<Option<Arc<LeaseStore>>>,
+    connections: Mutex<Option<Arc<ConnectionStats>>>,
 }
 
 const REDIS_ERROR_KINDS: [&str; 5] = [
@@ -248,6 +250,7 @@ impl Metrics {
             breakers: Mutex::new(Vec::new()),
             redis_timeout: options.redis_timeout,
             leases: Mutex::new(None),
+            connections: Mutex::new(None),
         });
         register_observables(&meter, &shared);
         let response_time = meter
@@ -330,6 +333,13 @@ impl Metrics {
     pub fn observe_leases(&self, store: Arc<LeaseStore>) {
         if let Some(inner) = &self.0 {
             *lock(&inner.shared.leases) = Some(store);
+        }
+    }
+
+    /// Feeds the `sluice_connections_*` metrics from the gRPC listener's counts.
+    pub fn observe_connections(&self, stats: Arc<ConnectionStats>) {
+        if let Some(inner) = &self.0 {
+            *lock(&inner.shared.connections) = Some(stats);
         }
     }
 
@@ -581,6 +591,29 @@ const OBSERVABLES: &[Observable] = &[
         reading: Reading::Gauge(|s, points| {
             if let Some(source) = lock(&s.memory_buckets).as_ref() {
                 points(source(), &[]);
+            }
+        }),
+    },
+    Observable {
+        name: "sluice_connections_open",
+        description: "Open gRPC connections, pending TLS handshakes included (bounded by --max-connections)",
+        reading: Reading::Gauge(|s, points| {
+            if let Some(stats) = lock(&s.connections).as_ref() {
+                points(stats.open(), &[]);
+            }
+        }),
+    },
+    Observable {
+        name: "sluice_connections_rejected_total",
+        description: "gRPC connections closed before carrying an RPC: cap (--max-connections reached at accept), handshake_timeout (TLS, the HTTP/2 preface or its SETTINGS not in within the deadline)",
+        reading: Reading::Counter(|s, points| {
+            if let Some(stats) = lock(&s.connections).as_ref() {
+                for reason in Refusal::ALL {
+                    points(
+                        stats.refused(reason),
+                        &[KeyValue::new("reason", reason.as_str())],
+                    );
+                }
             }
         }),
     },

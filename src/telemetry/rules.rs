@@ -219,11 +219,21 @@ impl RuleCounters {
         self.counts[counter.index()].load(Ordering::Relaxed)
     }
 
+    /// Adds a status's hits. Each addition is at most `--max-hits-addend` (larger requests are
+    /// refused before deciding); a counter that would pass 2^64 - 1 stays there rather than
+    /// wrapping to a value a scraper would read as a reset.
     fn add(&self, tally: &Tally) {
         for counter in Counter::ALL {
             let n = tally.get(counter);
             if n > 0 {
-                self.counts[counter.index()].fetch_add(n, Ordering::Relaxed);
+                let count = &self.counts[counter.index()];
+                if count
+                    .fetch_add(n, Ordering::Relaxed)
+                    .checked_add(n)
+                    .is_none()
+                {
+                    count.store(u64::MAX, Ordering::Relaxed);
+                }
             }
         }
     }
@@ -609,5 +619,17 @@ mod tests {
                 ("tenant_b".to_string(), 1)
             ]
         );
+    }
+
+    #[test]
+    fn counters_saturate_instead_of_wrapping() {
+        let counters = RuleCounters::new(&Arc::from("d"), "tenant", None);
+        let huge = Tally {
+            total_hits: u64::MAX - 1,
+            ..Tally::default()
+        };
+        counters.add(&huge);
+        counters.add(&huge);
+        assert_eq!(counters.get(Counter::TotalHits), u64::MAX);
     }
 }
