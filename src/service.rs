@@ -55,7 +55,8 @@ pub struct RequestBounds {
     pub max_entries: usize,
     pub max_key_bytes: usize,
     pub max_value_bytes: usize,
-    /// Largest `hits_addend`, request- or descriptor-level (`--max-hits-addend`).
+    /// Largest `hits_addend` honoured, request- or descriptor-level (`--max-hits-addend`); a
+    /// larger one counts as this.
     pub max_hits_addend: u64,
     /// What untrusted callers may not decide (applied before validation).
     pub policy: CallerPolicy,
@@ -320,7 +321,6 @@ pub fn to_limit_request(
     if request.domain.is_empty() {
         return Err(invalid("domain: must not be empty".into()));
     }
-    check_hits_addend("hits_addend", u64::from(request.hits_addend), bounds)?;
     check_descriptor_count(request.descriptors.len(), bounds)?;
     let mut descriptors = Vec::with_capacity(request.descriptors.len());
     for (i, d) in request.descriptors.into_iter().enumerate() {
@@ -329,7 +329,7 @@ pub fn to_limit_request(
     Ok(LimitRequest {
         domain: request.domain,
         descriptors,
-        hits_addend: u64::from(request.hits_addend),
+        hits_addend: u64::from(request.hits_addend).min(bounds.max_hits_addend),
     })
 }
 
@@ -338,18 +338,6 @@ fn check_message_size(
     bounds: &RequestBounds,
 ) -> Result<(), GrpcStatus> {
     wire::check_encoded_len(request.encoded_len(), bounds.max_message_bytes)
-}
-
-/// `hits_addend` within `--max-hits-addend`, so one call moves a bucket, and the hit counters
-/// of the metrics, by at most that much.
-fn check_hits_addend(field: &str, hits: u64, bounds: &RequestBounds) -> Result<(), GrpcStatus> {
-    if hits > bounds.max_hits_addend {
-        return Err(invalid(format!(
-            "{field}: {hits} exceeds the limit of {}",
-            bounds.max_hits_addend
-        )));
-    }
-    Ok(())
 }
 
 fn check_descriptor_count(count: usize, bounds: &RequestBounds) -> Result<(), GrpcStatus> {
@@ -389,9 +377,6 @@ fn to_descriptor(
     for (j, e) in d.entries.into_iter().enumerate() {
         entries.push(to_entry(i, j, e, bounds)?);
     }
-    if let Some(h) = &d.hits_addend {
-        check_hits_addend(&format!("descriptors[{i}].hits_addend"), h.value, bounds)?;
-    }
     let limit_override = match d.limit {
         None => None,
         Some(l) => Some(to_limit_override(i, l)?),
@@ -399,7 +384,9 @@ fn to_descriptor(
     Ok(RequestDescriptor {
         entries,
         limit_override,
-        hits_addend: d.hits_addend.map(|h| h.value),
+        // Clamped, not refused: a refusal is an error Envoy lets through by default
+        // (`failure_mode_deny: false`), so a huge count must stay a decision (OVER_LIMIT).
+        hits_addend: d.hits_addend.map(|h| h.value.min(bounds.max_hits_addend)),
         is_negative_hits: d.is_negative_hits,
     })
 }

@@ -82,10 +82,11 @@ pub struct CallerArgs {
     )]
     pub ignore_negative_hits: bool,
 
-    /// Largest `hits_addend` accepted, request- or descriptor-level; a larger one is
-    /// INVALID_ARGUMENT naming the field. The default is the range of Envoy's own request-level
-    /// field (uint32): no legitimate count of hits or bytes per request reaches it, and it bounds
-    /// what one call adds to a hit counter.
+    /// Largest `hits_addend` honoured, request- or descriptor-level; larger values count as this
+    /// (clamped, not refused: a refused call is let through by Envoy's default
+    /// `failure_mode_deny: false`). The default is the range of Envoy's own request-level field
+    /// (uint32): no legitimate count of hits or bytes per request reaches it, and it bounds what
+    /// one call adds to a hit counter.
     #[arg(long, env = "SLUICE_MAX_HITS_ADDEND", default_value_t = u64::from(u32::MAX),
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_hits_addend: u64,
