@@ -58,6 +58,21 @@ async fn least_privilege_acl_is_enough_and_confines_the_user_to_its_prefix() {
     assert_eq!(live, 1);
     assert_eq!(verdicts[0].remaining, 6);
     assert_eq!(backend.check(&hits).await.unwrap()[0].remaining, 2);
+    // Foreign data under a bucket's key or the heartbeat's is repaired with these commands
+    // (PEXPIRE 0 deletes; no DEL needed).
+    for key in ["sluice:{edge|tenant=spoilt}", "sluice:replicas"] {
+        assert_eq!(redis.cli(None, &["SET", key, "foreign"]).trim(), "OK");
+    }
+    let spoilt = [Hit::new("sluice:{edge|tenant=spoilt}", TEN, 1)];
+    assert_eq!(
+        backend.check(&spoilt).await.expect("repaired")[0].remaining,
+        9
+    );
+    let live = backend
+        .heartbeat("sluice:replicas", "acl-test", Duration::from_secs(5))
+        .await
+        .expect("heartbeat repaired");
+    assert_eq!(live, 1);
 
     // The script may not touch a key outside the prefix, and the user can run nothing else.
     let outside = [Hit::new("other:{edge|tenant=acme}", TEN, 1)];

@@ -573,8 +573,8 @@ fn malformed_script_calls_are_refused_and_write_nothing() {
     // The same call well formed is decided and written.
     let reply = eval(&mut conn, &["a"], &call(&[&BUCKET])).expect("a well-formed call");
     assert_eq!(
-        redis::from_redis_value::<Vec<i64>>(reply).expect("five integers"),
-        [1, 4, 0, 1000, 1]
+        redis::from_redis_value::<Vec<i64>>(reply).expect("five integers and no repair"),
+        [1, 4, 0, 1000, 1, 0]
     );
     let exists: i64 = server.cmd(&["EXISTS", "a"]);
     assert_eq!(exists, 1);

@@ -27,7 +27,12 @@ State   One hash per key, its fields by algorithm (the key itself carries the al
 Returns A flat array, 5 integers per key, in KEYS order:
         allowed (0/1), remaining, retry_after_ms (-1 = never: demand above the limit),
         until_full_ms (the reset Envoy reports), granted (tokens this call took from the key:
-        hits plus a lease take's extra; 0 when nothing was taken).
+        hits plus a lease take's extra; 0 when nothing was taken);
+        then r, the number of keys repaired, and r integers: the position in KEYS (from 1) of
+        each. A key that is not a hash (WRONGTYPE: foreign data, say a SET by hand) is deleted
+        and decided as a fresh bucket, so one bad key never fails the call (nor, through the
+        circuit breaker, every other client of the server). Any other error reading a key fails
+        the call before anything is written.
         Redis truncates Lua numbers to integers through a C cast that is undefined out of the
         int64 range, so each count goes through `wire`: values in [2^63, 2^64) are sent as
         value - 2^64 (the caller reads the bits as u64), values from 2^64 up as -2 (saturated:
@@ -49,7 +54,8 @@ when it fits itself). Refunds are always applied. So a rejected request counts n
 The arithmetic is src/algorithm/{token_bucket,fixed_window,sliding_window,gcra}.rs operation for
 operation (same doubles, same order; each file states its contract), so this script and
 `algorithm::decide` give bit-identical answers. need = max(hits, 1) everywhere.
-One HMGET per distinct key to read and one HSET + PEXPIRE per distinct key to write, at the end:
+One HMGET (in redis.pcall, for the repair) per distinct key to read and one HSET + PEXPIRE per
+distinct key to write, at the end:
 O(keys), no scans; the searches for retry-after and remaining take at most 8 steps per key.
 Needs Redis >= 5 (effects replication, so reading TIME before writing is allowed).
 --]]
@@ -430,7 +436,7 @@ if uses[4] then
   end
 end
 
-local reply, fits = {}, {}
+local reply, fits, repaired = {}, {}, {}
 local first = 1
 for g = 1, #ends do
   local last = ends[g]
@@ -446,13 +452,23 @@ for g = 1, #ends do
       end
     else
       if code == 1 then
-        v = redis.call('HMGET', key, 't', 'u')
+        v = redis.pcall('HMGET', key, 't', 'u')
       elseif code == 2 then
-        v = redis.call('HMGET', key, 'w', 'c')
+        v = redis.pcall('HMGET', key, 'w', 'c')
       elseif code == 3 then
-        v = redis.call('HMGET', key, 'w', 'c', 'p')
+        v = redis.pcall('HMGET', key, 'w', 'c', 'p')
       else
-        v = redis.call('HMGET', key, 'a', 'f')
+        v = redis.pcall('HMGET', key, 'a', 'f')
+      end
+      if v.err then
+        -- Not a hash (WRONGTYPE): foreign data under a bucket's name. It is that key's problem,
+        -- not the server's: deleted, read as a fresh bucket, and reported. PEXPIRE 0 deletes a
+        -- key (as documented) with a command the script already needs, so the least-privilege
+        -- ACL user (docs/security.md, no DEL) can repair too.
+        if not string.find(v.err, 'WRONGTYPE', 1, true) then return v end
+        redis.call('PEXPIRE', key, 0)
+        repaired[#repaired + 1] = i
+        v = {false, false, false}
       end
       seen[key], code_of[key] = v, code
     end
@@ -516,4 +532,7 @@ for n = 1, #write_order do
   end
   redis.call('PEXPIRE', key, format('%.0f', ttl_of[key]))
 end
+local at = 5 * nkeys
+reply[at + 1] = #repaired
+for n = 1, #repaired do reply[at + 1 + n] = repaired[n] end
 return reply

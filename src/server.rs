@@ -164,6 +164,8 @@ async fn start_memory(
     let sweeper = backend.spawn_sweeper(Duration::from_secs(1));
     let held = Arc::downgrade(&backend);
     metrics.observe_memory_buckets(move || held.upgrade().map_or(0, |b| b.live_buckets() as u64));
+    let held = Arc::downgrade(&backend);
+    metrics.observe_memory_refusals(move || held.upgrade().map_or(0, |b| b.refused_total()));
     // One process holds every bucket: there is no outage to divide limits for.
     let store = StoreParts {
         replicas: Arc::new(Replicas::fixed(1)),

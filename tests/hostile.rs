@@ -551,15 +551,23 @@ async fn distinct_key_flood_stays_within_the_per_rule_bound() {
     }
     assert_eq!(backend.live_buckets(), 5);
 
-    // A flood of distinct client addresses, 50 per request.
+    // A flood of distinct client addresses, 50 per request: once the rule's share is full, its
+    // new buckets are refused and answered by its failure policy (`error` here).
+    let mut refused = 0;
     for batch in 0..80 {
         let descriptors = (0..50)
             .map(|i| desc(&[("ip", &format!("10.{batch}.{i}.1"))]))
             .collect();
-        let r = s.ok(req("edge", descriptors)).await;
-        assert_eq!(r.overall_code, OK);
+        match s.call(req("edge", descriptors)).await {
+            Ok(r) => assert_eq!(r.overall_code, OK),
+            Err(status) => {
+                assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                refused += 1;
+            }
+        }
         assert!(backend.live_buckets() <= PER_RULE + 5);
     }
+    assert!(refused > 0);
     assert_eq!(
         backend.live_buckets(),
         PER_RULE + 5,

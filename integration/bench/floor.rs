@@ -106,7 +106,8 @@ pub async fn load_script(probe: &mut RedisProbe) -> Result<String, String> {
         .query(&check)
         .await
         .map_err(|e| format!("the floor's script call is refused: {e}"))?;
-    if verdict.len() != 5 || verdict[0] != 1 {
+    // Five integers of one key's verdict, then the count of repaired keys (none here).
+    if verdict.len() != 6 || verdict[0] != 1 {
         return Err(format!(
             "the floor's script call answered {verdict:?}, expected an allowed verdict"
         ));

@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::algorithm::{BucketParams, Verdict};
+use crate::backend::Hit;
 use crate::backend::memory::MemoryBackend;
-use crate::backend::{Backend, Hit};
 
 /// How many replicas share the limit.
 #[derive(Debug)]
@@ -106,10 +106,7 @@ impl LocalFallback {
                 hit
             })
             .collect();
-        match self.store.check(&local).await {
-            Ok(verdicts) => verdicts,
-            Err(never) => unreachable!("the memory backend does not fail: {never}"),
-        }
+        self.store.check_keeping_what_fits(&local)
     }
 }
 

@@ -16,9 +16,10 @@ pub struct SecurityArgs {
     pub http2: Http2Args,
     #[command(flatten)]
     pub listener: ListenerArgs,
-    /// Most live buckets one rule may hold in the memory backend, so a flood of distinct values
-    /// for one rule evicts only that rule's buckets, never another rule's. Unset: only
-    /// --memory-max-buckets bounds the store.
+    /// Most live buckets one rule may hold in the memory backend (and in the `local` policy's
+    /// store), so a flood of distinct values for one rule fills only that rule's share; no bucket
+    /// that still counts is evicted, a new one past the bound is answered by the rule's failure
+    /// policy. Unset: a quarter of --memory-max-buckets.
     #[arg(long, env = "SLUICE_MEMORY_MAX_BUCKETS_PER_RULE", value_parser = clap::value_parser!(u64).range(1..))]
     pub memory_max_buckets_per_rule: Option<u64>,
 }

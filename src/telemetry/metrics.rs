@@ -158,8 +158,10 @@ struct Shared {
     outcomes: [AtomicU64; 6],
     unknown_domain: AtomicU64,
     redis_errors: [AtomicU64; 5],
+    redis_keys_repaired: AtomicU64,
     config: Arc<ConfigStore>,
     memory_buckets: Mutex<Option<GaugeSource>>,
+    memory_refused: Mutex<Option<GaugeSource>>,
     breakers: Mutex<Vec<BreakerSource>>,
     redis_timeout: Option<Duration>,
     leases: Mutex<Option<Arc<LeaseStore>>>,
@@ -245,8 +247,10 @@ impl Metrics {
             outcomes: Default::default(),
             unknown_domain: AtomicU64::new(0),
             redis_errors: Default::default(),
+            redis_keys_repaired: AtomicU64::new(0),
             config: store,
             memory_buckets: Mutex::new(None),
+            memory_refused: Mutex::new(None),
             breakers: Mutex::new(Vec::new()),
             redis_timeout: options.redis_timeout,
             leases: Mutex::new(None),
@@ -326,6 +330,14 @@ impl Metrics {
     pub fn observe_memory_buckets(&self, source: impl Fn() -> u64 + Send + Sync + 'static) {
         if let Some(inner) = &self.0 {
             *lock(&inner.shared.memory_buckets) = Some(Box::new(source));
+        }
+    }
+
+    /// Feeds `sluice_memory_buckets_refused_total` (new buckets the memory backend had no room
+    /// for) from `source`, a running total.
+    pub fn observe_memory_refusals(&self, source: impl Fn() -> u64 + Send + Sync + 'static) {
+        if let Some(inner) = &self.0 {
+            *lock(&inner.shared.memory_refused) = Some(Box::new(source));
         }
     }
 
@@ -427,6 +439,15 @@ impl RedisObserver for RedisCalls {
     fn batch_sent(&self, requests: usize) {
         if let Some(inner) = &self.0 {
             inner.redis_batch.record(requests as u64, &[]);
+        }
+    }
+
+    fn key_repaired(&self, _key: &str) {
+        if let Some(inner) = &self.0 {
+            inner
+                .shared
+                .redis_keys_repaired
+                .fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -577,6 +598,15 @@ const OBSERVABLES: &[Observable] = &[
         }),
     },
     Observable {
+        name: "sluice_redis_keys_repaired_total",
+        description: "Redis keys found holding another type than sluice writes there (a bucket, the probe's, the heartbeat's set): deleted and started afresh, never counted as a Redis failure",
+        reading: Reading::Counter(|s, points| {
+            if s.redis_timeout.is_some() {
+                points(s.redis_keys_repaired.load(Ordering::Relaxed), &[]);
+            }
+        }),
+    },
+    Observable {
         name: "sluice_redis_timeout_seconds",
         description: "Deadline of one Redis decision (--redis-timeout)",
         reading: Reading::GaugeF64(|s, points| {
@@ -614,6 +644,15 @@ const OBSERVABLES: &[Observable] = &[
                         &[KeyValue::new("reason", reason.as_str())],
                     );
                 }
+            }
+        }),
+    },
+    Observable {
+        name: "sluice_memory_buckets_refused_total",
+        description: "New buckets the memory backend had no room for (--memory-max-buckets or the rule's --memory-max-buckets-per-rule reached, every bucket still counting): their hits were answered by the rule's failure policy",
+        reading: Reading::Counter(|s, points| {
+            if let Some(source) = lock(&s.memory_refused).as_ref() {
+                points(source(), &[]);
             }
         }),
     },

@@ -9,13 +9,18 @@
 //! Each stored key remembers when its state settles: the bucket is full again, the window is
 //! over, the arrival time has passed ([`State::settled_at_ms`]). From then on it is
 //! indistinguishable from a missing key (a missing key has nothing counted), so it is treated as
-//! missing on lookup and may be dropped at any time: by [`MemoryBackend::sweep`], by the sweeper task, or when a shard needs
-//! room. A request that leaves its bucket full stores nothing at all.
+//! missing on lookup and may be dropped at any time: by [`MemoryBackend::sweep`], by the sweeper
+//! task, or when a shard needs room. A request that leaves its bucket full stores nothing at all.
 //!
-//! With [`MemoryOptions::max_buckets_per_rule`], each rule (the [`Hit::rule`] that created a
-//! bucket) may hold only so many buckets: a new bucket of a rule at its bound evicts one of that
-//! rule's own buckets, so a flood of distinct values reaching one rule (spoofed client
-//! addresses, random header values) cannot evict the buckets of any other rule.
+//! The store is bounded ([`MemoryOptions::max_buckets`], and each rule, the [`Hit::rule`] that
+//! created a bucket, to [`MemoryOptions::max_buckets_per_rule`]), and a bucket that still counts
+//! is never evicted to stay within the bounds: evicting it would reset a client at its limit to
+//! a full bucket, which a flood of fresh values could then do at will. A new key that finds no
+//! room once the settled buckets are dropped is refused: [`Backend::check_each`] fails that hit
+//! with [`BackendError::Overloaded`], for its rule's failure policy to answer, and
+//! [`MemoryBackend::refused_total`] counts it. With the per-rule bound, a flood of distinct
+//! values reaching one rule (spoofed client addresses, random header values) fills only that
+//! rule's share, so every other rule keeps storing new buckets.
 
 mod shard;
 #[cfg(test)]
@@ -24,6 +29,7 @@ mod tests;
 use std::collections::hash_map::RandomState;
 use std::future::Future;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -42,14 +48,20 @@ pub struct MemoryOptions {
     pub max_buckets: usize,
     /// Number of independently locked maps; capped at `max_buckets`, at least 1.
     pub shards: usize,
-    /// Upper bound on stored buckets of one rule; `None`: only `max_buckets` applies. Split
-    /// across shards like `max_buckets`, with at least one per shard (so the effective bound is
-    /// at least the shard count).
+    /// Upper bound on stored buckets of one rule; `None`: only `max_buckets` applies (from
+    /// settings it is always set: a quarter of `max_buckets` unless the flag says otherwise).
+    /// Split across shards like `max_buckets`, with at least one per shard (so the effective
+    /// bound is at least the shard count).
     pub max_buckets_per_rule: Option<usize>,
 }
 
 /// Independently locked maps of a store built from settings (not a flag).
 const SHARDS: usize = 64;
+
+/// Without `--memory-max-buckets-per-rule`, one rule may hold this fraction (1 / RULE_SHARE) of
+/// `--memory-max-buckets`: a flood of distinct values reaching one rule fills its quarter, and
+/// the rest of the store keeps room for every other rule.
+const RULE_SHARE: usize = 4;
 
 impl From<&Settings> for MemoryOptions {
     /// The memory backend's bounds, and the same for the `local` failure policy's buckets.
@@ -57,10 +69,15 @@ impl From<&Settings> for MemoryOptions {
         MemoryOptions {
             max_buckets: settings.memory_max_buckets,
             shards: SHARDS,
-            max_buckets_per_rule: settings
-                .security
-                .memory_max_buckets_per_rule
-                .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+            max_buckets_per_rule: Some(
+                settings
+                    .security
+                    .memory_max_buckets_per_rule
+                    .map_or(settings.memory_max_buckets / RULE_SHARE, |n| {
+                        usize::try_from(n).unwrap_or(usize::MAX)
+                    })
+                    .max(1),
+            ),
         }
     }
 }
@@ -79,6 +96,8 @@ pub struct MemoryBackend {
     /// Picks a key's shard; independent of the maps' own hashers so a shard's keys do not cluster
     /// inside its map.
     router: RandomState,
+    /// See [`MemoryBackend::refused_total`].
+    refused: AtomicU64,
 }
 
 impl MemoryBackend {
@@ -96,6 +115,7 @@ impl MemoryBackend {
             clock,
             shards,
             router: RandomState::new(),
+            refused: AtomicU64::new(0),
         }
     }
 
@@ -148,8 +168,24 @@ impl MemoryBackend {
         ((u128::from(hash) * self.shards.len() as u128) >> 64) as usize
     }
 
-    /// Decides one request's hits atomically.
-    fn decide(&self, hits: &[Hit]) -> Vec<Verdict> {
+    /// Buckets that could not be stored since this backend was made: a new key found its shard
+    /// or its rule's share at the bound with every bucket still counting, so its hit was
+    /// answered by the failure policy ([`Backend::check_each`]) or not remembered
+    /// ([`MemoryBackend::check_keeping_what_fits`]).
+    pub fn refused_total(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Like [`Backend::check`], for a store that answers when another backend could not (the
+    /// `local` failure policy's): a new bucket with no room is answered as the fresh bucket it
+    /// is, and not remembered, as there is no further policy to answer it.
+    pub fn check_keeping_what_fits(&self, hits: &[Hit]) -> Vec<Verdict> {
+        self.decide(hits).0
+    }
+
+    /// Decides one request's hits atomically: every verdict, and the positions of the hits whose
+    /// new bucket had no room (decided as a fresh bucket, not stored).
+    fn decide(&self, hits: &[Hit]) -> (Vec<Verdict>, Vec<usize>) {
         debug_assert!(
             hits.iter()
                 .enumerate()
@@ -179,25 +215,66 @@ impl MemoryBackend {
         let demands: Vec<Demand> = hits.iter().map(|h| h.demand).collect();
         let verdicts = algorithm::decide(now_ms, &demands, &mut states);
 
-        for ((hit, &s), state) in hits.iter().zip(&shard_of).zip(states) {
+        // Stored keys are written first, so the sweep that makes room for a new key cannot drop
+        // one of them (full again before this request) and then find no room for it.
+        let mut new = Vec::new();
+        for (at, ((hit, &s), state)) in hits.iter().zip(&shard_of).zip(states).enumerate() {
             let state = state.expect("decide returns a state for every key");
             let slot = Slot {
                 state,
                 full_at_ms: state.settled_at_ms(&hit.demand.params),
                 rule: hit.rule,
             };
-            guards[guard_of(s)].store(&hit.key, slot, now_ms, hits);
+            if !guards[guard_of(s)].update(&hit.key, slot, now_ms) {
+                new.push((at, slot));
+            }
         }
-        verdicts
+        // A refused key only ever took from its own fresh bucket (a rejected demand leaves a
+        // fresh bucket fresh, which needs no place), so the other verdicts stand as decided.
+        let refused: Vec<usize> = new
+            .into_iter()
+            .filter(|&(at, slot)| {
+                !guards[guard_of(shard_of[at])].insert(&hits[at].key, slot, now_ms)
+            })
+            .map(|(at, _)| at)
+            .collect();
+        if !refused.is_empty() {
+            self.refused
+                .fetch_add(refused.len() as u64, Ordering::Relaxed);
+        }
+        (verdicts, refused)
+    }
+
+    /// One outcome per hit: a hit whose new bucket had no room fails with
+    /// [`BackendError::Overloaded`], for its rule's failure policy to answer.
+    fn decide_each(&self, hits: &[Hit]) -> Vec<Result<Verdict, BackendError>> {
+        let (verdicts, refused) = self.decide(hits);
+        let mut outcomes: Vec<Result<Verdict, BackendError>> =
+            verdicts.into_iter().map(Ok).collect();
+        for at in refused {
+            outcomes[at] = Err(BackendError::Overloaded(NO_ROOM.into()));
+        }
+        outcomes
     }
 }
+
+/// Why a new bucket was refused.
+const NO_ROOM: &str = "memory backend full: --memory-max-buckets or --memory-max-buckets-per-rule \
+     reached and every stored bucket still counts hits";
 
 impl Backend for MemoryBackend {
     fn check(
         &self,
         hits: &[Hit],
     ) -> impl Future<Output = Result<Vec<Verdict>, BackendError>> + Send {
-        std::future::ready(Ok(self.decide(hits)))
+        std::future::ready(self.decide_each(hits).into_iter().collect())
+    }
+
+    fn check_each(
+        &self,
+        hits: &[Hit],
+    ) -> impl Future<Output = Vec<Result<Verdict, BackendError>>> + Send {
+        std::future::ready(self.decide_each(hits))
     }
 
     fn name(&self) -> &'static str {

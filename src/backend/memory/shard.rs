@@ -1,16 +1,13 @@
-//! One independently locked part of the store: its buckets, their eviction and sweeping, and
-//! the per-rule index that bounds each rule's share.
+//! One independently locked part of the store: its buckets, their sweeping, and the per-rule
+//! index that bounds each rule's share. Nothing that still counts is ever evicted: a bucket
+//! leaves only once it is full again.
 
 use std::collections::HashMap;
 
 use indexmap::{IndexMap, IndexSet};
 
 use crate::algorithm::State;
-use crate::backend::Hit;
 use crate::rule::RuleId;
-
-/// Buckets looked at when a shard must evict one that is not yet full again.
-const EVICTION_SAMPLE: usize = 8;
 
 /// One stored key.
 #[derive(Clone, Copy, Debug)]
@@ -27,12 +24,13 @@ pub(super) struct Shard {
     /// This shard's share of `max_buckets`.
     pub(super) capacity: usize,
     /// No bucket here is full again before this time (a lower bound: updates may raise the true
-    /// minimum), so a shard at capacity skips its O(n) sweep when nothing could be swept.
+    /// minimum), so a shard at capacity skips its O(n) sweep when nothing could be swept: a
+    /// flood against a full shard costs O(1) per refused key.
     pub(super) earliest_full_ms: u64,
     /// This shard's share of `max_buckets_per_rule`, if set.
     pub(super) rule_capacity: Option<usize>,
     /// Positions in `buckets` of each rule's buckets (kept only with a `rule_capacity`), so a
-    /// rule at its bound finds a victim among its own buckets in O(1).
+    /// rule's share is known in O(1).
     pub(super) members: HashMap<Option<RuleId>, IndexSet<usize>>,
 }
 
@@ -81,40 +79,18 @@ impl Shard {
         }
     }
 
-    /// Frees a place for one more bucket of `rule` if it is at its bound, by evicting the one of
-    /// its buckets closest to full (sampled). False when every candidate belongs to `request`.
-    fn make_room_for_rule(&mut self, rule: Option<RuleId>, request: &[Hit]) -> bool {
+    /// Whether one more bucket of `rule` fits under its bound, after dropping the buckets that
+    /// are full again if it is at it.
+    fn room_for_rule(&mut self, rule: Option<RuleId>, now_ms: u64) -> bool {
         let Some(cap) = self.rule_capacity else {
             return true;
         };
-        let Some(set) = self.members.get(&rule) else {
-            return true;
-        };
-        if set.len() < cap {
+        let held = |shard: &Self| shard.members.get(&rule).map_or(0, IndexSet::len);
+        if held(self) < cap {
             return true;
         }
-        let len = set.len();
-        let sampled = len > EVICTION_SAMPLE;
-        let victim = (0..len.min(EVICTION_SAMPLE))
-            .map(|i| {
-                if sampled {
-                    rand::random_range(0..len)
-                } else {
-                    i
-                }
-            })
-            .filter_map(|i| set.get_index(i).copied())
-            .filter_map(|pos| self.buckets.get_index(pos).map(|(k, s)| (pos, k, s)))
-            .filter(|(_, k, _)| !request.iter().any(|hit| hit.key == **k))
-            .min_by_key(|(_, _, slot)| slot.full_at_ms)
-            .map(|(pos, _, _)| pos);
-        match victim {
-            Some(pos) => {
-                self.remove_at(pos);
-                true
-            }
-            None => false,
-        }
+        self.sweep(now_ms);
+        held(self) < cap
     }
 
     /// The stored state of `key` as of `now_ms`; `None` (nothing counted) when missing or settled.
@@ -125,26 +101,35 @@ impl Shard {
             .map(|slot| slot.state)
     }
 
-    /// Writes back a decided bucket. `request` holds every hit of the deciding request, none of
-    /// which may be evicted to make room for another.
-    pub(super) fn store(&mut self, key: &str, slot: Slot, now_ms: u64, request: &[Hit]) {
-        let full = slot.full_at_ms <= now_ms;
-        if let Some((index, _, stored)) = self.buckets.get_full_mut(key) {
-            if full {
-                self.remove_at(index);
-            } else {
-                // The bucket stays counted under the rule that created it.
-                *stored = Slot {
-                    rule: stored.rule,
-                    ..slot
-                };
-                self.earliest_full_ms = self.earliest_full_ms.min(slot.full_at_ms);
-            }
-            return;
+    /// Writes back the decided state of a stored key (dropping it if it is full again); false
+    /// when `key` is not stored, so nothing was written.
+    pub(super) fn update(&mut self, key: &str, slot: Slot, now_ms: u64) -> bool {
+        let Some((index, _, stored)) = self.buckets.get_full_mut(key) else {
+            return false;
+        };
+        if slot.full_at_ms <= now_ms {
+            self.remove_at(index);
+        } else {
+            // The bucket stays counted under the rule that created it.
+            *stored = Slot {
+                rule: stored.rule,
+                ..slot
+            };
+            self.earliest_full_ms = self.earliest_full_ms.min(slot.full_at_ms);
         }
-        if full || !self.make_room_for_rule(slot.rule, request) || !self.make_room(now_ms, request)
-        {
-            return;
+        true
+    }
+
+    /// Stores the decided state of a key that is not stored; a state that is full again needs
+    /// no place. Room is made only by dropping buckets that are full again (dropping one that
+    /// still counts would reset its client), so this is false, and nothing is stored, when the
+    /// shard or the rule's share of it is at its bound with every bucket still counting.
+    pub(super) fn insert(&mut self, key: &str, slot: Slot, now_ms: u64) -> bool {
+        if slot.full_at_ms <= now_ms {
+            return true;
+        }
+        if !self.room_for_rule(slot.rule, now_ms) || !self.room(now_ms) {
+            return false;
         }
         let index = self.buckets.len();
         self.buckets.insert(key.to_owned(), slot);
@@ -152,45 +137,17 @@ impl Shard {
             self.members.entry(slot.rule).or_default().insert(index);
         }
         self.earliest_full_ms = self.earliest_full_ms.min(slot.full_at_ms);
+        true
     }
 
-    /// Frees one place if the shard is at capacity. False only when every candidate belongs to
-    /// the current request (a shard smaller than one request's keys).
-    fn make_room(&mut self, now_ms: u64, request: &[Hit]) -> bool {
+    /// Whether one more bucket fits in the shard, after dropping the buckets that are full
+    /// again if it is at capacity.
+    fn room(&mut self, now_ms: u64) -> bool {
         if self.buckets.len() < self.capacity {
             return true;
         }
         self.sweep(now_ms);
-        if self.buckets.len() < self.capacity {
-            return true;
-        }
-        // Evicting a bucket resets it to full, so the bucket closest to full loses the least
-        // information; sampling keeps this O(1) instead of scanning the shard.
-        let len = self.buckets.len();
-        let sampled = len > EVICTION_SAMPLE;
-        let victim = (0..len.min(EVICTION_SAMPLE))
-            .map(|i| {
-                if sampled {
-                    rand::random_range(0..len)
-                } else {
-                    i
-                }
-            })
-            .filter_map(|i| {
-                self.buckets
-                    .get_index(i)
-                    .map(|(k, slot)| (i, k, slot.full_at_ms))
-            })
-            .filter(|(_, k, _)| !request.iter().any(|hit| hit.key == **k))
-            .min_by_key(|&(_, _, full_at)| full_at)
-            .map(|(i, _, _)| i);
-        match victim {
-            Some(i) => {
-                self.remove_at(i);
-                true
-            }
-            None => false,
-        }
+        self.buckets.len() < self.capacity
     }
 
     /// Drops every bucket that is full again at `now_ms`; returns how many.

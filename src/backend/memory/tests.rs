@@ -164,6 +164,27 @@ async fn rejected_request_takes_nothing_from_any_bucket() {
 }
 
 #[test]
+fn settings_bound_each_rule_to_a_quarter_unless_set() {
+    let mut settings = Settings::defaults();
+    settings.memory_max_buckets = 1_000;
+    assert_eq!(
+        MemoryOptions::from(&settings).max_buckets_per_rule,
+        Some(250)
+    );
+    settings.memory_max_buckets = 2;
+    assert_eq!(MemoryOptions::from(&settings).max_buckets_per_rule, Some(1));
+    settings.security.memory_max_buckets_per_rule = Some(900);
+    assert_eq!(
+        MemoryOptions::from(&settings).max_buckets_per_rule,
+        Some(900)
+    );
+    assert_eq!(
+        MemoryOptions::default().max_buckets_per_rule,
+        Some(Settings::defaults().memory_max_buckets / 4)
+    );
+}
+
+#[test]
 fn shards_split_the_bound_exactly() {
     for (max, shards, count) in [
         (1_000_000, 64, 64),
@@ -227,37 +248,77 @@ async fn full_shard_drops_full_again_buckets_first() {
     }
 }
 
+async fn each(b: &MemoryBackend, hits: &[Hit]) -> Vec<Result<Verdict, BackendError>> {
+    b.check_each(hits).await
+}
+
+/// A full shard whose buckets all still count refuses a new one (its hit fails, for the failure
+/// policy) instead of resetting a client: the exhausted bucket stays exhausted.
 #[tokio::test]
-async fn full_shard_evicts_the_bucket_closest_to_full() {
-    let (b, _clock) = backend(small(4, 1));
-    for (key, cost) in [("a", 5), ("b", 2), ("c", 6), ("d", 7)] {
+async fn full_shard_refuses_a_new_bucket_rather_than_reset_one() {
+    let (b, clock) = backend(small(4, 1));
+    for (key, cost) in [("a", 5), ("b", 2), ("c", 6), ("drained", 10)] {
         one(&b, key, TEN, cost).await;
     }
-    // Nothing is full again; "b" (2 tokens short) is closest to full and is reset.
-    one(&b, "e", TEN, 8).await;
-    assert_eq!(b.live_buckets(), 4);
-    assert!(lock(&b.shards[0]).buckets.get("b").is_none());
-    for (key, expected) in [("a", 5), ("b", 10), ("c", 4), ("d", 3), ("e", 2)] {
+    let refused = each(&b, &[Hit::new("e", TEN, 8)]).await;
+    assert!(
+        matches!(refused[..], [Err(BackendError::Overloaded(_))]),
+        "{refused:?}"
+    );
+    assert_eq!(b.refused_total(), 1);
+    assert_eq!(
+        b.check(&[Hit::new("e", TEN, 1)]).await.map(drop),
+        Err(BackendError::Overloaded(super::NO_ROOM.into()))
+    );
+    // A check-only or rejected hit on a new key needs no place and is answered.
+    assert_eq!(level(&b, "e", TEN).await, 10);
+    assert!(!one(&b, "e", TEN, 11).await.allowed);
+    assert_eq!(b.refused_total(), 2);
+    for (key, expected) in [("a", 5), ("b", 8), ("c", 4), ("drained", 0)] {
         assert_eq!(level(&b, key, TEN).await, expected, "{key}");
     }
+    // Once "b" is full again its place is free.
+    clock.advance(200);
+    assert!(one(&b, "e", TEN, 8).await.allowed);
+    assert_eq!(level(&b, "e", TEN).await, 2);
+    assert_eq!(level(&b, "drained", TEN).await, 2);
+}
+
+/// The `local` policy's store answers a refused new bucket as the fresh bucket it is.
+#[tokio::test]
+async fn keeping_what_fits_answers_a_refused_bucket_unstored() {
+    let (b, _clock) = backend(small(1, 1));
+    one(&b, "held", TEN, 10).await;
+    let v = b.check_keeping_what_fits(&[Hit::new("new", TEN, 3)]);
+    assert!(v[0].allowed);
+    assert_eq!(v[0].remaining, 7);
+    assert_eq!(b.live_buckets(), 1);
+    assert_eq!(level(&b, "held", TEN).await, 0);
+    assert_eq!(b.refused_total(), 1);
 }
 
 #[tokio::test]
-async fn request_never_evicts_its_own_buckets() {
-    let (b, _clock) = backend(small(2, 1));
+async fn a_request_keeps_its_stored_buckets_and_refuses_only_new_ones() {
+    let (b, clock) = backend(small(2, 1));
     one(&b, "old", TEN, 9).await;
+    one(&b, "settled", TEN, 1).await;
+    clock.advance(100);
+    // "settled" is full again but still stored: the request rewrites it before "x" and "y"
+    // look for room, so the sweep for them cannot take its place.
     let hits = [
         Hit::new("x", TEN, 1),
-        Hit::new("y", TEN, 5),
-        Hit::new("z", TEN, 3),
+        Hit::new("settled", TEN, 5),
+        Hit::new("y", TEN, 3),
     ];
-    assert!(check(&b, &hits).await.iter().all(|v| v.allowed));
-    // Room for two: "x" evicts "old", "y" then has only request keys to evict, so the later
-    // keys are not stored (they read as full) while "x" keeps its state.
+    let outcomes = each(&b, &hits).await;
+    assert!(
+        outcomes[1].as_ref().is_ok_and(|v| v.allowed),
+        "{outcomes:?}"
+    );
+    assert!(outcomes[0].is_err() && outcomes[2].is_err(), "{outcomes:?}");
     assert_eq!(b.live_buckets(), 2);
-    let shard = lock(&b.shards[0]);
-    assert!(shard.buckets.contains_key("x"));
-    assert!(!shard.buckets.contains_key("old"));
+    assert_eq!(level(&b, "settled", TEN).await, 5);
+    assert_eq!(level(&b, "old", TEN).await, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -268,24 +329,35 @@ async fn distinct_key_flood_never_exceeds_the_bound() {
         .map(|t| {
             let b = Arc::clone(&b);
             tokio::spawn(async move {
+                let mut refused = 0u64;
                 for i in 0..2_000 {
                     let key = format!("flood-{t}-{i}");
                     let hits = [Hit::new(key.as_str(), TEN, 1 + i % 9)];
-                    assert!(b.check(&hits).await.unwrap()[0].allowed);
+                    match &b.check_each(&hits).await[0] {
+                        Ok(v) => assert!(v.allowed),
+                        Err(e) => {
+                            assert!(matches!(e, BackendError::Overloaded(_)));
+                            refused += 1;
+                        }
+                    }
                     assert!(b.live_buckets() <= 100);
                 }
+                refused
             })
         })
         .collect();
+    let mut refused = 0;
     for (step, task) in tasks.into_iter().enumerate() {
         clock.advance(step as u64 * 7);
-        task.await.unwrap();
+        refused += task.await.unwrap();
     }
+    assert!(refused > 0);
+    assert_eq!(b.refused_total(), refused);
     assert_eq!(b.live_buckets(), 100);
     for max in [1, 3] {
         let (tiny, _) = backend(small(max, 64));
         for i in 0..50 {
-            one(&tiny, &format!("k{i}"), TEN, 1).await;
+            let _ = each(&tiny, &[Hit::new(format!("k{i}"), TEN, 1)]).await;
             assert!(tiny.live_buckets() <= max);
         }
     }
@@ -323,42 +395,50 @@ fn per_rule(b: &MemoryBackend) -> HashMap<Option<RuleId>, usize> {
     counts
 }
 
+/// A flood of fresh values for one rule neither resets that rule's exhausted buckets nor takes
+/// another rule's room: past the rule's bound its new buckets are refused.
 #[tokio::test]
-async fn a_flooded_rule_evicts_only_its_own_buckets() {
+async fn a_flooded_rule_fills_only_its_own_share_and_resets_nobody() {
     let (b, _clock) = backend(MemoryOptions {
         max_buckets_per_rule: Some(5),
         ..small(100, 1)
     });
+    check(&b, &[ruled("victim", 1, 10)]).await;
     for key in ["b1", "b2", "b3"] {
         check(&b, &[ruled(key, 2, 4)]).await;
     }
+    let mut refused = 0;
     for i in 0..200 {
-        let v = check(&b, &[ruled(&format!("flood-{i}"), 1, 1 + i % 9)]).await;
-        assert!(v[0].allowed);
-        let counts = per_rule(&b);
-        assert!(counts[&Some(RuleId(1))] <= 5);
+        // Exhausting values: the victim is as close to full as any of them.
+        match &each(&b, &[ruled(&format!("flood-{i}"), 1, 10)]).await[0] {
+            Ok(v) => assert!(v.allowed),
+            Err(_) => refused += 1,
+        }
+        assert!(per_rule(&b)[&Some(RuleId(1))] <= 5);
     }
+    assert_eq!(refused, 196, "4 places beside the victim's");
     let counts = per_rule(&b);
     assert_eq!(counts[&Some(RuleId(1))], 5);
     assert_eq!(counts[&Some(RuleId(2))], 3);
-    for key in ["b1", "b2", "b3"] {
-        let mut probe = ruled(key, 2, 0);
-        probe.demand.tokens = 0;
-        assert_eq!(
-            check(&b, &[probe]).await[0].remaining,
-            6,
-            "{key} kept its state"
-        );
+    assert_eq!(
+        level(&b, "victim", TEN).await,
+        0,
+        "the victim is still at its limit"
+    );
+    // The other rule keeps room for new buckets.
+    assert!(check(&b, &[ruled("b4", 2, 4)]).await[0].allowed);
+    for key in ["b1", "b2", "b3", "b4"] {
+        assert_eq!(level(&b, key, TEN).await, 6, "{key} kept its state");
     }
-    // Without a per-rule bound the same flood pushes the other rule out.
-    let (b, _clock) = backend(small(100, 1));
-    for key in ["b1", "b2", "b3"] {
-        check(&b, &[ruled(key, 2, 4)]).await;
+    // Without a per-rule bound the same flood fills the store: nothing is reset, but the other
+    // rule's new buckets are refused too.
+    let (b, _clock) = backend(small(10, 1));
+    check(&b, &[ruled("b1", 2, 4)]).await;
+    for i in 0..100 {
+        let _ = each(&b, &[ruled(&format!("flood-{i}"), 1, 9)]).await;
     }
-    for i in 0..2_000 {
-        check(&b, &[ruled(&format!("flood-{i}"), 1, 9)]).await;
-    }
-    assert_eq!(per_rule(&b).get(&Some(RuleId(2))), None);
+    assert_eq!(level(&b, "b1", TEN).await, 6);
+    assert!(each(&b, &[ruled("b2", 2, 1)]).await[0].is_err());
 }
 
 #[tokio::test]
@@ -374,7 +454,7 @@ async fn per_rule_bound_is_split_across_shards_and_index_stays_consistent() {
                 ruled(&format!("r{round}-{i}"), rule, 1 + i % 10),
                 ruled(&format!("shared-{}", i % 7), 9, 1),
             ];
-            check(&b, &hits).await;
+            let _ = each(&b, &hits).await;
             if i % 50 == 0 {
                 clock.advance(37);
                 b.sweep();
@@ -382,7 +462,7 @@ async fn per_rule_bound_is_split_across_shards_and_index_stays_consistent() {
         }
         // Time stands still: every shard's share of every rule fills up.
         for i in 0..900u64 {
-            check(
+            let _ = each(
                 &b,
                 &[ruled(&format!("still{round}-{i}"), (i % 3) as u32, 5)],
             )
@@ -408,7 +488,7 @@ async fn per_rule_bound_is_split_across_shards_and_index_stays_consistent() {
         ..small(1_000, 8)
     });
     for i in 0..500 {
-        check(&tiny, &[ruled(&format!("k{i}"), 1, 5)]).await;
+        let _ = each(&tiny, &[ruled(&format!("k{i}"), 1, 5)]).await;
     }
     assert_eq!(per_rule(&tiny)[&Some(RuleId(1))], 8);
 }

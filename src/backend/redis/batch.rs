@@ -26,8 +26,8 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::observer::{self, SharedObserver};
-use super::{bounded, classify, script};
+use super::observer::{self, RedisObserver, SharedObserver};
+use super::{bounded, classify, report_repaired, script};
 use crate::algorithm::Verdict;
 use crate::backend::{BackendError, Hit};
 use crate::settings::Settings;
@@ -173,6 +173,7 @@ async fn serve<C>(
         observer::current(&observer).batch_sent(batch.len());
         let mut conn = conn.clone();
         let args = batch[0].args;
+        let observer = observer.clone();
         tokio::spawn(async move {
             // Bounded like any call, so a silent server cannot hold a slot for ever.
             let result = bounded(timeout, async {
@@ -182,17 +183,31 @@ async fn serve<C>(
                     .map_err(classify)
             })
             .await;
-            deliver(batch, result);
+            deliver(batch, result, observer::current(&observer));
             drop(slot);
         });
     }
 }
 
-/// Splits one call's reply among its requests, in order; a failed call fails each of them.
-fn deliver(batch: Vec<Job>, result: Result<redis::Value, BackendError>) {
+/// Splits one call's reply among its requests, in order; a failed call fails each of them. The
+/// keys the script repaired are reported to `observer`.
+fn deliver(
+    batch: Vec<Job>,
+    result: Result<redis::Value, BackendError>,
+    observer: &dyn RedisObserver,
+) {
     let total = batch.iter().map(|job| job.hits.len()).sum();
     let decoded = result.and_then(|reply| {
-        script::decode(&reply, total).map(|verdicts| verdicts.collect::<Vec<_>>())
+        script::decode(&reply, total)
+            .map(|(verdicts, repaired)| (verdicts.collect::<Vec<_>>(), repaired))
+    });
+    let decoded = decoded.map(|(verdicts, repaired)| {
+        for at in repaired {
+            if let Some(hit) = batch.iter().flat_map(|job| job.hits.iter()).nth(at) {
+                report_repaired(observer, &hit.key);
+            }
+        }
+        verdicts
     });
     let mut verdicts = match decoded {
         Ok(verdicts) => verdicts.into_iter(),

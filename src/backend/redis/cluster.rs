@@ -177,7 +177,7 @@ impl ClusterLink {
                     )));
                 };
                 let reply = self.run(node, &group, args).await?;
-                collect(&reply, group.len())
+                collect(&reply, group.iter().map(|h| h.key.as_str()), call.observer)
             })
         });
         let replies = futures::future::join_all(calls).await;
@@ -248,7 +248,7 @@ impl ClusterLink {
         key: &str,
         cmd: &Cmd,
         timeout: Duration,
-    ) -> Result<u64, BackendError> {
+    ) -> Result<heartbeat::Beat, BackendError> {
         let view = self.view.load_full();
         let (Some(node), _) = view.route(slot(key)) else {
             return Err(BackendError::Unavailable(

@@ -23,19 +23,38 @@ pub(super) fn command(key: &str, member: &str, ttl: Duration) -> Cmd {
     cmd
 }
 
-/// Runs the heartbeat; the live count.
-pub(super) async fn run<C: ConnectionLike>(conn: &mut C, cmd: &Cmd) -> Result<u64, BackendError> {
+/// What one heartbeat found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Beat {
+    /// Live replicas, this one included.
+    pub live: u64,
+    /// The set's key held something else (foreign data) and was replaced.
+    pub repaired: bool,
+}
+
+/// Runs the heartbeat.
+pub(super) async fn run<C: ConnectionLike>(conn: &mut C, cmd: &Cmd) -> Result<Beat, BackendError> {
     let reply: Value = cmd.query_async(conn).await.map_err(classify)?;
     decode(&reply)
 }
 
-fn decode(reply: &Value) -> Result<u64, BackendError> {
+fn decode(reply: &Value) -> Result<Beat, BackendError> {
     match reply {
-        Value::Int(n) if *n >= 1 => Ok(*n as u64),
-        other => Err(BackendError::Protocol(format!(
-            "heartbeat reply: expected a count >= 1, got {other:?}"
-        ))),
+        Value::Array(items) => match items.as_slice() {
+            [Value::Int(live), Value::Int(repaired @ (0 | 1))] if *live >= 1 => Ok(Beat {
+                live: *live as u64,
+                repaired: *repaired == 1,
+            }),
+            _ => Err(unexpected(reply)),
+        },
+        other => Err(unexpected(other)),
     }
+}
+
+fn unexpected(reply: &Value) -> BackendError {
+    BackendError::Protocol(format!(
+        "heartbeat reply: expected a count >= 1 and a repaired flag, got {reply:?}"
+    ))
 }
 
 #[cfg(test)]
@@ -57,8 +76,18 @@ mod tests {
             &args[2..],
             [&b"1"[..], b"sluice:replicas", b"pod-a", b"5000"]
         );
-        assert_eq!(decode(&Value::Int(3)), Ok(3));
-        assert!(decode(&Value::Int(0)).is_err());
+        let pair = |live, repaired| Value::Array(vec![Value::Int(live), Value::Int(repaired)]);
+        assert_eq!(
+            decode(&pair(3, 0)),
+            Ok(Beat {
+                live: 3,
+                repaired: false
+            })
+        );
+        assert_eq!(decode(&pair(1, 1)).map(|b| b.repaired), Ok(true));
+        assert!(decode(&pair(0, 0)).is_err());
+        assert!(decode(&pair(2, 2)).is_err());
+        assert!(decode(&Value::Int(3)).is_err());
         assert!(decode(&Value::Nil).is_err());
     }
 }

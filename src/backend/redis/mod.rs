@@ -282,14 +282,18 @@ impl RedisBackend {
     ) -> Result<u64, BackendError> {
         let cmd = heartbeat::command(key, member, ttl);
         let timeout = self.command_timeout;
-        match &self.link {
+        let beat = match &self.link {
             Link::Standalone(manager, _, _) => {
                 let mut conn = manager.clone();
                 bounded(timeout, heartbeat::run(&mut conn, &cmd)).await
             }
             Link::Sentinel(link) => link.heartbeat(&cmd, timeout).await,
             Link::Cluster(link) => link.heartbeat(key, &cmd, timeout).await,
+        }?;
+        if beat.repaired {
+            report_repaired(observer::current(&self.observer), key);
         }
+        Ok(beat.live)
     }
 
     /// Makes the script use `clock` instead of Redis's `TIME`, so a test can step time.
@@ -453,13 +457,35 @@ async fn connect_standalone(
     Ok((manager, address))
 }
 
-/// Decodes a whole reply into verdicts in hit order.
-fn collect(reply: &redis::Value, count: usize) -> Result<Vec<Verdict>, BackendError> {
+/// Decodes a whole reply into verdicts in hit order (`keys` are the call's keys, in order), and
+/// reports the keys the script repaired.
+fn collect<'k>(
+    reply: &redis::Value,
+    keys: impl ExactSizeIterator<Item = &'k str> + Clone,
+    observer: &dyn RedisObserver,
+) -> Result<Vec<Verdict>, BackendError> {
+    let count = keys.len();
+    let (decoded, repaired) = script::decode(reply, count)?;
     let mut verdicts = Vec::with_capacity(count);
-    for verdict in script::decode(reply, count)? {
+    for verdict in decoded {
         verdicts.push(verdict?);
     }
+    for at in repaired {
+        if let Some(key) = keys.clone().nth(at) {
+            report_repaired(observer, key);
+        }
+    }
     Ok(verdicts)
+}
+
+/// A key held foreign data (another type than sluice writes there) and a script replaced it:
+/// that key's problem, logged and counted, never a failure of the call or of the endpoint.
+fn report_repaired(observer: &dyn RedisObserver, key: &str) {
+    tracing::warn!(
+        key,
+        "Redis key held data of another type; deleted and started afresh"
+    );
+    observer.key_repaired(key);
 }
 
 /// Runs `call` within `limit`; past it the call is dropped (a multiplexed connection discards the
@@ -532,7 +558,7 @@ impl Call<'_> {
             let reply = script::run(&mut conn, hits.iter(), hits.len(), args)
                 .await
                 .map_err(classify)?;
-            collect(&reply, hits.len())
+            collect(&reply, hits.iter().map(|h| h.key.as_str()), self.observer)
         })
         .await
     }

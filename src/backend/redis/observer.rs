@@ -40,6 +40,13 @@ pub trait RedisObserver: Send + Sync + 'static {
     fn batch_sent(&self, requests: usize) {
         let _ = requests;
     }
+
+    /// A script found `key` holding data of another type than sluice writes there (a bucket's
+    /// hash, the heartbeat's sorted set), deleted it and went on as if it were missing. Not a
+    /// failure: the call succeeded, and the endpoint's breaker was not told otherwise.
+    fn key_repaired(&self, key: &str) {
+        let _ = key;
+    }
 }
 
 /// Observes nothing: a backend nobody watches.

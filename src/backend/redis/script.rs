@@ -201,23 +201,21 @@ pub(super) fn check_loaded(reply: &Value) -> Result<(), BackendError> {
     }
 }
 
-/// Decodes the reply for `count` hits, in order. The length and shape are checked up front, so
-/// the iterator only fails on an out-of-range value.
+/// Decodes the reply for `count` hits: their verdicts in order, and the positions (from 0) of
+/// the keys the script repaired (deleted foreign data under them and decided them fresh). The
+/// length and shape are checked up front, so the iterator only fails on an out-of-range value.
 pub(super) fn decode(
     reply: &Value,
     count: usize,
-) -> Result<impl Iterator<Item = Result<Verdict, BackendError>> + '_, BackendError> {
-    let items = match reply {
-        Value::Array(items) if items.len() == count * REPLY_WIDTH => items,
-        other => {
-            return Err(BackendError::Protocol(format!(
-                "script reply for {count} keys: expected {} integers, got {}",
-                count * REPLY_WIDTH,
-                describe(other)
-            )));
-        }
-    };
-    Ok(items.chunks_exact(REPLY_WIDTH).map(|chunk| {
+) -> Result<
+    (
+        impl Iterator<Item = Result<Verdict, BackendError>> + '_,
+        Vec<usize>,
+    ),
+    BackendError,
+> {
+    let (items, repaired) = split_reply(reply, count)?;
+    let verdicts = items.chunks_exact(REPLY_WIDTH).map(|chunk| {
         let [allowed, remaining, retry, until_full, granted] = chunk else {
             unreachable!("chunks_exact yields REPLY_WIDTH items");
         };
@@ -237,7 +235,34 @@ pub(super) fn decode(
             until_full_ms: count_from_wire(int(until_full)?)?,
             granted: count_from_wire(int(granted)?)?,
         })
-    }))
+    });
+    Ok((verdicts, repaired))
+}
+
+/// The reply's per-key items, and the repaired positions that follow them: `r`, then `r`
+/// positions in 1..=count.
+fn split_reply(reply: &Value, count: usize) -> Result<(&[Value], Vec<usize>), BackendError> {
+    let width = count * REPLY_WIDTH;
+    let shape_error = |got: String| {
+        BackendError::Protocol(format!(
+            "script reply for {count} keys: expected {width} integers, a count r and r positions, got {got}"
+        ))
+    };
+    let Value::Array(items) = reply else {
+        return Err(shape_error(describe(reply)));
+    };
+    let repaired = match items.get(width).map(int) {
+        Some(Ok(r)) if r >= 0 && items.len() == width + 1 + r as usize => &items[width + 1..],
+        _ => return Err(shape_error(describe(reply))),
+    };
+    let positions = repaired
+        .iter()
+        .map(|item| match int(item)? {
+            n if n >= 1 && n as usize <= count => Ok(n as usize - 1),
+            n => Err(shape_error(format!("repaired position {n}"))),
+        })
+        .collect::<Result<Vec<usize>, BackendError>>()?;
+    Ok((&items[..width], positions))
 }
 
 fn int(value: &Value) -> Result<i64, BackendError> {
@@ -354,11 +379,15 @@ mod tests {
     #[test]
     fn decode_maps_wire_values() {
         let reply = Value::Array(
-            [1, 7, 0, 600, 3, 0, 0, -1, 2000, 0, 0, 3, -2, -4096, 0]
-                .map(Value::Int)
-                .to_vec(),
+            [
+                1, 7, 0, 600, 3, 0, 0, -1, 2000, 0, 0, 3, -2, -4096, 0, 2, 1, 3,
+            ]
+            .map(Value::Int)
+            .to_vec(),
         );
-        let verdicts: Vec<Verdict> = decode(&reply, 3).unwrap().map(Result::unwrap).collect();
+        let (verdicts, repaired) = decode(&reply, 3).unwrap();
+        let verdicts: Vec<Verdict> = verdicts.map(Result::unwrap).collect();
+        assert_eq!(repaired, [0, 2]);
         assert_eq!(
             verdicts,
             [
@@ -389,21 +418,44 @@ mod tests {
 
     #[test]
     fn decode_rejects_wrong_shapes() {
-        let short = Value::Array(vec![Value::Int(1); 4]);
-        assert!(matches!(decode(&short, 1), Err(BackendError::Protocol(_))));
+        let reply = |items: &[i64]| Value::Array(items.iter().copied().map(Value::Int).collect());
+        let first = |reply: &Value| decode(reply, 1).map(|(mut v, _)| v.next());
+        for bad in [
+            &[1, 0, 0, 0][..],
+            &[1, 0, 0, 0, 0],
+            &[1, 0, 0, 0, 0, 1],
+            &[1, 0, 0, 0, 0, 0, 1],
+            &[1, 0, 0, 0, 0, 1, 2],
+            &[1, 0, 0, 0, 0, 1, 0],
+            &[1, 0, 0, 0, 0, -1],
+        ] {
+            assert!(
+                matches!(first(&reply(bad)), Err(BackendError::Protocol(_))),
+                "{bad:?}"
+            );
+        }
+        assert!(matches!(
+            first(&reply(&[1, 0, 0, 0, 0, 0])),
+            Ok(Some(Ok(_)))
+        ));
         let not_int = Value::Array(vec![
             Value::Int(1),
             Value::BulkString(b"7".to_vec()),
             Value::Int(0),
             Value::Int(0),
             Value::Int(0),
+            Value::Int(0),
         ]);
         assert!(matches!(
-            decode(&not_int, 1).unwrap().next(),
-            Some(Err(BackendError::Protocol(_)))
+            first(&not_int),
+            Ok(Some(Err(BackendError::Protocol(_))))
         ));
-        let bad_flag = Value::Array([2, 0, 0, 0, 0].map(Value::Int).to_vec());
-        assert!(decode(&bad_flag, 1).unwrap().next().unwrap().is_err());
+        assert!(
+            first(&reply(&[2, 0, 0, 0, 0, 0]))
+                .unwrap()
+                .unwrap()
+                .is_err()
+        );
         assert!(decode(&Value::Nil, 1).is_err());
     }
 

@@ -141,7 +141,7 @@ impl SentinelLink {
         &self,
         cmd: &Cmd,
         timeout: Duration,
-    ) -> Result<u64, BackendError> {
+    ) -> Result<heartbeat::Beat, BackendError> {
         let Some(master) = self.master.load_full() else {
             return Err(BackendError::Unavailable(
                 "no Redis master resolved yet".into(),
