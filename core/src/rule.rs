@@ -144,12 +144,18 @@ impl RateLimit {
     }
 }
 
-/// What a rule limits to: a bucket, or nothing (`unlimited: true`).
+/// What a rule limits to: a bucket, nothing (`unlimited: true`), or everything
+/// (`requests_per_unit: 0`, envoyproxy/ratelimit's way to block a descriptor).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Limit {
     Unlimited,
     Bucket(RateLimit),
+    /// Every request is OVER_LIMIT; no bucket is kept and the backend is never asked. `unit` is
+    /// only reported (`current_limit` is `{0, unit}`).
+    Blocked {
+        unit: Unit,
+    },
 }
 
 /// What to answer when the shared backend cannot be asked.

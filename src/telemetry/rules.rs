@@ -122,6 +122,13 @@ pub fn tally(status: &Status, hits: u64, cost: u64, near_ratio: f64) -> Tally {
         // No bucket decided: a failure policy, or a sibling descriptor rejected from the
         // over-limit cache before anything was asked.
         Basis::Degraded(_) | Basis::NotEvaluated => {}
+        // A blocking rule rejects every hit without a bucket.
+        Basis::Blocked => {
+            t.over_limit = hits;
+            if status.shadow {
+                t.shadow_mode = hits;
+            }
+        }
         Basis::Cached => {
             t.over_limit = hits;
             t.over_limit_with_local_cache = hits;
