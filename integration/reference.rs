@@ -93,7 +93,7 @@ async fn share_threshold_values_drain_one_redis_key() {
     }
     assert_eq!(codes, [OK, OK, OVER_LIMIT]);
     let shared = explained_key("path=/files/zzz");
-    assert_eq!(keys(&redis), [shared.clone()]);
+    assert_eq!(keys(&redis), std::slice::from_ref(&shared));
     assert!(shared.contains("#*"), "{shared}");
     assert!(!shared.contains("/files/a"), "{shared}");
     sluice.stop().await;
