@@ -1,5 +1,5 @@
 //! envoyproxy/ratelimit's config features through the real gRPC path on the memory backend:
-//! a blocking `requests_per_unit: 0` rule.
+//! a blocking `requests_per_unit: 0` rule, `value_to_metric` in the per-rule metrics.
 
 use std::time::Duration;
 
@@ -80,6 +80,79 @@ async fn a_blocking_rule_in_shadow_mode_answers_ok() {
             .unwrap()
             .requests_per_unit,
         0
+    );
+    s.stop().await;
+}
+
+const METRICS: &str = r#"
+domain: vtm
+descriptors:
+  - key: route
+    value: /api/*
+    value_to_metric: true
+    descriptors:
+      - key: user
+        rate_limit: {unit: day, requests_per_unit: 100}
+  - key: plain
+    value: /x/*
+    rate_limit: {unit: day, requests_per_unit: 100}
+"#;
+
+/// `ratelimit_service_rate_limit_total_hits` of domain `vtm` by `key` label, from `/metrics`.
+fn total_hits(admin: std::net::SocketAddr) -> Vec<(String, String)> {
+    let (status, body) = http_get(admin, "/metrics");
+    assert_eq!(status, 200);
+    let mut found: Vec<(String, String)> = body
+        .lines()
+        .filter(|l| l.starts_with("ratelimit_service_rate_limit_total_hits{"))
+        .filter(|l| l.contains("domain=\"vtm\""))
+        .map(|l| {
+            let key = l.split("key=\"").nth(1).and_then(|r| r.split('"').next());
+            let value = l.rsplit(' ').next().unwrap_or_default();
+            (key.unwrap_or_default().to_owned(), value.to_owned())
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// A `value_to_metric` wildcard level names its series by the request's value, bounded by
+/// `--detailed-metric-max-values` like `detailed_metric`; a level without it keeps its pattern.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn value_to_metric_names_series_by_the_runtime_value_within_the_bound() {
+    let mut s = TestServer::start_with(&[("vtm.yaml", METRICS)], |settings| {
+        settings.telemetry.metrics_detailed_max_values = 2;
+    })
+    .await;
+    let route = |r: &str, u: &str| req("vtm", vec![desc(&[("route", r), ("user", u)])]);
+    for (r, u) in [
+        ("/api/v1", "ann"),
+        ("/api/v1", "bob"),
+        ("/api/v2", "ann"),
+        ("/api/v3", "ann"),
+    ] {
+        assert_eq!(s.ok(route(r, u)).await.overall_code, OK);
+    }
+    for x in ["/x/1", "/x/2"] {
+        assert_eq!(s.ok(request("vtm", &[("plain", x)])).await.overall_code, OK);
+    }
+    let admin = s.admin_addr();
+    let found = tokio::task::spawn_blocking(move || total_hits(admin))
+        .await
+        .unwrap();
+    let found: Vec<(&str, &str)> = found
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            // Past the bound of two values: counted in the rule's own series.
+            ("plain_/x/*", "2"),
+            ("route_/api/*.user", "1"),
+            ("route_/api/v1.user", "2"),
+            ("route_/api/v2.user", "1"),
+        ]
     );
     s.stop().await;
 }
