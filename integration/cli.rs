@@ -38,7 +38,7 @@ fn check_config_reports_file_and_line_and_exits_1() {
     let file = dir.path().join("broken.yaml");
     std::fs::write(
         &file,
-        "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 0}\n  - key: \"\"\n",
+        "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: -1}\n  - key: \"\"\n",
     )
     .unwrap();
     let out = sluice().args(["check-config"]).arg(&file).output().unwrap();

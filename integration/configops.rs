@@ -168,7 +168,7 @@ fn check_config_json_lists_every_error_for_ci() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("a.yaml"),
-        "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 0}\n",
+        "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: -1}\n",
     )
     .unwrap();
     std::fs::write(dir.path().join("b.yaml"), "domain: b\nbogus: 1\n").unwrap();

@@ -308,7 +308,7 @@ async fn per_rule_counters_are_exact_after_traffic_and_survive_a_reload() {
     let file = s.dir.path().join("obs.yaml");
     std::fs::write(
         &file,
-        OBS.replace("requests_per_unit: 10", "requests_per_unit: 0"),
+        OBS.replace("requests_per_unit: 10", "requests_per_unit: -1"),
     )
     .unwrap();
     let admin = s.admin_addr();
@@ -738,7 +738,7 @@ async fn the_binary_logs_json_lines_and_takes_the_near_limit_ratio_from_envoypro
     // Two errors in one rejected set: one line.
     std::fs::write(
         &file,
-        OBS.replace("requests_per_unit: 10", "requests_per_unit: 0")
+        OBS.replace("requests_per_unit: 10", "requests_per_unit: -1")
             .replace(
                 "unit: hour, requests_per_unit: 2",
                 "unit: fortnight, requests_per_unit: 2",

@@ -23,6 +23,7 @@
 //! - [`limiter`]: request → rules → one backend call → [`limiter::Decision`].
 //! - [`resilience`]: when Redis is slow or gone — circuit breakers, the `local` policy's buckets,
 //!   the over-limit cache, the in-flight bound, readiness rules.
+//! - [`dynamic_metadata`]: envoyproxy/ratelimit's `RateLimitResponse.dynamic_metadata`.
 //! - [`service`]: the gRPC entry point (`ShouldRateLimit`): protobuf in, decide, protobuf +
 //!   headers out.
 //! - [`admin`]: HTTP admin — health, readiness, active config, metrics.
@@ -43,6 +44,7 @@ pub mod backend;
 pub mod cli;
 pub mod compat;
 pub mod config;
+pub mod dynamic_metadata;
 pub mod lease;
 pub mod limiter;
 pub mod resilience;

@@ -39,6 +39,7 @@ use tonic::{Request, Response, Status as GrpcStatus};
 use tracing::Instrument as _;
 
 use crate::backend::{Backend, BackendError};
+use crate::dynamic_metadata;
 use crate::limiter::{Code, Decision, LimitError, Limiter, Status};
 use crate::request::{Entry, LimitOverride, LimitRequest, RequestDescriptor};
 use crate::rule::Unit;
@@ -94,6 +95,8 @@ pub struct HeaderOptions {
     /// Names the failure policies that decided a degraded response (`local`, `open, closed`);
     /// empty: never sent.
     pub degraded: String,
+    /// `--response-dynamic-metadata`: fill `dynamic_metadata` ([`crate::dynamic_metadata`]).
+    pub dynamic_metadata: bool,
 }
 
 impl From<&Settings> for HeaderOptions {
@@ -105,6 +108,7 @@ impl From<&Settings> for HeaderOptions {
             reset: settings.header_reset.clone(),
             retry_after: settings.header_retry_after.clone(),
             degraded: settings.header_degraded.clone(),
+            dynamic_metadata: settings.response_dynamic_metadata,
         }
     }
 }
@@ -175,7 +179,10 @@ impl<B: Backend> RateLimitHandler<B> {
         traces::record_request(span, &request);
         match self.limiter.decide(&request).await {
             Ok(decision) => {
-                let response = to_response(&decision, &self.headers);
+                let mut response = to_response(&decision, &self.headers);
+                if self.headers.dynamic_metadata {
+                    response.dynamic_metadata = Some(dynamic_metadata::build(&request, &decision));
+                }
                 self.metrics.record_decision(started, &request, &decision);
                 traces::record_decision(span, &decision);
                 Ok(response)

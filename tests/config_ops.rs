@@ -35,6 +35,7 @@ fn active_rpu(store: &ConfigStore) -> u32 {
         .expect("tenant rule");
     match rule.limit {
         sluice::rule::Limit::Bucket(rate) => rate.requests_per_unit,
+        sluice::rule::Limit::Blocked { .. } => 0,
         sluice::rule::Limit::Unlimited => panic!("unlimited"),
     }
 }

@@ -284,6 +284,15 @@ fn domain(name: &str, key: &str, rpu: u32) -> RateLimitConfig {
     }
 }
 
+/// A domain the loader refuses: a limited policy without a unit (UNKNOWN).
+fn broken(name: &str, key: &str) -> RateLimitConfig {
+    let mut config = domain(name, key, 1);
+    if let Some(policy) = &mut config.descriptors[0].rate_limit {
+        policy.unit = RateLimitUnit::Unknown as i32;
+    }
+    config
+}
+
 // ---------------------------------------------------------------------------------------------
 // sluice
 
@@ -411,14 +420,11 @@ async fn an_invalid_push_is_nacked_and_the_old_config_keeps_answering() {
     assert_eq!(s.hit("edge", "tenant", "acme").await, OK);
 
     // v2 is broken in one domain and fine in another: the whole push is refused.
-    cp.push(
-        "v2",
-        &[domain("edge", "tenant", 0), domain("api", "user", 1)],
-    );
+    cp.push("v2", &[broken("edge", "tenant"), domain("api", "user", 1)]);
     let message = cp.expect_nack("v2", "v1").await;
     assert_eq!(
         message,
-        "xds:edge-config:6:26: descriptors[0].rate_limit.requests_per_unit: `requests_per_unit` must be an integer from 1 to 4294967295, got 0"
+        "xds:edge-config:5:13: descriptors[0].rate_limit.unit: invalid unit `UNKNOWN`; expected one of: second, minute, hour, day, week, month, year"
     );
 
     // v1 still answers, with its bucket intact; nothing of v2 is active.
@@ -506,7 +512,7 @@ async fn unready_until_the_first_good_config_even_before_the_server_is_up() {
 
     let mut cp = ManagementServer::start_on(addr, None).await;
     cp.expect_subscription("").await;
-    cp.push("v1", &[domain("edge", "tenant", 0)]);
+    cp.push("v1", &[broken("edge", "tenant")]);
     cp.expect_nack("v1", "").await;
     assert_eq!(s.admin("/readyz").await.0, 503);
 

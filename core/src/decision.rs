@@ -43,6 +43,8 @@ pub enum Basis {
     NoRule,
     /// An `unlimited: true` rule, or a rule replaced by another one in the same request.
     Unlimited,
+    /// A `requests_per_unit: 0` rule: OVER_LIMIT without a bucket, the backend not asked.
+    Blocked,
     /// The shared backend answered.
     Backend,
     /// The backend could not answer; the failure policy decided (`Open`, `Closed` or `Local`;
@@ -94,6 +96,35 @@ impl Status {
             shadow: false,
             over: false,
             rule,
+        }
+    }
+}
+
+impl Status {
+    /// The status of a descriptor reaching a `requests_per_unit: 0` rule: OVER_LIMIT (OK in
+    /// shadow mode) against `{0, unit}`, nothing remaining, a retry-after of never (waiting does
+    /// not help, so no `retry-after` header), reset at the next `unit` boundary on the clock as envoyproxy/ratelimit reports it.
+    pub fn blocked(rule: Arc<Rule>, unit: Unit, name: Option<Arc<str>>, now_ms: u64) -> Self {
+        let unit_ms = unit.millis();
+        Status {
+            code: if rule.shadow_mode {
+                Code::Ok
+            } else {
+                Code::OverLimit
+            },
+            basis: Basis::Blocked,
+            limit: Some(AppliedLimit {
+                requests_per_unit: 0,
+                unit,
+                capacity: 0,
+                name,
+            }),
+            remaining: 0,
+            reset_ms: unit_ms - now_ms % unit_ms,
+            retry_after_ms: Some(None),
+            shadow: rule.shadow_mode,
+            over: true,
+            rule: Some(rule),
         }
     }
 }

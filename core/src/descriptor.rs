@@ -348,6 +348,7 @@ mod tests {
             failure_mode: None,
             replaces: Vec::new(),
             shared_values: Arc::default(),
+            metric_levels: Arc::default(),
             metadata: None,
             source: "t:1".into(),
         })

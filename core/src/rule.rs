@@ -144,12 +144,18 @@ impl RateLimit {
     }
 }
 
-/// What a rule limits to: a bucket, or nothing (`unlimited: true`).
+/// What a rule limits to: a bucket, nothing (`unlimited: true`), or everything
+/// (`requests_per_unit: 0`, envoyproxy/ratelimit's way to block a descriptor).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Limit {
     Unlimited,
     Bucket(RateLimit),
+    /// Every request is OVER_LIMIT; no bucket is kept and the backend is never asked. `unit` is
+    /// only reported (`current_limit` is `{0, unit}`).
+    Blocked {
+        unit: Unit,
+    },
 }
 
 /// What to answer when the shared backend cannot be asked.
@@ -257,9 +263,25 @@ pub struct Rule {
     /// one bucket); empty when no level does. See [`crate::key`].
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     pub shared_values: Arc<[Option<Arc<str>>]>,
+    /// Per request entry, how that level of the path is named in per-rule metrics when some
+    /// level says `value_to_metric: true`; empty when none does (the metric key is `path`).
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub metric_levels: Arc<[MetricLevel]>,
     /// envoyproxy/ratelimit's `metadata` of the descriptor, as written.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Arc<serde_json::Value>>,
     /// YAML source location (`file:line`) of the descriptor, for `explain` and diagnostics.
     pub source: Arc<str>,
+}
+
+/// How one level of a rule's path names itself in per-rule metrics (envoyproxy/ratelimit's
+/// `value_to_metric`): `key`, then `_value` where a value is named.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MetricLevel {
+    /// The configured value or wildcard pattern; `None` for a key-only descriptor.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<Arc<str>>,
+    /// `value_to_metric: true`: the request's value names this level instead (unless the level
+    /// is a `share_threshold` wildcard, which is always named by its pattern).
+    pub value_to_metric: bool,
 }

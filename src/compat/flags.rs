@@ -1,6 +1,6 @@
 //! Logging, limits and switches: the envoyproxy/ratelimit settings that map one-to-one onto a
 //! sluice flag (key prefix, over-limit cache, jitter, near-limit ratio, xDS client, shadow mode,
-//! domain merging, metrics, tracing, response headers).
+//! domain merging, metrics, tracing, response headers and dynamic metadata).
 
 use super::Tr;
 use super::go::go_duration;
@@ -139,7 +139,8 @@ impl Tr<'_> {
         }
     }
 
-    /// `SHADOW_MODE`, `MERGE_DOMAIN_CONFIG`, `USE_PROMETHEUS`, `DISABLE_STATS`.
+    /// `SHADOW_MODE`, `MERGE_DOMAIN_CONFIG`, `USE_PROMETHEUS`, `DISABLE_STATS`,
+    /// `RESPONSE_DYNAMIC_METADATA`.
     fn switches(&mut self) {
         if let Some(shadow) = self.bool("SHADOW_MODE") {
             self.set("SLUICE_SHADOW_MODE", shadow.to_string(), "SHADOW_MODE");
@@ -159,6 +160,13 @@ impl Tr<'_> {
         }
         if let Some(disable) = self.bool("DISABLE_STATS") {
             self.set("SLUICE_METRICS", (!disable).to_string(), "DISABLE_STATS");
+        }
+        if let Some(metadata) = self.bool("RESPONSE_DYNAMIC_METADATA") {
+            self.set(
+                "SLUICE_RESPONSE_DYNAMIC_METADATA",
+                metadata.to_string(),
+                "RESPONSE_DYNAMIC_METADATA",
+            );
         }
     }
 

@@ -265,8 +265,13 @@ fn stats_and_tracing_switches_map() {
         ("TRACING_ENABLED", "true"),
         ("TRACING_SAMPLING_RATE", "0.25"),
         ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+        ("RESPONSE_DYNAMIC_METADATA", "true"),
     ]));
     assert_eq!(over(&t, "SLUICE_METRICS").as_deref(), Some("false"));
+    assert_eq!(
+        over(&t, "SLUICE_RESPONSE_DYNAMIC_METADATA").as_deref(),
+        Some("true")
+    );
     assert_eq!(over(&t, "SLUICE_TRACING").as_deref(), Some("true"));
     assert_eq!(
         over(&t, "SLUICE_TRACE_SAMPLING_RATIO").as_deref(),

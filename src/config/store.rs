@@ -119,7 +119,7 @@ mod tests {
     fn invalid_set_keeps_the_last_good_config() {
         let store = ConfigStore::new(load_sources(&source("a", "5")).unwrap());
         let before = store.active().load().digest().to_string();
-        assert!(!store.install(load_sources(&source("a", "0")), "test"));
+        assert!(!store.install(load_sources(&source("a", "-1")), "test"));
         assert_eq!(store.active().load().digest(), before);
         let rejected = store.last_rejected().expect("recorded");
         assert!(

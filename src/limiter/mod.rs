@@ -16,7 +16,8 @@
 //! ([`Basis::Degraded`]): `open` → OK, `closed` → OVER_LIMIT, `local` → the in-process bucket of
 //! [`crate::resilience::local`], `error` → the whole call fails with [`LimitError::Unavailable`].
 //! Before the backend is asked, the over-limit cache may already know the request is rejected
-//! ([`Basis::Cached`]); then nothing is asked and nothing is taken.
+//! ([`Basis::Cached`]); then nothing is asked and nothing is taken. Likewise when a descriptor
+//! reaches a blocking `requests_per_unit: 0` rule ([`Basis::Blocked`]).
 //!
 //! A rule with `shards: N` (hot-key splitting) keeps each descriptor's bucket as N sub-buckets
 //! of `limit / N` ([`crate::key::RuleTag::Shard`]); a request is judged by one of them, chosen by
@@ -183,7 +184,9 @@ impl<B: Backend> Limiter<B> {
             });
         };
         let mut plan = self.plan(domain, request);
-        self.charge(&mut plan.buckets).await?;
+        if !plan.reject_before_charging() {
+            self.charge(&mut plan.buckets).await?;
+        }
         Ok(plan.decision())
     }
 

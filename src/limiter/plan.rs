@@ -115,7 +115,7 @@ impl Bucket {
 
 /// What one descriptor comes to.
 enum Slot {
-    /// Answered without a bucket: no rule, an unlimited rule, or a replaced one.
+    /// Answered without a bucket: no rule, an unlimited, replaced or blocking rule.
     Answered(Status),
     /// Answered by the outcome of `Plan::buckets[bucket]`, reported against `target`.
     Charged { target: Target, bucket: usize },
@@ -140,6 +140,7 @@ impl<B: Backend> Limiter<B> {
             &rules,
             &self.shard_cursor,
             self.options.default_failure_mode,
+            &*self.resilience.clock,
         );
         let mut plan = Plan {
             slots: Vec::with_capacity(request.descriptors.len()),
@@ -216,6 +217,23 @@ impl Plan {
         self.buckets
             .push(Bucket::new(Hit { key, demand, rule }, target));
         self.buckets.len() - 1
+    }
+
+    /// When a descriptor was rejected without a bucket (a blocking `requests_per_unit: 0`
+    /// rule), the request is rejected whatever the buckets say, so none is asked or charged:
+    /// they become [`Outcome::NotEvaluated`], as when the over-limit cache rejects one. Returns
+    /// whether it did.
+    pub(super) fn reject_before_charging(&mut self) -> bool {
+        let rejected = self
+            .slots
+            .iter()
+            .any(|slot| matches!(slot, Slot::Answered(status) if status.code == Code::OverLimit));
+        if rejected {
+            for bucket in &mut self.buckets {
+                bucket.outcome = Outcome::NotEvaluated;
+            }
+        }
+        rejected
     }
 
     /// Each descriptor's status from what became of its bucket, and the overall code.

@@ -1,11 +1,13 @@
 //! Descriptor → target: the rule (or request override) a descriptor reaches, the limit it
 //! reports, the bucket shape and key tag it is judged by (one shard of a sharded rule), and its
-//! failure policy — or its final status when no bucket is involved.
+//! failure policy — or its final status when no bucket is involved (no rule, `unlimited`, a
+//! replaced rule, or a blocking `requests_per_unit: 0` rule).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::algorithm::{Algorithm, BucketParams};
+use crate::clock::Clock;
 use crate::config::Domain;
 use crate::key::RuleTag;
 use crate::request::RequestDescriptor;
@@ -39,6 +41,8 @@ pub(super) struct Resolver<'a> {
     replaced: Vec<Arc<str>>,
     shard_seq: u64,
     default_failure_mode: FailureMode,
+    /// The limiter's clock, read only for a blocked rule (where its unit resets).
+    clock: &'a dyn Clock,
 }
 
 impl<'a> Resolver<'a> {
@@ -51,6 +55,7 @@ impl<'a> Resolver<'a> {
         rules: &[Option<Arc<Rule>>],
         cursor: &AtomicU64,
         default_failure_mode: FailureMode,
+        clock: &'a dyn Clock,
     ) -> Self {
         let replaced = rules
             .iter()
@@ -67,6 +72,7 @@ impl<'a> Resolver<'a> {
             replaced,
             shard_seq,
             default_failure_mode,
+            clock,
         }
     }
 
@@ -105,15 +111,19 @@ impl<'a> Resolver<'a> {
         let Some(rule) = rule else {
             return Err(Status::unlimited(Basis::NoRule, None));
         };
-        let rate = match rule.limit {
-            Limit::Unlimited => return Err(Status::unlimited(Basis::Unlimited, Some(rule))),
-            Limit::Bucket(rate) => rate,
-        };
         if let Some(name) = &rule.name
             && self.replaced.iter().any(|r| r == name)
         {
             return Err(Status::unlimited(Basis::Unlimited, Some(rule)));
         }
+        let rate = match rule.limit {
+            Limit::Unlimited => return Err(Status::unlimited(Basis::Unlimited, Some(rule))),
+            Limit::Blocked { unit } => {
+                let name = rule.name.clone();
+                return Err(Status::blocked(rule, unit, name, self.clock.now_ms()));
+            }
+            Limit::Bucket(rate) => rate,
+        };
         // Overrides (above) are never sharded: they name a limit of their own.
         let (params, tag) = match rule.shards {
             Some(n) => {

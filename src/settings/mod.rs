@@ -136,6 +136,12 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_RESPONSE_HEADERS", default_value_t = true, action = clap::ArgAction::Set)]
     pub response_headers: bool,
 
+    /// Fill `RateLimitResponse.dynamic_metadata` as envoyproxy/ratelimit's
+    /// `RESPONSE_DYNAMIC_METADATA` does: the domain, each descriptor, and the `metadata` of the
+    /// rules of the descriptors that passed.
+    #[arg(long, env = "SLUICE_RESPONSE_DYNAMIC_METADATA", default_value_t = false, action = clap::ArgAction::Set)]
+    pub response_dynamic_metadata: bool,
+
     #[arg(long, env = "SLUICE_HEADER_LIMIT", default_value = "x-ratelimit-limit")]
     pub header_limit: String,
 

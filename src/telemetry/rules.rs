@@ -122,6 +122,13 @@ pub fn tally(status: &Status, hits: u64, cost: u64, near_ratio: f64) -> Tally {
         // No bucket decided: a failure policy, or a sibling descriptor rejected from the
         // over-limit cache before anything was asked.
         Basis::Degraded(_) | Basis::NotEvaluated => {}
+        // A blocking rule rejects every hit without a bucket.
+        Basis::Blocked => {
+            t.over_limit = hits;
+            if status.shadow {
+                t.shadow_mode = hits;
+            }
+        }
         Basis::Cached => {
             t.over_limit = hits;
             t.over_limit_with_local_cache = hits;
@@ -208,11 +215,7 @@ impl RuleCounters {
             .strip_prefix(&*rule.domain)
             .and_then(|rest| rest.strip_prefix('.'))
             .unwrap_or(&rule.path);
-        RuleCounters::new(
-            &rule.domain,
-            key,
-            rule.detailed_metric.then_some(detailed_max),
-        )
+        RuleCounters::new(&rule.domain, key, per_value(rule).then_some(detailed_max))
     }
 
     pub fn get(&self, counter: Counter) -> u64 {
@@ -239,13 +242,13 @@ impl RuleCounters {
     }
 
     /// Where a descriptor's counts go: the rule's own series, or its value's for a
-    /// `detailed_metric` rule while under the bound.
-    fn record(&self, entries: &[Entry], tally: &Tally) {
+    /// `detailed_metric` or `value_to_metric` rule while under the bound.
+    fn record(&self, rule: &Rule, entries: &[Entry], tally: &Tally) {
         let Some(detailed) = &self.detailed else {
             self.add(tally);
             return;
         };
-        let key = detailed_key(entries);
+        let key = runtime_key(rule, entries);
         let found = detailed
             .values
             .read()
@@ -296,18 +299,37 @@ impl RuleCounters {
     }
 }
 
-/// envoyproxy/ratelimit's runtime stat key of a descriptor: `key_value` per entry (just `key`
-/// for an empty value), joined by `.`; cut at [`MAX_DETAILED_KEY_BYTES`].
-fn detailed_key(entries: &[Entry]) -> String {
+/// A rule whose counts go to per-value series: `detailed_metric`, or `value_to_metric` on some
+/// level of its path. Both are bounded by `--detailed-metric-max-values`.
+fn per_value(rule: &Rule) -> bool {
+    rule.detailed_metric || !rule.metric_levels.is_empty()
+}
+
+/// envoyproxy/ratelimit's runtime stat key of a descriptor reaching `rule`, joined by `.` and cut
+/// at [`MAX_DETAILED_KEY_BYTES`]. Per entry `key`, then `_` and a value where one is named:
+/// - a `share_threshold` level: its wildcard pattern (all its values are one bucket);
+/// - else under `detailed_metric`: the request's value;
+/// - else under `value_to_metric` on that level: the request's value;
+/// - else the configured value or pattern (none for a key-only descriptor).
+fn runtime_key(rule: &Rule, entries: &[Entry]) -> String {
     let mut key = String::new();
     for (i, entry) in entries.iter().enumerate() {
         if i > 0 {
             key.push('.');
         }
         key.push_str(&entry.key);
-        if !entry.value.is_empty() {
+        let shared = rule.shared_values.get(i).and_then(Option::as_deref);
+        let level = rule.metric_levels.get(i);
+        let value = match (shared, level) {
+            (Some(pattern), _) => pattern,
+            _ if rule.detailed_metric => &entry.value,
+            (None, Some(level)) if level.value_to_metric => &entry.value,
+            (None, Some(level)) => level.value.as_deref().unwrap_or(""),
+            (None, None) => &entry.value,
+        };
+        if !value.is_empty() {
             key.push('_');
-            key.push_str(&entry.value);
+            key.push_str(value);
         }
         if key.len() > MAX_DETAILED_KEY_BYTES {
             let mut end = MAX_DETAILED_KEY_BYTES;
@@ -374,7 +396,7 @@ impl RuleTable {
             let identity = (rule.domain.clone(), rule.path.clone());
             let kept = previous
                 .and_then(|p| p.by_path.get(&identity).map(|&i| &p.rules[i].1))
-                .filter(|c| c.detailed.is_some() == rule.detailed_metric)
+                .filter(|c| c.detailed.is_some() == per_value(rule))
                 .cloned();
             let counters =
                 kept.unwrap_or_else(|| Arc::new(RuleCounters::for_rule(rule, detailed_max)));
@@ -467,7 +489,7 @@ impl RuleMetrics {
                 continue;
             }
             if let Some(counters) = table.counters(rule) {
-                counters.record(&descriptor.entries, &tally);
+                counters.record(rule, &descriptor.entries, &tally);
             }
         }
     }
@@ -588,23 +610,48 @@ mod tests {
         );
     }
 
+    /// The rule `entries` reach in domain `d` of `config`.
+    fn reached(config: &str, entries: &[Entry]) -> Arc<Rule> {
+        let config =
+            crate::config::load_sources(&[("d.yaml".into(), config.into())]).expect("loads");
+        config
+            .domain("d")
+            .and_then(|d| d.find(entries))
+            .cloned()
+            .expect("a rule")
+    }
+
     #[test]
     fn detailed_keys_are_envoyproxys_and_bounded() {
         let e = |k: &str, v: &str| Entry::new(k, v);
+        let config = "domain: d
+descriptors:
+  - key: tenant
+    descriptors:
+      - key: route
+        detailed_metric: true
+        rate_limit: {unit: second, requests_per_unit: 1}
+  - key: k
+    detailed_metric: true
+    rate_limit: {unit: second, requests_per_unit: 1}
+";
+        let entries = [e("tenant", "acme"), e("route", "")];
         assert_eq!(
-            detailed_key(&[e("tenant", "acme"), e("route", "")]),
+            runtime_key(&reached(config, &entries), &entries),
             "tenant_acme.route"
         );
-        let long = detailed_key(&[e("k", &"é".repeat(300))]);
+        let entries = [e("k", &"é".repeat(300))];
+        let long = runtime_key(&reached(config, &entries), &entries);
         assert!(long.len() <= MAX_DETAILED_KEY_BYTES, "{}", long.len());
-
-        let counters = RuleCounters::new(&Arc::from("d"), "tenant", Some(2));
+        let rule = reached(config, &[e("k", "x")]);
+        let e = |k: &str, v: &str| Entry::new(k, v);
+        let counters = RuleCounters::new(&Arc::from("d"), "k", Some(2));
         let one = Tally {
             total_hits: 1,
             ..Tally::default()
         };
         for value in ["a", "b", "c", "a"] {
-            counters.record(&[e("tenant", value)], &one);
+            counters.record(&rule, &[e("k", value)], &one);
         }
         let mut seen = Vec::new();
         counters
@@ -614,9 +661,9 @@ mod tests {
         assert_eq!(
             seen,
             [
-                ("tenant".to_string(), 1),
-                ("tenant_a".to_string(), 2),
-                ("tenant_b".to_string(), 1)
+                ("k".to_string(), 1),
+                ("k_a".to_string(), 2),
+                ("k_b".to_string(), 1)
             ]
         );
     }
@@ -631,5 +678,54 @@ mod tests {
         counters.add(&huge);
         counters.add(&huge);
         assert_eq!(counters.get(Counter::TotalHits), u64::MAX);
+    }
+
+    /// envoyproxy/ratelimit's `value_to_metric` key: the request's value where a level asks for
+    /// it, the configured value or pattern elsewhere, the pattern of a shared wildcard always.
+    #[test]
+    fn value_to_metric_keys_name_the_runtime_value_where_asked() {
+        let config = "domain: d
+descriptors:
+  - key: route
+    value: /api/*
+    value_to_metric: true
+    descriptors:
+      - key: method
+        rate_limit: {unit: second, requests_per_unit: 1}
+      - key: user
+        value_to_metric: true
+        rate_limit: {unit: second, requests_per_unit: 1}
+  - key: path
+    value: /files/*
+    share_threshold: true
+    value_to_metric: true
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: plain
+    value: /x/*
+    rate_limit: {unit: second, requests_per_unit: 1}
+";
+        let key = |pairs: &[(&str, &str)]| {
+            let entries: Vec<Entry> = pairs.iter().map(|(k, v)| Entry::new(*k, *v)).collect();
+            let rule = reached(config, &entries);
+            (per_value(&rule), runtime_key(&rule, &entries))
+        };
+        assert_eq!(
+            key(&[("route", "/api/v1"), ("method", "GET")]),
+            (true, "route_/api/v1.method".to_owned()),
+            "a key-only level without the flag names only its key"
+        );
+        assert_eq!(
+            key(&[("route", "/api/v1"), ("user", "ann")]),
+            (true, "route_/api/v1.user_ann".to_owned())
+        );
+        assert_eq!(
+            key(&[("path", "/files/a")]),
+            (true, "path_/files/*".to_owned()),
+            "share_threshold wins: one bucket, one series"
+        );
+        assert!(
+            !key(&[("plain", "/x/1")]).0,
+            "no flag: the rule's own series"
+        );
     }
 }

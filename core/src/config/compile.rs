@@ -8,7 +8,7 @@ use super::validate::{DescriptorSpec, DomainSpec};
 use super::{Config, Domain};
 use crate::algorithm::Algorithm;
 use crate::descriptor::{Level, Node, Pattern};
-use crate::rule::{FailureMode, Origin, Rule, RuleId};
+use crate::rule::{FailureMode, MetricLevel, Origin, Rule, RuleId};
 
 /// One file's share of a domain: all of it, unless several files are merged into one domain.
 pub(crate) struct Part {
@@ -53,7 +53,7 @@ pub(crate) fn config(
                 shadow_all,
                 rules: &mut rules,
             };
-            builder.fill(&mut tree, &part.spec.descriptors, &name, &[]);
+            builder.fill(&mut tree, &part.spec.descriptors, &name, &[], &[]);
         }
         domains.push(Domain {
             name,
@@ -114,8 +114,14 @@ impl Builder<'_> {
         specs: &[DescriptorSpec],
         parent_path: &str,
         shared: &[Option<Arc<str>>],
+        metric: &[MetricLevel],
     ) {
         for spec in specs {
+            let mut metric = metric.to_vec();
+            metric.push(MetricLevel {
+                value: spec.value.as_deref().map(Arc::from),
+                value_to_metric: spec.value_to_metric,
+            });
             let mut shared = shared.to_vec();
             shared.push(
                 spec.value
@@ -154,6 +160,11 @@ impl Builder<'_> {
                     } else {
                         Arc::default()
                     },
+                    metric_levels: if metric.iter().any(|m| m.value_to_metric) {
+                        metric.clone().into()
+                    } else {
+                        Arc::default()
+                    },
                     metadata: r.metadata.clone().map(Arc::new),
                     source: format!("{}:{}", self.file, spec.at.line).into(),
                 });
@@ -161,7 +172,7 @@ impl Builder<'_> {
                 rule
             });
             let mut children = Level::default();
-            self.fill(&mut children, &spec.children, &path, &shared);
+            self.fill(&mut children, &spec.children, &path, &shared, &metric);
             let inserted = level.insert(
                 &spec.key,
                 Pattern::parse(spec.value.as_deref()),

@@ -50,7 +50,7 @@ descriptors:
   - value: x
     rate_limit:
       unit: fortnight
-      requests_per_unit: 0
+      requests_per_unit: -3
   - key: ""
   - key: a
     rate_limit:
@@ -85,7 +85,7 @@ descriptors:
             "3:1: unknown field `extra` in the config file; expected one of: domain, failure_mode, algorithm, descriptors",
             "5:5: descriptor is missing required field `key`",
             "7:13: invalid unit `fortnight`; expected one of: second, minute, hour, day, week, month, year",
-            "8:26: `requests_per_unit` must be an integer from 1 to 4294967295, got 0",
+            "8:26: `requests_per_unit` must be an integer from 0 to 4294967295, got -3",
             "9:10: descriptor `key` must not be empty",
             "13:7: `unit` must not be given with `unlimited: true`",
             "14:7: `requests_per_unit` must not be given with `unlimited: true`",
@@ -93,7 +93,7 @@ descriptors:
             "16:5: duplicate descriptor `a` (no value) at this level (first at line 10)",
             "17:11: `cost` must be an integer from 1 to 4294967295, got 0",
             "18:5: `rate_limit` is missing `unit` (or `unlimited: true`)",
-            "19:26: `requests_per_unit` must be an integer from 1 to 4294967295, got -1",
+            "19:26: `requests_per_unit` must be an integer from 0 to 4294967295, got -1",
             "20:14: `burst` must be an integer from 1 to 4294967295, got 0",
             "21:7: unknown field `sharded` in `rate_limit`; expected one of: unit, requests_per_unit, burst, lease, shards, algorithm, name, unlimited, replaces",
             "24:17: rule `n` cannot replace itself",
@@ -318,7 +318,7 @@ descriptors:
 }
 
 #[test]
-fn counts_must_be_positive_integers_that_fit() {
+fn counts_must_be_integers_that_fit() {
     let src = "domain: d
 descriptors:
   - key: a
@@ -343,11 +343,10 @@ descriptors:
     assert_eq!(
         errors(src),
         [
-            "4:51: `requests_per_unit` must be an integer from 1 to 4294967295, got 0",
-            "6:51: `requests_per_unit` must be an integer from 1 to 4294967295, got -5",
+            "6:51: `requests_per_unit` must be an integer from 0 to 4294967295, got -5",
             "8:51: `requests_per_unit` must be an integer, got `2.5`",
             "10:51: `requests_per_unit` must be an integer, got `10`",
-            "12:51: `requests_per_unit` must be an integer from 1 to 4294967295, got 4294967296",
+            "12:51: `requests_per_unit` must be an integer from 0 to 4294967295, got 4294967296",
             "14:70: `burst` must be an integer from 1 to 4294967295, got -1",
             "16:11: `cost` must be an integer, got `1.0`",
             "19:11: `cost` must be an integer from 1 to 4294967295, got -2",

@@ -175,3 +175,46 @@ descriptors:
     assert_eq!(name("foobaz").as_deref(), Some("trailing"));
     assert_eq!(name("other").as_deref(), Some("bare"));
 }
+
+#[test]
+fn requests_per_unit_zero_loads_as_a_blocking_rule_with_a_warning() {
+    let config = load(
+        "domain: d
+descriptors:
+  - key: block
+    rate_limit:
+      unit: second
+      requests_per_unit: 0
+",
+    )
+    .expect("envoyproxy/ratelimit loads it, so sluice does");
+    assert_eq!(
+        warnings(&config),
+        [
+            "t.yaml:6:26: `requests_per_unit: 0` blocks: every request this rule reaches is answered OVER_LIMIT"
+        ]
+    );
+    let r = rule(&config, &[("block", "x")]).expect("the blocking rule");
+    assert_eq!(r.limit, Limit::Blocked { unit: Unit::Second });
+    let dumped = &config.to_json()["domains"][0]["rules"][0]["limit"];
+    assert_eq!(dumped, &serde_json::json!({"blocked": {"unit": "second"}}));
+}
+
+#[test]
+fn a_blocking_rule_refuses_the_fields_that_shape_a_bucket() {
+    let errors = load(
+        "domain: d
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 0, burst: 5, shards: 2}
+",
+    )
+    .unwrap_err();
+    assert_eq!(
+        errors,
+        [
+            "t.yaml:4:54: `burst` must not be given with `requests_per_unit: 0` (it keeps no bucket)",
+            "t.yaml:4:64: `shards` must not be given with `requests_per_unit: 0` (it keeps no bucket)",
+        ]
+    );
+}

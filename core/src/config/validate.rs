@@ -411,7 +411,10 @@ fn limit(rate_limit: &Sp<RawRateLimit>, sink: &mut Sink) -> Option<Limit> {
             "`rate_limit` is missing `requests_per_unit` (or `unlimited: true`)",
         );
     }
-    let requests_per_unit = count("requests_per_unit", &raw.requests_per_unit, sink);
+    if let Some(zero) = raw.requests_per_unit.given().filter(|r| r.value == 0) {
+        return blocked(rate_limit, zero.at, unit?, sink);
+    }
+    let requests_per_unit = bounded("requests_per_unit", &raw.requests_per_unit, 0, sink);
     let burst = count("burst", &raw.burst, sink);
     if raw.burst.is_present() && burst.is_none() {
         return None;
@@ -423,16 +426,53 @@ fn limit(rate_limit: &Sp<RawRateLimit>, sink: &mut Sink) -> Option<Limit> {
     }))
 }
 
+/// `requests_per_unit: 0`: as in envoyproxy/ratelimit, the rule rejects every request it
+/// reaches. No bucket is kept, so the bucket-shaping fields mean nothing and are refused.
+fn blocked(
+    rate_limit: &Sp<RawRateLimit>,
+    zero_at: Pos,
+    unit: Unit,
+    sink: &mut Sink,
+) -> Option<Limit> {
+    let raw = &rate_limit.value;
+    let mut ok = true;
+    for (name, given) in [
+        ("burst", raw.burst.given().map(|f| f.key_at)),
+        ("lease", raw.lease.given().map(|f| f.key_at)),
+        ("shards", raw.shards.given().map(|f| f.key_at)),
+    ] {
+        if let Some(at) = given {
+            sink.error(
+                at,
+                format!(
+                    "`{name}` must not be given with `requests_per_unit: 0` (it keeps no bucket)"
+                ),
+            );
+            ok = false;
+        }
+    }
+    sink.warn(
+        zero_at,
+        "`requests_per_unit: 0` blocks: every request this rule reaches is answered OVER_LIMIT",
+    );
+    ok.then_some(Limit::Blocked { unit })
+}
+
 /// A positive count that fits a bucket; `None` when absent or reported.
 fn count(name: &str, field: &Field<i128>, sink: &mut Sink) -> Option<u32> {
+    bounded(name, field, 1, sink)
+}
+
+/// A count from `min` that fits a bucket; `None` when absent or reported.
+fn bounded(name: &str, field: &Field<i128>, min: i128, sink: &mut Sink) -> Option<u32> {
     let given = field.given()?;
-    if (1..=COUNT_MAX).contains(&given.value) {
+    if (min..=COUNT_MAX).contains(&given.value) {
         Some(given.value as u32)
     } else {
         sink.error(
             given.at,
             format!(
-                "`{name}` must be an integer from 1 to {COUNT_MAX}, got {}",
+                "`{name}` must be an integer from {min} to {COUNT_MAX}, got {}",
                 given.value
             ),
         );

@@ -115,7 +115,10 @@ pub struct RuleView {
     /// `file:line` of the descriptor.
     pub source: String,
     pub unlimited: bool,
-    /// How hits are counted; absent for `unlimited: true`.
+    /// The unit of a `requests_per_unit: 0` rule, which blocks every request it reaches.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blocked: Option<Unit>,
+    /// How hits are counted; absent for `unlimited: true` and a blocking rule.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub algorithm: Option<Algorithm>,
     /// `rule` (its `rate_limit.algorithm`), `domain` or `default` (`--default-algorithm`).
@@ -278,6 +281,15 @@ fn rule_view(
             (None, Vec::new()),
             "OK: the rule is `unlimited: true`; no bucket is kept".to_owned(),
         ),
+        Limit::Blocked { .. } => (
+            None,
+            (None, Vec::new()),
+            if rule.shadow_mode {
+                "OK always: the rule blocks (`requests_per_unit: 0`) but is in shadow mode; no bucket is kept".to_owned()
+            } else {
+                "OVER_LIMIT always: `requests_per_unit: 0` blocks every request; no bucket is kept and the backend is not asked".to_owned()
+            },
+        ),
         Limit::Bucket(rate) => {
             let (bucket, keys, outcome) = bucket_of(rule, rate, domain, entries, options);
             (Some(bucket), keys, outcome)
@@ -288,6 +300,10 @@ fn rule_view(
         name: rule.name.as_deref().map(str::to_owned),
         source: rule.source.to_string(),
         unlimited: matches!(rule.limit, Limit::Unlimited),
+        blocked: match rule.limit {
+            Limit::Blocked { unit } => Some(unit),
+            _ => None,
+        },
         algorithm: bucket.as_ref().map(|_| rule.algorithm),
         algorithm_from: bucket.as_ref().map(|_| rule.algorithm_from.as_str()),
         bucket,
@@ -464,11 +480,14 @@ impl Report {
                 .unwrap_or_default();
             let _ = writeln!(out, "rule:        {}{name}", rule.path);
             let _ = writeln!(out, "source:      {}", rule.source);
-            match &rule.bucket {
-                None => {
+            match (&rule.bucket, rule.blocked) {
+                (None, Some(unit)) => {
+                    let _ = writeln!(out, "limit:       0 per {unit} (blocks every request)");
+                }
+                (None, None) => {
                     let _ = writeln!(out, "limit:       unlimited");
                 }
-                Some(b) => {
+                (Some(b), _) => {
                     let _ = writeln!(out, "limit:       {} per {}", b.requests_per_unit, b.unit);
                     if let (Some(algorithm), Some(from)) = (rule.algorithm, rule.algorithm_from) {
                         let _ = writeln!(out, "algorithm:   {algorithm} (from {from})");

@@ -28,6 +28,8 @@ descriptors:
     rate_limit: {unlimited: true}
   - key: plain
     rate_limit: {unit: second, requests_per_unit: 2}
+  - key: block
+    rate_limit: {unit: minute, requests_per_unit: 0}
 "#;
     load_sources(&[("api.yaml".into(), text.into())]).unwrap()
 }
@@ -130,6 +132,24 @@ fn unlimited_rules_have_no_bucket_or_key() {
 }
 
 #[test]
+fn a_blocking_rule_has_no_bucket_and_says_it_rejects() {
+    let report = run("api", "block=x");
+    let rule = report.rule.as_ref().unwrap();
+    assert_eq!(rule.blocked, Some(Unit::Minute));
+    assert!(!rule.unlimited && rule.bucket.is_none() && rule.key.is_none());
+    let text = report.to_text();
+    assert!(
+        text.contains("limit:       0 per minute (blocks every request)"),
+        "{text}"
+    );
+    assert!(
+        report.outcome.starts_with("OVER_LIMIT always"),
+        "{}",
+        report.outcome
+    );
+}
+
+#[test]
 fn misses_say_why() {
     let reason = |d: &str, desc: &str| run(d, desc).reason.unwrap();
     assert_eq!(
@@ -139,7 +159,7 @@ fn misses_say_why() {
     assert!(!run("web", "a=1").domain_known);
     assert_eq!(
         reason("api", "nope=1"),
-        "entry 1 `nope=1` matches no descriptor at the top level (keys configured there: health, plain, tenant)"
+        "entry 1 `nope=1` matches no descriptor at the top level (keys configured there: block, health, plain, tenant)"
     );
     assert_eq!(
         reason("api", "tenant=a,verb=get"),
