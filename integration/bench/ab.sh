@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# A/B of two sluice builds under h2load, interleaved so both see the same machine: for the memory
+# and the Redis backend, A and B run side by side on the bench config and are loaded in turn
+# (`h2load -c 16 -m 32` for DURATION, ROUNDS times each). A change is a loss only when B's peaks
+# sit below A's across rounds, beyond the spread of A's own rounds.
+#
+#   A=old/target/release/sluice B=target/release/sluice integration/bench/ab.sh
+#
+# BENCH (default target/release/sluice-bench) only finds free ports. Starts its own redis-server
+# on a free loopback port (never 6379); stops every process it started.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+: "${A:?A=path to the first sluice binary}" "${B:?B=path to the second sluice binary}"
+OUT=${OUT:-target/bench/ab}
+ROUNDS=${ROUNDS:-3}
+SLUICE=$A # set, so common.sh builds nothing
+source integration/bench/h2common.sh
+start_redis
+
+echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+for backend in memory redis; do
+  args=(--backend "$backend")
+  [ "$backend" = redis ] && args+=(--redis-url "$REDIS_URL" --redis-timeout "$REDIS_TIMEOUT")
+  SLUICE=$A start "a-$backend" integration/bench/config "${args[@]}"
+  addr_a=$ADDR
+  SLUICE=$B start "b-$backend" integration/bench/config "${args[@]}"
+  addr_b=$ADDR
+  check "$addr_a"
+  check "$addr_b"
+  for round in $(seq "$ROUNDS"); do
+    peak "A-$backend-$round" "$addr_a"
+    peak "B-$backend-$round" "$addr_b"
+  done
+done
