@@ -75,7 +75,10 @@ fn every_config_the_reference_refuses_is_refused() {
     // non_map_list: descriptors that are not mappings.
     refused(&[("n.yaml", "domain: d\ndescriptors: [a, b]\n")], "mapping");
     // non_string_key: a number as a field name.
-    refused(&[("n.yaml", "0.25: d\ndescriptors: []\n")], "unknown field `0.25`");
+    refused(
+        &[("n.yaml", "0.25: d\ndescriptors: []\n")],
+        "unknown field `0.25`",
+    );
     // replaces_empty / replaces_self.
     refused(
         &[(

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
-use super::raw::{Field, RawDescriptor, RawDomain, RawRateLimit, Sp};
+use super::raw::{Field, RawDescriptor, RawDomain, RawRateLimit, RawReplace, Sp};
 use super::yaml::Pos;
 use super::{Sink, compile};
 use crate::algorithm::Algorithm;
@@ -201,7 +201,35 @@ fn rule(
         }
     };
     let limit = limit(rate_limit, sink);
-    let name = match &rate_limit.value.name {
+    let name = rule_name(&rate_limit.value.name, names, sink);
+    let replaces = replaces(&rate_limit.value.replaces, name.as_deref(), sink);
+    let algorithm = algorithm(&rate_limit.value.algorithm, sink);
+    let lease = lease(rate_limit, limit.as_ref(), sink);
+    let shards = shards(rate_limit, limit.as_ref(), (cost, &raw.cost), lease, sink);
+    Some(RuleSpec {
+        limit: limit?,
+        name,
+        replaces,
+        shadow_mode: flag(&raw.shadow_mode),
+        detailed_metric: flag(&raw.detailed_metric),
+        metadata: raw.metadata.given().map(|m| m.value.clone()),
+        cost: cost.map_or(1, u64::from),
+        failure_mode,
+        algorithm,
+        burst_at: rate_limit.value.burst.given().map(|b| b.key_at),
+        lease,
+        lease_at: rate_limit.value.lease.given().map(|l| l.key_at),
+        shards,
+    })
+}
+
+/// `rate_limit.name`: non-empty and unique in its domain (`replaces` names it).
+fn rule_name(
+    field: &Field<String>,
+    names: &mut HashMap<String, Pos>,
+    sink: &mut Sink,
+) -> Option<String> {
+    match field {
         Field::Given(name) if name.value.is_empty() => {
             sink.error(name.at, "`rate_limit.name` must not be empty");
             None
@@ -223,40 +251,27 @@ fn rule(
             Some(name.value.clone())
         }
         _ => None,
-    };
-    let mut replaces = Vec::with_capacity(rate_limit.value.replaces.len());
-    for entry in &rate_limit.value.replaces {
+    }
+}
+
+/// `rate_limit.replaces`: each entry names another rule.
+fn replaces(entries: &[RawReplace], name: Option<&str>, sink: &mut Sink) -> Vec<String> {
+    let mut replaces = Vec::with_capacity(entries.len());
+    for entry in entries {
         match &entry.name {
             Field::Absent => sink.error(entry.at, "`replaces` entry is missing `name`"),
             Field::Invalid => {}
             Field::Given(target) if target.value.is_empty() => {
                 sink.error(target.at, "`replaces` entry has an empty `name`")
             }
-            Field::Given(target) if Some(&target.value) == name.as_ref() => sink.error(
+            Field::Given(target) if Some(target.value.as_str()) == name => sink.error(
                 target.at,
                 format!("rule `{}` cannot replace itself", target.value),
             ),
             Field::Given(target) => replaces.push(target.value.clone()),
         }
     }
-    let algorithm = algorithm(&rate_limit.value.algorithm, sink);
-    let lease = lease(rate_limit, limit.as_ref(), sink);
-    let shards = shards(rate_limit, limit.as_ref(), (cost, &raw.cost), lease, sink);
-    Some(RuleSpec {
-        limit: limit?,
-        name,
-        replaces,
-        shadow_mode: flag(&raw.shadow_mode),
-        detailed_metric: flag(&raw.detailed_metric),
-        metadata: raw.metadata.given().map(|m| m.value.clone()),
-        cost: cost.map_or(1, u64::from),
-        failure_mode,
-        algorithm,
-        burst_at: rate_limit.value.burst.given().map(|b| b.key_at),
-        lease,
-        lease_at: rate_limit.value.lease.given().map(|l| l.key_at),
-        shards,
-    })
+    replaces
 }
 
 /// `rate_limit.shards: N`: 2..=64, and the limit must split into N whole shards — N divides
