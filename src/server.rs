@@ -380,6 +380,22 @@ fn admin_router(
     .merge(crate::compat::router(readiness.clone()))
 }
 
+/// gRPC health for "" and the RLS service's name, starting at the readiness now.
+async fn grpc_health<B: Backend>(
+    reporter: tonic_health::server::HealthReporter,
+    readiness: &Readiness,
+) -> GrpcHealth {
+    let health = GrpcHealth {
+        reporter,
+        names: [
+            "",
+            <RateLimitServiceServer<RateLimitHandler<B>> as NamedService>::NAME,
+        ],
+    };
+    health.set(readiness.is_ready()).await;
+    health
+}
+
 /// Binds both listeners and runs the built parts until the stop signal, then drains.
 async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Running, ServeError> {
     let grpc_listener = bind(settings.grpc_addr).await?;
@@ -388,14 +404,7 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
     let admin_addr = local_addr(&admin_listener, settings.admin_addr)?;
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    let grpc_health = GrpcHealth {
-        reporter: health_reporter,
-        names: [
-            "",
-            <RateLimitServiceServer<RateLimitHandler<B>> as NamedService>::NAME,
-        ],
-    };
-    grpc_health.set(built.readiness.is_ready()).await;
+    let grpc_health = grpc_health::<B>(health_reporter, &built.readiness).await;
 
     let (stop, stop_rx) = watch::channel(false);
     let lease_sweeper = tokio::spawn(sweep_leases(

@@ -480,34 +480,7 @@ impl Report {
                 .unwrap_or_default();
             let _ = writeln!(out, "rule:        {}{name}", rule.path);
             let _ = writeln!(out, "source:      {}", rule.source);
-            match (&rule.bucket, rule.blocked) {
-                (None, Some(unit)) => {
-                    let _ = writeln!(out, "limit:       0 per {unit} (blocks every request)");
-                }
-                (None, None) => {
-                    let _ = writeln!(out, "limit:       unlimited");
-                }
-                (Some(b), _) => {
-                    let _ = writeln!(out, "limit:       {} per {}", b.requests_per_unit, b.unit);
-                    if let (Some(algorithm), Some(from)) = (rule.algorithm, rule.algorithm_from) {
-                        let _ = writeln!(out, "algorithm:   {algorithm} (from {from})");
-                        let _ = writeln!(out, "{}", shape_line(algorithm, b));
-                    }
-                    if let Some(lease) = b.lease {
-                        let _ = writeln!(
-                            out,
-                            "lease:       up to {lease} tokens per backend call, spent by this replica within --lease-lifetime"
-                        );
-                    }
-                    if let Some(s) = &b.shards {
-                        let _ = writeln!(
-                            out,
-                            "shards:      {} of {} per {} each (capacity {}), one slot each; a request is judged by one",
-                            s.count, s.requests_per_unit, b.unit, s.capacity
-                        );
-                    }
-                }
-            }
+            write_limit(&mut out, rule);
             let _ = writeln!(
                 out,
                 "shadow:      {}",
@@ -532,6 +505,38 @@ impl Report {
         }
         let _ = writeln!(out, "outcome:     {}", self.outcome);
         out
+    }
+}
+
+/// The `limit:` line and, for a bucket, its algorithm, shape, lease and shards lines.
+fn write_limit(out: &mut String, rule: &RuleView) {
+    match (&rule.bucket, rule.blocked) {
+        (None, Some(unit)) => {
+            let _ = writeln!(out, "limit:       0 per {unit} (blocks every request)");
+        }
+        (None, None) => {
+            let _ = writeln!(out, "limit:       unlimited");
+        }
+        (Some(b), _) => {
+            let _ = writeln!(out, "limit:       {} per {}", b.requests_per_unit, b.unit);
+            if let (Some(algorithm), Some(from)) = (rule.algorithm, rule.algorithm_from) {
+                let _ = writeln!(out, "algorithm:   {algorithm} (from {from})");
+                let _ = writeln!(out, "{}", shape_line(algorithm, b));
+            }
+            if let Some(lease) = b.lease {
+                let _ = writeln!(
+                    out,
+                    "lease:       up to {lease} tokens per backend call, spent by this replica within --lease-lifetime"
+                );
+            }
+            if let Some(s) = &b.shards {
+                let _ = writeln!(
+                    out,
+                    "shards:      {} of {} per {} each (capacity {}), one slot each; a request is judged by one",
+                    s.count, s.requests_per_unit, b.unit, s.capacity
+                );
+            }
+        }
     }
 }
 
