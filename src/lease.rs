@@ -41,14 +41,21 @@ pub struct LeaseOptions {
     pub lifetime_ms: u64,
 }
 
-impl Default for LeaseOptions {
-    /// `--lease-max-keys` and `--lease-lifetime` at their defaults.
-    fn default() -> Self {
-        let settings = crate::settings::Settings::defaults();
+impl From<&crate::settings::Settings> for LeaseOptions {
+    /// `--lease-max-keys` and `--lease-lifetime` as given (the server refuses a zero lifetime
+    /// before building the store).
+    fn from(settings: &crate::settings::Settings) -> Self {
         LeaseOptions {
             max_keys: usize::try_from(settings.lease_max_keys).unwrap_or(usize::MAX),
             lifetime_ms: u64::try_from(settings.lease_lifetime.as_millis()).unwrap_or(u64::MAX),
         }
+    }
+}
+
+impl Default for LeaseOptions {
+    /// `--lease-max-keys` and `--lease-lifetime` at their defaults.
+    fn default() -> Self {
+        LeaseOptions::from(&crate::settings::Settings::defaults())
     }
 }
 

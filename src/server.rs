@@ -303,8 +303,8 @@ async fn build<B: Backend>(
     }
     let metrics = store.metrics;
     let leases = Arc::new(LeaseStore::new(LeaseOptions {
-        max_keys: usize::try_from(settings.lease_max_keys).unwrap_or(usize::MAX),
         lifetime_ms: lease_lifetime_ms(settings)?,
+        ..LeaseOptions::from(settings)
     }));
     metrics.observe_leases(leases.clone());
     let limiter = Arc::new(

@@ -575,20 +575,21 @@ impl<'a> Sink<'a> {
     }
 
     pub(crate) fn warn(&mut self, at: Pos, message: impl Into<String>) {
-        self.warnings.push(Diagnostic {
-            file: self.file.to_owned(),
-            line: at.line,
-            column: at.column,
-            message: yaml::escape_controls(&message.into()),
-        });
+        let diagnostic = self.diagnostic(at, message.into());
+        self.warnings.push(diagnostic);
     }
 
     pub(crate) fn error(&mut self, at: Pos, message: impl Into<String>) {
-        self.out.push(Diagnostic {
+        let diagnostic = self.diagnostic(at, message.into());
+        self.out.push(diagnostic);
+    }
+
+    fn diagnostic(&self, at: Pos, message: String) -> Diagnostic {
+        Diagnostic {
             file: self.file.to_owned(),
             line: at.line,
             column: at.column,
-            message: yaml::escape_controls(&message.into()),
-        });
+            message: yaml::escape_controls(&message),
+        }
     }
 }
