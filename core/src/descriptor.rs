@@ -321,6 +321,75 @@ impl Level {
     }
 }
 
+/// Why an RLQS bucket id reaches no rule ([`Level::place`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unplaced {
+    /// Some entries could not all be placed on one path down the tree to a rule; `placed` is the
+    /// longest path found (entries in tree order), `left` the keys that found no level.
+    NoPath {
+        placed: Vec<Entry>,
+        left: Vec<String>,
+    },
+}
+
+impl Level {
+    /// Orders an RLQS `BucketId` (an unordered map) into the descriptor it stands for: at each
+    /// level, one not-yet-placed entry whose key a descriptor at that level names (and whose
+    /// value it matches) is placed, entries tried in key order, backtracking when a choice cannot
+    /// place the rest. Every entry must be placed and the last one must reach a rule, so a bucket
+    /// id reaches a rule exactly when some ordering of its entries would as an RLS descriptor,
+    /// and then the same rule (and so the same storage key). `entries` must have distinct keys,
+    /// sorted; the search is exponential only in the number of entries a level could take at
+    /// once, which callers bound.
+    pub fn place(&self, entries: &[Entry]) -> Result<(Vec<Entry>, Arc<Rule>), Unplaced> {
+        let mut path = Vec::with_capacity(entries.len());
+        let mut used = vec![false; entries.len()];
+        let mut best: Vec<Entry> = Vec::new();
+        if let Some(rule) = self.place_from(entries, &mut used, &mut path, &mut best) {
+            return Ok((path, rule));
+        }
+        let left = entries
+            .iter()
+            .filter(|e| !best.iter().any(|b| b.key == e.key))
+            .map(|e| e.key.clone())
+            .collect();
+        Err(Unplaced::NoPath { placed: best, left })
+    }
+
+    fn place_from(
+        &self,
+        entries: &[Entry],
+        used: &mut [bool],
+        path: &mut Vec<Entry>,
+        best: &mut Vec<Entry>,
+    ) -> Option<Arc<Rule>> {
+        for i in 0..entries.len() {
+            if used[i] {
+                continue;
+            }
+            let Some(node) = self.select(&entries[i]) else {
+                continue;
+            };
+            used[i] = true;
+            path.push(entries[i].clone());
+            if path.len() > best.len() {
+                best.clone_from(path);
+            }
+            let found = if path.len() == entries.len() {
+                node.rule.clone()
+            } else {
+                node.children.place_from(entries, used, path, best)
+            };
+            if found.is_some() {
+                return found;
+            }
+            path.pop();
+            used[i] = false;
+        }
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,6 +17,8 @@
 //!   directory into a compiled [`config::Config`].
 //! - [`explain`]: which rule a descriptor reaches (or why none), its bucket and storage key.
 //! - [`decision`]: what a decision says — per-descriptor statuses and the overall code.
+//! - [`quota`]: RLQS — a replica's prepaid pool per bucket, the data planes' shares, Envoy's
+//!   token-bucket strategies.
 
 pub mod algorithm;
 pub mod clock;
@@ -25,5 +27,6 @@ pub mod decision;
 pub mod descriptor;
 pub mod explain;
 pub mod key;
+pub mod quota;
 pub mod request;
 pub mod rule;

@@ -211,6 +211,16 @@ impl Domain {
         self.tree.explain(entries)
     }
 
+    /// The descriptor an RLQS bucket id stands for and the rule it reaches
+    /// ([`crate::descriptor::Level::place`]): the same rule, hence the same bucket, an RLS
+    /// descriptor with those entries in that order reaches.
+    pub fn place(
+        &self,
+        entries: &[Entry],
+    ) -> Result<(Vec<Entry>, Arc<Rule>), crate::descriptor::Unplaced> {
+        self.tree.place(entries)
+    }
+
     /// The source this domain was loaded from (the first one, when files are merged).
     pub fn file(&self) -> &str {
         &self.file

@@ -1,0 +1,425 @@
+//! One bucket's quota on one replica: the tokens it took from the shared bucket ahead of the
+//! data planes that enforce them, and each data plane's share.
+//!
+//! The prepaid contract: a data plane is never told it may admit a token that the pool has not
+//! already taken from the shared bucket. Each member's *exposure* is the worst case of what it
+//! may have admitted without reporting it, plus what its local bucket still holds: after a report
+//! at `t` it is at most the bucket's size, and it grows at the assigned rate until the assignment
+//! expires. A push (every push interval) re-plans every member's share, asks the shared bucket for
+//! what the plan needs beyond what the pool holds (or gives back what it holds beyond that),
+//! and only then assigns: `held >= Σ exposure until each expiry` after every push. A report
+//! spends what it says was admitted (`held -= allowed`) and tightens the member's exposure to
+//! what its bucket can still hold. A new strategy starts a fresh, full local bucket in Envoy, so
+//! a change is paid its full size; an unchanged one re-sent only extends the expiry.
+//!
+//! Over any span T, the data planes admit at most what the shared bucket gave (C + r·T) plus
+//! what the pools held when the span began: the grant slack, at most Σ (max_tokens + rate·ttl)
+//! over the members, plus requests admitted while a report was in flight. Admissions beyond a
+//! member's exposure (a data plane not enforcing, or on a failure policy's assignment) are charged
+//! when reported, as debt of at most one bucket capacity that later pushes pay first; anything
+//! beyond that is counted as slack.
+
+use std::collections::HashMap;
+
+use crate::algorithm::BucketParams;
+use crate::rule::FailureMode;
+
+use super::strategy::{Strategy, TokenBucket};
+
+/// Identifies one subscription (a stream × a bucket id) within a pool.
+pub type MemberId = u64;
+
+/// Push cadence and assignment shape, shared by every pool of a replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolOptions {
+    /// `assignment_time_to_live` of every assignment; longer than the push interval, so a data
+    /// plane whose sluice is gone falls back to its expired-assignment behaviour within it.
+    pub ttl_ms: u64,
+    /// A token bucket holds this much of its rate (`max_tokens`): the burst a data plane may admit
+    /// at once.
+    pub burst_ms: u64,
+}
+
+/// A current strategy within this fraction of the planned rate is kept as it is: re-sent
+/// unchanged it only extends, where a change would refill the data plane's bucket.
+const KEEP_WITHIN: f64 = 0.15;
+
+/// Weight of the newest demand sample in a member's estimate.
+const DEMAND_WEIGHT: f64 = 0.5;
+
+/// Reports closer together than this say nothing reliable about a rate.
+const MIN_SAMPLE_MS: u64 = 50;
+
+#[derive(Clone, Debug)]
+struct Member {
+    strategy: Option<Strategy>,
+    /// The strategy was paid from `held` (false before the first assignment and under a failure
+    /// policy's assignment, whose admissions are charged when reported).
+    prepaid: bool,
+    expires_ms: u64,
+    /// Exposure at `cap_at_ms`.
+    cap: f64,
+    cap_at_ms: u64,
+    /// Requests per second the data plane saw (allowed + denied), smoothed; `None` until two
+    /// reports give a rate.
+    demand_per_s: Option<f64>,
+    last_report_ms: Option<u64>,
+}
+
+impl Member {
+    fn new() -> Self {
+        Member {
+            strategy: None,
+            prepaid: false,
+            expires_ms: 0,
+            cap: 0.0,
+            cap_at_ms: 0,
+            demand_per_s: None,
+            last_report_ms: None,
+        }
+    }
+
+    /// Worst-case tokens admitted and not yet reported, or still in the local bucket, as of
+    /// `at_ms`. The assigned rate accrues only until the assignment expires.
+    fn exposure(&self, at_ms: u64) -> f64 {
+        let (true, Some(strategy)) = (self.prepaid, self.strategy) else {
+            return 0.0;
+        };
+        let until = at_ms.min(self.expires_ms).max(self.cap_at_ms);
+        self.cap + strategy.rate_per_ms() * (until - self.cap_at_ms) as f64
+    }
+
+    /// Whether re-sending `strategy` keeps the data plane's current local bucket.
+    fn keeps(&self, strategy: Strategy, now_ms: u64) -> bool {
+        self.prepaid && self.strategy == Some(strategy) && now_ms < self.expires_ms
+    }
+}
+
+/// What a push asks of the shared bucket for one pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ask {
+    /// Take up to this many tokens.
+    Take(u64),
+    /// Give this many back.
+    Refund(u64),
+    Nothing,
+}
+
+/// The shared bucket's answer to an [`Ask`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// Tokens taken (0 for [`Ask::Nothing`] or when none were left).
+    Granted(u64),
+    Refunded(u64),
+    /// The backend could not answer: the rule's failure policy assigns. `replicas` divides the
+    /// rule's rate under `local`.
+    Failed {
+        mode: FailureMode,
+        replicas: u64,
+    },
+}
+
+/// Effect of one report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reported {
+    /// Admissions beyond anything prepaid or chargeable (see the module docs).
+    pub slack: u64,
+}
+
+/// One bucket's quota on one replica.
+#[derive(Clone, Debug)]
+pub struct Pool {
+    params: BucketParams,
+    /// Tokens taken from the shared bucket and not yet reported spent; negative while reported
+    /// admissions are owed.
+    held: f64,
+    members: HashMap<MemberId, Member>,
+    /// The plan of the push in progress: each member's strategy, if the pool can pay it.
+    planned: Vec<(MemberId, Strategy)>,
+    /// Exposure of every member as of the push in progress (owed whatever is assigned).
+    fixed: f64,
+    need: f64,
+}
+
+impl Pool {
+    /// A pool for a rule of shape `params` (its capacity bounds the debt).
+    pub fn new(params: BucketParams) -> Self {
+        Pool {
+            params,
+            held: 0.0,
+            members: HashMap::new(),
+            planned: Vec::new(),
+            fixed: 0.0,
+            need: 0.0,
+        }
+    }
+
+    pub fn params(&self) -> BucketParams {
+        self.params
+    }
+
+    /// Whether `member` is subscribed.
+    pub fn contains(&self, member: MemberId) -> bool {
+        self.members.contains_key(&member)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Tokens held (negative: owed).
+    pub fn held(&self) -> f64 {
+        self.held
+    }
+
+    /// The strategy `member` was last assigned.
+    pub fn strategy(&self, member: MemberId) -> Option<Strategy> {
+        self.members.get(&member).and_then(|m| m.strategy)
+    }
+
+    /// The rule's rate in tokens per second.
+    fn rate_per_s(&self) -> f64 {
+        self.params.requests_per_unit as f64 * 1000.0 / self.params.unit_ms.max(1) as f64
+    }
+
+    /// Subscribes `member` (no assignment until the next push).
+    pub fn join(&mut self, member: MemberId) {
+        self.members.entry(member).or_insert_with(Member::new);
+    }
+
+    /// Unsubscribes `member` (its stream closed, or it was abandoned): whatever it may still admit
+    /// under its assignment is counted as spent, never given back.
+    pub fn leave(&mut self, member: MemberId) {
+        if let Some(m) = self.members.remove(&member) {
+            self.held -= m.exposure(m.expires_ms);
+        }
+    }
+
+    /// Applies one usage report of `member` at `now_ms`.
+    pub fn report(&mut self, member: MemberId, now_ms: u64, allowed: u64, denied: u64) -> Reported {
+        let capacity = self.params.capacity as f64;
+        let Some(m) = self.members.get_mut(&member) else {
+            return Reported::default();
+        };
+        let allowed_f = allowed as f64;
+        let mut slack = 0.0;
+        if m.prepaid {
+            let exposure = m.exposure(now_ms);
+            // Past the exposure the data plane admitted what it was not given (or requests that
+            // were in flight with the report): counted, and charged below like any admission.
+            slack += (allowed_f - exposure).max(0.0);
+            let burst = m.strategy.map_or(0.0, |s| s.burst());
+            m.cap = burst.min((exposure - allowed_f).max(0.0));
+            m.cap_at_ms = now_ms.max(m.cap_at_ms);
+        }
+        if let Some(last) = m.last_report_ms
+            && now_ms >= last + MIN_SAMPLE_MS
+        {
+            let sample = (allowed_f + denied as f64) * 1000.0 / (now_ms - last) as f64;
+            m.demand_per_s = Some(match m.demand_per_s {
+                Some(d) => d + DEMAND_WEIGHT * (sample - d),
+                None => sample,
+            });
+        }
+        m.last_report_ms = Some(now_ms);
+        self.held -= allowed_f;
+        if self.held < -capacity {
+            slack += -capacity - self.held;
+            self.held = -capacity;
+        }
+        Reported {
+            slack: slack.ceil() as u64,
+        }
+    }
+
+    /// Each member's planned rate (tokens per second): what it wants — twice its observed
+    /// demand, at least a twentieth of an even split; an even split before it has a rate — with
+    /// the rule's rate split max-min fairly when the wants exceed it: members wanting less than
+    /// an even part get what they want, the rest share what is left evenly.
+    fn shares(&self) -> Vec<(MemberId, f64)> {
+        let rate = self.rate_per_s();
+        let n = self.members.len().max(1) as f64;
+        let floor = rate / (20.0 * n);
+        let mut wants: Vec<(MemberId, f64)> = self
+            .members
+            .iter()
+            .map(|(id, m)| {
+                let want = m.demand_per_s.map_or(rate / n, |d| (2.0 * d).max(floor));
+                (*id, want)
+            })
+            .collect();
+        wants.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+        let mut left = rate;
+        let count = wants.len();
+        for (i, (_, want)) in wants.iter_mut().enumerate() {
+            let even = left / (count - i) as f64;
+            *want = want.min(even);
+            left -= *want;
+        }
+        wants
+    }
+
+    /// Plans a push at `now_ms`: every member's strategy, and what the pool must take from (or may
+    /// give back to) the shared bucket to pay for it. Follow with [`Pool::settle`].
+    pub fn plan(&mut self, now_ms: u64, options: &PoolOptions) -> Ask {
+        let ttl = options.ttl_ms as f64;
+        self.fixed = self.members.values().map(|m| m.exposure(now_ms)).sum();
+        self.planned.clear();
+        let mut future = 0.0;
+        for (id, share) in self.shares() {
+            let member = &self.members[&id];
+            let strategy = match member.strategy {
+                Some(Strategy::TokenBucket(current))
+                    if member.keeps(Strategy::TokenBucket(current), now_ms)
+                        && (share - current.rate_per_s()).abs()
+                            <= KEEP_WITHIN * current.rate_per_s() =>
+                {
+                    Strategy::TokenBucket(current)
+                }
+                _ => TokenBucket::for_rate(share, options.burst_ms)
+                    .map_or(Strategy::DenyAll, Strategy::TokenBucket),
+            };
+            future += cost(member, strategy, now_ms, ttl);
+            self.planned.push((id, strategy));
+        }
+        self.need = self.fixed + future;
+        let gap = self.need - self.held;
+        if gap > 0.0 {
+            Ask::Take(gap.ceil() as u64)
+        } else if gap <= -1.0 {
+            Ask::Refund((-gap).floor() as u64)
+        } else {
+            Ask::Nothing
+        }
+    }
+
+    /// Settles the push planned by [`Pool::plan`] with the shared bucket's answer, and returns
+    /// the assignments to send (none under the `error` policy: the current ones expire).
+    pub fn settle(
+        &mut self,
+        now_ms: u64,
+        options: &PoolOptions,
+        answer: Answer,
+    ) -> Vec<(MemberId, Strategy)> {
+        let planned = std::mem::take(&mut self.planned);
+        match answer {
+            Answer::Granted(tokens) => self.held += tokens as f64,
+            Answer::Refunded(tokens) => self.held -= tokens as f64,
+            Answer::Failed { mode, replicas } => {
+                return self.assign_unpaid(now_ms, options, mode, replicas);
+            }
+        }
+        let planned = if self.held + 1e-9 >= self.need {
+            planned
+        } else {
+            self.shrink(now_ms, options, &planned)
+        };
+        for (id, strategy) in &planned {
+            let m = self
+                .members
+                .get_mut(id)
+                .expect("planned members are members");
+            let fresh = if m.keeps(*strategy, now_ms) {
+                0.0
+            } else {
+                strategy.burst()
+            };
+            m.cap = m.exposure(now_ms) + fresh;
+            m.cap_at_ms = now_ms;
+            m.strategy = Some(*strategy);
+            m.prepaid = true;
+            m.expires_ms = now_ms + options.ttl_ms;
+        }
+        planned
+    }
+
+    /// The plan cut down to what the pool holds: what is left after every member's exposure is
+    /// split in proportion to the planned rates, each member's bucket sized to fit its part.
+    fn shrink(
+        &self,
+        now_ms: u64,
+        options: &PoolOptions,
+        planned: &[(MemberId, Strategy)],
+    ) -> Vec<(MemberId, Strategy)> {
+        let available = self.held - self.fixed;
+        let total_rate: f64 = planned.iter().map(|(_, s)| s.rate_per_ms()).sum();
+        let window = (options.burst_ms + options.ttl_ms).max(1) as f64;
+        planned
+            .iter()
+            .map(|(id, planned)| {
+                if available < 1.0 || total_rate <= 0.0 {
+                    return (*id, Strategy::DenyAll);
+                }
+                let part = available * planned.rate_per_ms() / total_rate;
+                // A fresh bucket costs max_tokens (≤ rate·burst + 1) plus rate·ttl.
+                let rate_per_s = (part - 1.0).max(0.0) * 1000.0 / window;
+                let strategy = TokenBucket::for_rate(rate_per_s, options.burst_ms)
+                    .map_or(Strategy::DenyAll, Strategy::TokenBucket);
+                let member = &self.members[id];
+                debug_assert!(cost(member, strategy, now_ms, options.ttl_ms as f64) <= part + 1e-6);
+                (*id, strategy)
+            })
+            .collect()
+    }
+
+    /// The failure policy's assignments, paid by no one: `open` admits all, `closed` denies all,
+    /// `local` gives each member its share of the rule's rate divided by the replicas, `error`
+    /// sends nothing.
+    fn assign_unpaid(
+        &mut self,
+        now_ms: u64,
+        options: &PoolOptions,
+        mode: FailureMode,
+        replicas: u64,
+    ) -> Vec<(MemberId, Strategy)> {
+        let shares = self.shares();
+        let rate = self.rate_per_s();
+        let total: f64 = shares.iter().map(|(_, s)| s).sum();
+        let mut assigned = Vec::with_capacity(shares.len());
+        for (id, share) in shares {
+            let strategy = match mode {
+                FailureMode::Error => return Vec::new(),
+                FailureMode::Open => Strategy::AllowAll,
+                FailureMode::Closed => Strategy::DenyAll,
+                FailureMode::Local => {
+                    let part = if total > 0.0 { share / total } else { 0.0 };
+                    let rate = rate / replicas.max(1) as f64 * part;
+                    TokenBucket::for_rate(rate, options.burst_ms)
+                        .map_or(Strategy::DenyAll, Strategy::TokenBucket)
+                }
+            };
+            let m = self.members.get_mut(&id).expect("shares are of members");
+            // What it was exposed to stays held until it reports; nothing new is prepaid.
+            m.prepaid = false;
+            m.strategy = Some(strategy);
+            m.expires_ms = now_ms + options.ttl_ms;
+            assigned.push((id, strategy));
+        }
+        assigned
+    }
+
+    /// Tokens the pool may give back once it has no members (`None` while it has any).
+    pub fn drain(&mut self) -> Option<u64> {
+        if !self.members.is_empty() {
+            return None;
+        }
+        let tokens = self.held.max(0.0).floor() as u64;
+        self.held -= tokens as f64;
+        Some(tokens)
+    }
+}
+
+/// What assigning `strategy` to `member` at `now_ms` adds to its exposure over the ttl: the
+/// rate for the ttl, plus a full bucket when it is not the one the data plane already has.
+fn cost(member: &Member, strategy: Strategy, now_ms: u64, ttl_ms: f64) -> f64 {
+    let fresh = if member.keeps(strategy, now_ms) {
+        0.0
+    } else {
+        strategy.burst()
+    };
+    fresh + strategy.rate_per_ms() * ttl_ms
+}

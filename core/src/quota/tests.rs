@@ -1,0 +1,350 @@
+//! The pool against a stepped model of the shared bucket and of Envoy data planes: whatever the
+//! demand, the data planes never admit a token the pool did not take first.
+
+use super::*;
+use crate::algorithm::BucketParams;
+use crate::rule::FailureMode;
+
+const OPTIONS: PoolOptions = PoolOptions {
+    ttl_ms: 600,
+    burst_ms: 200,
+};
+const PUSH_MS: u64 = 200;
+
+/// The shared bucket: a token bucket of `capacity` refilled at `rate` per ms.
+struct Shared {
+    tokens: f64,
+    capacity: f64,
+    rate_per_ms: f64,
+    at: u64,
+}
+
+impl Shared {
+    fn new(params: BucketParams) -> Self {
+        Shared {
+            tokens: params.capacity as f64,
+            capacity: params.capacity as f64,
+            rate_per_ms: params.requests_per_unit as f64 / params.unit_ms as f64,
+            at: 0,
+        }
+    }
+
+    fn refill(&mut self, now: u64) {
+        self.tokens = (self.tokens + (now - self.at) as f64 * self.rate_per_ms).min(self.capacity);
+        self.at = now;
+    }
+
+    /// A lease take: up to `n` whole tokens, as many as there are.
+    fn take(&mut self, now: u64, n: u64) -> u64 {
+        self.refill(now);
+        let got = (self.tokens.floor() as u64).min(n);
+        self.tokens -= got as f64;
+        got
+    }
+
+    fn give(&mut self, now: u64, n: u64) {
+        self.refill(now);
+        self.tokens = (self.tokens + n as f64).min(self.capacity);
+    }
+}
+
+/// One data plane enforcing its assignment as Envoy's filter does: a new token bucket starts
+/// full, the same one re-sent keeps its tokens, an expired or missing assignment denies.
+struct DataPlane {
+    id: MemberId,
+    strategy: Option<Strategy>,
+    tokens: f64,
+    at: u64,
+    expires: u64,
+    /// Requests offered per ms.
+    offered_per_ms: f64,
+    offered: f64,
+    allowed: u64,
+    denied: u64,
+    admitted_total: u64,
+}
+
+impl DataPlane {
+    fn new(id: MemberId, offered_per_s: f64) -> Self {
+        DataPlane {
+            id,
+            strategy: None,
+            tokens: 0.0,
+            at: 0,
+            expires: 0,
+            offered_per_ms: offered_per_s / 1000.0,
+            offered: 0.0,
+            allowed: 0,
+            denied: 0,
+            admitted_total: 0,
+        }
+    }
+
+    fn assign(&mut self, now: u64, strategy: Strategy) {
+        let keep = self.strategy == Some(strategy) && now < self.expires;
+        if !keep {
+            self.tokens = strategy.burst();
+        }
+        self.strategy = Some(strategy);
+        self.at = now;
+        self.expires = now + OPTIONS.ttl_ms;
+    }
+
+    fn step(&mut self, now: u64) {
+        if let Some(Strategy::TokenBucket(b)) = self.strategy {
+            let until = now.min(self.expires).max(self.at);
+            self.tokens = (self.tokens + (until - self.at) as f64 * b.rate_per_ms())
+                .min(f64::from(b.max_tokens));
+        }
+        self.at = now;
+        self.offered += self.offered_per_ms;
+        while self.offered >= 1.0 {
+            self.offered -= 1.0;
+            let admit = now < self.expires
+                && match self.strategy {
+                    Some(Strategy::AllowAll) => true,
+                    Some(Strategy::TokenBucket(_)) if self.tokens >= 1.0 => {
+                        self.tokens -= 1.0;
+                        true
+                    }
+                    _ => false,
+                };
+            if admit {
+                self.allowed += 1;
+                self.admitted_total += 1;
+            } else {
+                self.denied += 1;
+            }
+        }
+    }
+}
+
+struct Run {
+    admitted: u64,
+    taken_net: i64,
+    slack: u64,
+    per_plane: Vec<u64>,
+}
+
+/// Steps `planes` against one pool for `ms`, pushing every [`PUSH_MS`] and reporting every
+/// `report_ms`, and checks the prepaid invariant at every step.
+fn run(params: BucketParams, planes: &mut [DataPlane], report_ms: u64, ms: u64) -> Run {
+    let mut shared = Shared::new(params);
+    let mut pool = Pool::new(params);
+    let mut taken_net: i64 = 0;
+    let mut slack = 0;
+    for dp in planes.iter() {
+        pool.join(dp.id);
+    }
+    for now in 1..=ms {
+        for dp in planes.iter_mut() {
+            dp.step(now);
+        }
+        if now % report_ms == 0 {
+            for dp in planes.iter_mut() {
+                slack += pool.report(dp.id, now, dp.allowed, dp.denied).slack;
+                dp.allowed = 0;
+                dp.denied = 0;
+            }
+        }
+        if now % PUSH_MS == 0 {
+            let answer = match pool.plan(now, &OPTIONS) {
+                Ask::Take(n) => {
+                    let got = shared.take(now, n);
+                    taken_net += got as i64;
+                    Answer::Granted(got)
+                }
+                Ask::Refund(n) => {
+                    shared.give(now, n);
+                    taken_net -= n as i64;
+                    Answer::Refunded(n)
+                }
+                Ask::Nothing => Answer::Granted(0),
+            };
+            for (id, strategy) in pool.settle(now, &OPTIONS, answer) {
+                planes[id as usize].assign(now, strategy);
+            }
+        }
+        let admitted: u64 = planes.iter().map(|d| d.admitted_total).sum();
+        assert!(
+            admitted as i64 <= taken_net,
+            "at {now} ms the data planes admitted {admitted} but the pool took only {taken_net}"
+        );
+    }
+    Run {
+        admitted: planes.iter().map(|d| d.admitted_total).sum(),
+        taken_net,
+        slack,
+        per_plane: planes.iter().map(|d| d.admitted_total).collect(),
+    }
+}
+
+fn per_second(n: u64) -> BucketParams {
+    BucketParams {
+        capacity: n,
+        requests_per_unit: n,
+        unit_ms: 1000,
+    }
+}
+
+#[test]
+fn over_demand_is_held_to_the_rule_and_every_admission_was_paid_first() {
+    let params = per_second(100);
+    let mut planes: Vec<DataPlane> = (0..3).map(|i| DataPlane::new(i, 200.0)).collect();
+    let r = run(params, &mut planes, 1000, 20_000);
+    // The bucket's own bound over 20 s: C + r·T.
+    let bound = 100 + 100 * 20;
+    assert!(r.admitted <= bound, "admitted {} > {bound}", r.admitted);
+    // Demand is 6x the rate: the data planes get most of it.
+    assert!(
+        r.admitted >= bound * 7 / 10,
+        "admitted only {} of {bound}",
+        r.admitted
+    );
+    assert_eq!(r.slack, 0);
+    assert!(r.taken_net as u64 >= r.admitted);
+}
+
+#[test]
+fn the_rate_is_split_by_reported_demand() {
+    let params = per_second(100);
+    let mut planes = vec![
+        DataPlane::new(0, 150.0),
+        DataPlane::new(1, 150.0),
+        DataPlane::new(2, 10.0),
+    ];
+    let r = run(params, &mut planes, 500, 30_000);
+    // The quiet data plane gets what it asks (10/s over 30 s) or close to it; the two busy ones
+    // share the rest evenly.
+    assert!(
+        r.per_plane[2] >= 200,
+        "quiet plane admitted {:?}",
+        r.per_plane
+    );
+    let (a, b) = (r.per_plane[0] as f64, r.per_plane[1] as f64);
+    assert!(
+        (a - b).abs() / a.max(b) < 0.2,
+        "busy planes {:?}",
+        r.per_plane
+    );
+    assert!(r.admitted <= 100 + 100 * 30);
+}
+
+#[test]
+fn under_demand_everyone_is_admitted_and_unused_grants_go_back() {
+    let params = per_second(100);
+    let mut planes: Vec<DataPlane> = (0..2).map(|i| DataPlane::new(i, 20.0)).collect();
+    let r = run(params, &mut planes, 1000, 10_000);
+    // 40/s offered of 100/s: everything after the first assignment is admitted.
+    assert!(r.admitted >= 2 * 20 * 9, "admitted {}", r.admitted);
+    // What the pool still holds is the documented grant slack — each plane's bucket and ttl at
+    // twice its demand (40/s: 8 tokens + 40/s · 0.6 s) — not the rule's rate.
+    let slack_bound = 2 * (8 + 24);
+    let held = r.taken_net - r.admitted as i64;
+    assert!(held <= slack_bound, "held {held} > {slack_bound}");
+}
+
+#[test]
+fn a_failure_policy_assigns_without_paying() {
+    let params = per_second(100);
+    let mut pool = Pool::new(params);
+    pool.join(1);
+    pool.join(2);
+    for (mode, expect) in [
+        (FailureMode::Open, Some(Strategy::AllowAll)),
+        (FailureMode::Closed, Some(Strategy::DenyAll)),
+        (FailureMode::Error, None),
+    ] {
+        let _ = pool.plan(1000, &OPTIONS);
+        let assigned = pool.settle(1000, &OPTIONS, Answer::Failed { mode, replicas: 2 });
+        assert_eq!(assigned.first().map(|(_, s)| *s), expect, "{mode:?}");
+    }
+    let _ = pool.plan(1000, &OPTIONS);
+    let assigned = pool.settle(
+        1000,
+        &OPTIONS,
+        Answer::Failed {
+            mode: FailureMode::Local,
+            replicas: 2,
+        },
+    );
+    // 100/s over 2 replicas, split evenly between the two members.
+    let rates: Vec<f64> = assigned
+        .iter()
+        .map(|(_, s)| s.rate_per_ms() * 1000.0)
+        .collect();
+    assert_eq!(rates, vec![25.0, 25.0]);
+    assert_eq!(pool.held(), 0.0);
+}
+
+#[test]
+fn an_empty_bucket_denies_until_it_refills_and_debt_is_paid_first() {
+    let params = per_second(10);
+    let mut pool = Pool::new(params);
+    pool.join(7);
+    // Before any assignment the data plane admitted 25 on its no-assignment behaviour.
+    assert_eq!(
+        pool.report(7, 100, 25, 0).slack,
+        15,
+        "owed beyond one capacity is slack"
+    );
+    assert_eq!(pool.held(), -10.0);
+    let Ask::Take(n) = pool.plan(200, &OPTIONS) else {
+        panic!("a pool in debt takes")
+    };
+    assert!(n > 10);
+    // The shared bucket had only the debt.
+    let assigned = pool.settle(200, &OPTIONS, Answer::Granted(10));
+    assert_eq!(assigned, vec![(7, Strategy::DenyAll)]);
+    assert_eq!(pool.held(), 0.0);
+}
+
+#[test]
+fn leaving_spends_what_the_member_may_still_admit_and_an_empty_pool_drains() {
+    let params = per_second(100);
+    let mut pool = Pool::new(params);
+    pool.join(1);
+    let Ask::Take(n) = pool.plan(0, &OPTIONS) else {
+        panic!("a new member needs tokens")
+    };
+    pool.settle(0, &OPTIONS, Answer::Granted(n));
+    assert_eq!(pool.drain(), None);
+    let held = pool.held();
+    pool.leave(1);
+    assert!(pool.held() < 1.0, "held {held} → {}", pool.held());
+    assert_eq!(pool.drain(), Some(0));
+}
+
+#[test]
+fn a_bucket_id_is_read_as_the_descriptor_whose_order_reaches_a_rule() {
+    use crate::descriptor::Unplaced;
+    use crate::request::Entry;
+    let yaml = "domain: mesh
+descriptors:
+  - key: tenant
+    descriptors:
+      - key: path
+        value: /api*
+        rate_limit: {unit: second, requests_per_unit: 5}
+  - key: path
+    rate_limit: {unit: minute, requests_per_unit: 7}
+";
+    let config = crate::config::load_sources(&[("q.yaml".into(), yaml.into())]).unwrap();
+    let domain = config.domain("mesh").unwrap();
+    // Sorted by key, as the service hands them over: `path` first, yet `tenant` is the level the
+    // tree starts with, so the search backtracks.
+    let bucket = [Entry::new("path", "/api/v1"), Entry::new("tenant", "acme")];
+    let (descriptor, rule) = domain.place(&bucket).unwrap();
+    assert_eq!(descriptor, vec![bucket[1].clone(), bucket[0].clone()]);
+    assert_eq!(rule.path, domain.find(&descriptor).unwrap().path);
+    assert_eq!(rule.limit, domain.find(&descriptor).unwrap().limit);
+    // A single entry reaches the top-level `path` rule.
+    let (_, rule) = domain.place(&[Entry::new("path", "/x")]).unwrap();
+    assert!(rule.path.contains("path"), "{}", rule.path);
+    // An entry no level names leaves the bucket without a rule, and says which.
+    let unplaced = domain
+        .place(&[Entry::new("env", "prod"), Entry::new("tenant", "acme")])
+        .unwrap_err();
+    let Unplaced::NoPath { left, .. } = unplaced;
+    assert_eq!(left, vec!["env".to_string()]);
+}
