@@ -26,6 +26,8 @@
 //! - [`dynamic_metadata`]: envoyproxy/ratelimit's `RateLimitResponse.dynamic_metadata`.
 //! - [`service`]: the gRPC entry point (`ShouldRateLimit`): protobuf in, decide, protobuf +
 //!   headers out.
+//! - [`quota`]: the Rate Limit Quota Service (RLQS, `StreamRateLimitQuotas`): prepaid
+//!   assignments per data plane over the same rules and buckets.
 //! - [`admin`]: HTTP admin — health, readiness, active config, metrics.
 //! - [`telemetry`]: metrics (OpenTelemetry SDK: Prometheus `/metrics`, OTLP push), traces
 //!   (OTLP, W3C `traceparent`), logs (stderr, text or JSON).
@@ -47,6 +49,7 @@ pub mod config;
 pub mod dynamic_metadata;
 pub mod lease;
 pub mod limiter;
+pub mod quota;
 pub mod resilience;
 pub mod runtime;
 pub mod security;

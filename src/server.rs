@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -22,6 +23,7 @@ use crate::config::reload::ReloadOptions;
 use crate::config::{self, Config, ConfigErrors, ConfigStore};
 use crate::lease::{LeaseOptions, LeaseStore};
 use crate::limiter::{Limiter, LimiterOptions};
+use crate::quota::{QuotaHandler, QuotaOptions, Quotas};
 use crate::resilience::in_flight::InFlight;
 use crate::resilience::local::Replicas;
 use crate::resilience::{self, Resilience, ResilienceOptions};
@@ -259,6 +261,8 @@ struct Built<B: Backend> {
     metrics: Metrics,
     /// The `RateLimitService` over `limiter`.
     service: RateLimitHandler<B>,
+    /// The RLQS side over the same limiter.
+    quotas: Arc<Quotas<B>>,
     /// Health, readiness, config, metrics, explain and the envoyproxy/ratelimit routes.
     admin: axum::Router,
     tls: Option<Arc<TlsState>>,
@@ -322,6 +326,8 @@ async fn build<B: Backend>(
         HeaderOptions::from(settings),
     )
     .with_metrics(metrics.clone());
+    let quotas = Arc::new(Quotas::new(limiter.clone(), QuotaOptions::from(settings)));
+    metrics.observe_quota(quotas.stats().clone());
     let admin = admin_router(settings, &config, &readiness, &metrics);
     Ok(Built {
         config,
@@ -330,6 +336,7 @@ async fn build<B: Backend>(
         limiter,
         metrics,
         service,
+        quotas,
         admin,
         tls,
         breakers,
@@ -390,6 +397,7 @@ async fn grpc_health<B: Backend>(
         names: [
             "",
             <RateLimitServiceServer<RateLimitHandler<B>> as NamedService>::NAME,
+            <RateLimitQuotaServiceServer<QuotaHandler<B>> as NamedService>::NAME,
         ],
     };
     health.set(readiness.is_ready()).await;
@@ -421,6 +429,8 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
         stop_rx.clone(),
     );
     let admin_task = spawn_admin(admin_listener, built.admin, stop_rx.clone());
+    tokio::spawn(built.quotas.clone().run(stop_rx.clone()));
+    let rlqs = QuotaHandler::new(built.quotas).into_server(settings.max_message_bytes);
 
     let rls = RateLimitServer::new(built.service)
         .max_request_bytes(settings.max_message_bytes)
@@ -439,6 +449,7 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
         .layer(AuthorizeLayer::new(enforces_allow_list))
         .add_service(health_service)
         .add_service(rls)
+        .add_service(rlqs)
         .serve_with_incoming_shutdown(
             incoming,
             stopped(stop_rx.clone(), built.readiness.clone(), grpc_health),
@@ -596,7 +607,7 @@ async fn sweep_leases<B: Backend>(
 #[derive(Clone)]
 struct GrpcHealth {
     reporter: tonic_health::server::HealthReporter,
-    names: [&'static str; 2],
+    names: [&'static str; 3],
 }
 
 impl GrpcHealth {

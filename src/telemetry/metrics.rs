@@ -29,6 +29,7 @@ use crate::clock::Stopwatch;
 use crate::config::{Config, ConfigStore};
 use crate::decision::Decision;
 use crate::lease::LeaseStore;
+use crate::quota::{Ignored, QuotaStats};
 use crate::request::LimitRequest;
 use crate::security::listener::{ConnectionStats, Refusal};
 use crate::settings::{BackendKind, OtlpSettings, Settings};
@@ -166,6 +167,7 @@ struct Shared {
     redis_timeout: Option<Duration>,
     leases: Mutex<Option<Arc<LeaseStore>>>,
     connections: Mutex<Option<Arc<ConnectionStats>>>,
+    quota: Mutex<Option<Arc<QuotaStats>>>,
 }
 
 const REDIS_ERROR_KINDS: [&str; 5] = [
@@ -255,6 +257,7 @@ impl Metrics {
             redis_timeout: options.redis_timeout,
             leases: Mutex::new(None),
             connections: Mutex::new(None),
+            quota: Mutex::new(None),
         });
         register_observables(&meter, &shared);
         let response_time = meter
@@ -345,6 +348,13 @@ impl Metrics {
     pub fn observe_leases(&self, store: Arc<LeaseStore>) {
         if let Some(inner) = &self.0 {
             *lock(&inner.shared.leases) = Some(store);
+        }
+    }
+
+    /// Feeds the `sluice_quota_*` metrics from the RLQS side's counts.
+    pub fn observe_quota(&self, stats: Arc<QuotaStats>) {
+        if let Some(inner) = &self.0 {
+            *lock(&inner.shared.quota) = Some(stats);
         }
     }
 
@@ -648,6 +658,62 @@ const OBSERVABLES: &[Observable] = &[
         }),
     },
     Observable {
+        name: "sluice_quota_streams_open",
+        description: "Open RLQS streams (StreamRateLimitQuotas), one per data plane and domain",
+        reading: Reading::Gauge(|s, points| read_quota(s, QuotaStats::streams, points)),
+    },
+    Observable {
+        name: "sluice_quota_buckets_subscribed",
+        description: "RLQS bucket ids subscribed on this replica's open streams",
+        reading: Reading::Gauge(|s, points| read_quota(s, QuotaStats::subscriptions, points)),
+    },
+    Observable {
+        name: "sluice_quota_assignments_sent_total",
+        description: "RLQS bucket actions sent, by kind: allow_all, deny_all, token_bucket (each push re-sends a data plane's current one to extend it), abandon",
+        reading: Reading::Counter(|s, points| {
+            if let Some(stats) = lock(&s.quota).as_ref() {
+                for kind in QuotaStats::ACTION_KINDS {
+                    points(stats.sent(kind), &[KeyValue::new("kind", kind)]);
+                }
+            }
+        }),
+    },
+    Observable {
+        name: "sluice_quota_reported_requests_total",
+        description: "Requests the data planes reported, by result (allowed, denied)",
+        reading: Reading::Counter(|s, points| {
+            if let Some(stats) = lock(&s.quota).as_ref() {
+                points(
+                    stats.reported_allowed(),
+                    &[KeyValue::new("result", "allowed")],
+                );
+                points(
+                    stats.reported_denied(),
+                    &[KeyValue::new("result", "denied")],
+                );
+            }
+        }),
+    },
+    Observable {
+        name: "sluice_quota_grant_slack_total",
+        description: "Requests the data planes reported admitting beyond what was prepaid for them (in flight with a report, a failure policy's assignment, a data plane not enforcing), past one bucket capacity of debt",
+        reading: Reading::Counter(|s, points| read_quota(s, QuotaStats::slack, points)),
+    },
+    Observable {
+        name: "sluice_quota_reports_ignored_total",
+        description: "RLQS bucket reports ignored, by reason: too_many_buckets (--quota-max-buckets-per-stream), invalid_bucket (empty, too many entries, empty or oversized key or value), absurd_count",
+        reading: Reading::Counter(|s, points| {
+            if let Some(stats) = lock(&s.quota).as_ref() {
+                for reason in Ignored::ALL {
+                    points(
+                        stats.ignored(reason),
+                        &[KeyValue::new("reason", reason.as_str())],
+                    );
+                }
+            }
+        }),
+    },
+    Observable {
         name: "sluice_memory_buckets_refused_total",
         description: "New buckets the memory backend had no room for (--memory-max-buckets or the rule's --memory-max-buckets-per-rule reached, every bucket still counting): their hits were answered by the rule's failure policy",
         reading: Reading::Counter(|s, points| {
@@ -676,6 +742,13 @@ const OBSERVABLES: &[Observable] = &[
         }),
     },
 ];
+
+/// A `sluice_quota_*` value, once the RLQS side is observed.
+fn read_quota(s: &Shared, read: fn(&QuotaStats) -> u64, points: Points<'_, u64>) {
+    if let Some(stats) = lock(&s.quota).as_ref() {
+        points(read(stats), &[]);
+    }
+}
 
 /// A `sluice_lease_*` counter, once the limiter's lease store is observed.
 fn read_leases(s: &Shared, read: fn(&LeaseStore) -> u64, points: Points<'_, u64>) {

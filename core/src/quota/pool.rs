@@ -158,6 +158,11 @@ impl Pool {
         self.params
     }
 
+    /// A reloaded rule's shape; the next push plans with it.
+    pub fn set_params(&mut self, params: BucketParams) {
+        self.params = params;
+    }
+
     /// Whether `member` is subscribed.
     pub fn contains(&self, member: MemberId) -> bool {
         self.members.contains_key(&member)
@@ -305,7 +310,9 @@ impl Pool {
         options: &PoolOptions,
         answer: Answer,
     ) -> Vec<(MemberId, Strategy)> {
-        let planned = std::mem::take(&mut self.planned);
+        let mut planned = std::mem::take(&mut self.planned);
+        // Members that left while the backend was asked are out of the plan.
+        planned.retain(|(id, _)| self.members.contains_key(id));
         match answer {
             Answer::Granted(tokens) => self.held += tokens as f64,
             Answer::Refunded(tokens) => self.held -= tokens as f64,

@@ -1,0 +1,731 @@
+//! The Rate Limit Quota Service (RLQS): the limiter's rules enforced inside the data planes.
+//!
+//! A data plane (Envoy's `rate_limit_quota` filter, a proxyless gRPC server) holds one stream
+//! open and reports, per bucket id, what it admitted and denied; [`Quotas`] answers with
+//! assignments it has already paid for from the shared bucket (`sluice_core::quota::pool` states
+//! the contract and the bound). One request path, in hops:
+//!
+//! 1. `service.rs` (the tonic adapter) validates each report and calls [`Quotas::report`];
+//! 2. the first report of a bucket id subscribes it: [`sluice_core::config::Domain::place`]
+//!    finds its rule and storage key — the key an RLS descriptor of the same entries charges —
+//!    and the subscription joins that key's [`Pool`] (a rule-less, unlimited, shadow or blocking
+//!    bucket gets a standing ALLOW_ALL or DENY_ALL instead);
+//! 3. every push interval [`Quotas::push`] plans each pool, asks the backend for all of them in
+//!    one call, settles and sends each stream its assignments (a rule's failure policy assigns
+//!    where the backend failed); subscriptions that stopped reporting, or whose rule a reload
+//!    removed, are abandoned.
+
+mod service;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::{Notify, mpsc, watch};
+
+use crate::algorithm::{Demand, Verdict};
+use crate::backend::{Backend, BackendError, Hit};
+use crate::config::Config;
+use crate::key::{RuleTag, write_shared_bucket_key};
+use crate::limiter::Limiter;
+use crate::request::Entry;
+use crate::rule::{FailureMode, Limit, Rule};
+use crate::settings::Settings;
+use sluice_core::quota::{Answer, Ask, MemberId, Pool, PoolOptions, Strategy};
+
+pub use service::QuotaHandler;
+
+/// A bucket id as the data plane sent it (sorted by key).
+pub type BucketId = Arc<BTreeMap<String, String>>;
+
+/// `--quota-*` settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuotaOptions {
+    pub push_interval: Duration,
+    pub pool: PoolOptions,
+    /// A subscription with no report for this long is abandoned.
+    pub idle_timeout: Duration,
+    pub max_buckets_per_stream: usize,
+    pub max_bucket_entries: usize,
+}
+
+impl From<&Settings> for QuotaOptions {
+    fn from(settings: &Settings) -> Self {
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        QuotaOptions {
+            push_interval: settings.quota_push_interval,
+            pool: PoolOptions {
+                ttl_ms: ms(settings.quota_assignment_ttl),
+                burst_ms: ms(settings.quota_push_interval),
+            },
+            idle_timeout: settings.quota_idle_timeout,
+            max_buckets_per_stream: usize::try_from(settings.quota_max_buckets_per_stream)
+                .unwrap_or(usize::MAX),
+            max_bucket_entries: usize::try_from(settings.quota_max_bucket_entries)
+                .unwrap_or(usize::MAX),
+        }
+    }
+}
+
+impl Default for QuotaOptions {
+    fn default() -> Self {
+        QuotaOptions::from(&Settings::defaults())
+    }
+}
+
+/// One instruction for one bucket of a stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// `ttl: None` — no expiry (standing assignments that only a reload changes).
+    Assign {
+        bucket: BucketId,
+        strategy: Strategy,
+        ttl: Option<Duration>,
+    },
+    Abandon {
+        bucket: BucketId,
+    },
+}
+
+/// Why a report (or one bucket of it) was not taken into account.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ignored {
+    /// The stream already has `--quota-max-buckets-per-stream` buckets.
+    TooManyBuckets,
+    /// More entries than `--quota-max-bucket-entries`, or an empty key or value.
+    InvalidBucket,
+    /// A count no data plane could have reached in one reporting interval.
+    AbsurdCount,
+}
+
+impl Ignored {
+    pub const ALL: [Ignored; 3] = [
+        Ignored::TooManyBuckets,
+        Ignored::InvalidBucket,
+        Ignored::AbsurdCount,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Ignored::TooManyBuckets => "too_many_buckets",
+            Ignored::InvalidBucket => "invalid_bucket",
+            Ignored::AbsurdCount => "absurd_count",
+        }
+    }
+}
+
+/// Counts read by the `sluice_quota_*` metrics.
+#[derive(Debug, Default)]
+pub struct QuotaStats {
+    streams: AtomicU64,
+    subscriptions: AtomicU64,
+    /// allow_all, deny_all, token_bucket, abandon.
+    sent: [AtomicU64; 4],
+    reported_allowed: AtomicU64,
+    reported_denied: AtomicU64,
+    slack: AtomicU64,
+    ignored: [AtomicU64; 3],
+}
+
+impl QuotaStats {
+    pub const ACTION_KINDS: [&'static str; 4] =
+        ["allow_all", "deny_all", "token_bucket", "abandon"];
+
+    pub fn streams(&self) -> u64 {
+        self.streams.load(Ordering::Relaxed)
+    }
+    pub fn subscriptions(&self) -> u64 {
+        self.subscriptions.load(Ordering::Relaxed)
+    }
+    /// Assignments sent of `kind` (one of [`QuotaStats::ACTION_KINDS`]).
+    pub fn sent(&self, kind: &str) -> u64 {
+        Self::ACTION_KINDS
+            .iter()
+            .position(|k| *k == kind)
+            .map_or(0, |i| self.sent[i].load(Ordering::Relaxed))
+    }
+    pub fn reported_allowed(&self) -> u64 {
+        self.reported_allowed.load(Ordering::Relaxed)
+    }
+    pub fn reported_denied(&self) -> u64 {
+        self.reported_denied.load(Ordering::Relaxed)
+    }
+    /// Tokens admitted beyond what was prepaid or could be charged.
+    pub fn slack(&self) -> u64 {
+        self.slack.load(Ordering::Relaxed)
+    }
+    pub fn ignored(&self, reason: Ignored) -> u64 {
+        self.ignored[reason as usize].load(Ordering::Relaxed)
+    }
+
+    fn count_sent(&self, action: &Action) {
+        let i = match action {
+            Action::Assign { strategy, .. } => match strategy {
+                Strategy::AllowAll => 0,
+                Strategy::DenyAll => 1,
+                Strategy::TokenBucket(_) => 2,
+            },
+            Action::Abandon { .. } => 3,
+        };
+        self.sent[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_ignored(&self, reason: Ignored) {
+        self.ignored[reason as usize].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+type StreamId = u64;
+
+/// Where a subscription's assignments come from.
+#[derive(Clone, Debug, PartialEq)]
+enum Binding {
+    /// The pool of a storage key.
+    Pool(PoolBinding),
+    /// A standing assignment: no rule, `unlimited`, shadow mode (ALLOW_ALL), a blocking
+    /// `requests_per_unit: 0` rule (DENY_ALL).
+    Standing(Strategy),
+}
+
+/// A bucket's storage key and the rule that shapes it. Equal when the key is: a reload that keeps
+/// the key keeps the subscription (and its pool takes the rule's new shape).
+#[derive(Clone, Debug)]
+struct PoolBinding {
+    key: String,
+    rule: Arc<Rule>,
+    failure_mode: FailureMode,
+}
+
+impl PartialEq for PoolBinding {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key
+    }
+}
+
+struct Subscription {
+    member: MemberId,
+    binding: Binding,
+    last_report_ms: u64,
+}
+
+struct Stream {
+    domain: String,
+    outbox: mpsc::Sender<Vec<Action>>,
+    buckets: HashMap<BucketId, Subscription>,
+}
+
+/// One storage key's pool and who is in it.
+struct PoolEntry {
+    pool: Pool,
+    rule: Arc<Rule>,
+    failure_mode: FailureMode,
+    members: HashMap<MemberId, (StreamId, BucketId)>,
+    /// A window rule's last refused take: ask no more than this next time (a window's count
+    /// cannot give a part of a take).
+    take_limit: Option<u64>,
+}
+
+impl PoolEntry {
+    /// Takes a reloaded rule's limit and failure mode; members and held tokens stay.
+    fn reshape(&mut self, binding: &PoolBinding) {
+        if let Limit::Bucket(rate) = binding.rule.limit {
+            self.pool.set_params(rate.bucket());
+        }
+        self.rule = binding.rule.clone();
+        self.failure_mode = binding.failure_mode;
+        self.take_limit = None;
+    }
+}
+
+#[derive(Default)]
+struct State {
+    streams: HashMap<StreamId, Stream>,
+    pools: HashMap<String, PoolEntry>,
+    next_id: u64,
+    /// The config the subscriptions were bound with (a reload rebinds them).
+    config: Option<Arc<Config>>,
+}
+
+/// Messages a stream may have queued before pushes to it are skipped (the next push re-sends
+/// every assignment, so a slow reader loses nothing but time).
+const OUTBOX: usize = 16;
+
+/// A reported count above this in one report is not a count (2^40: over a trillion requests).
+const ABSURD_COUNT: u64 = 1 << 40;
+
+/// The RLQS side of one replica, over the limiter's config, backend and failure policies.
+pub struct Quotas<B> {
+    limiter: Arc<Limiter<B>>,
+    options: QuotaOptions,
+    state: Mutex<State>,
+    wake: Notify,
+    stats: Arc<QuotaStats>,
+}
+
+impl<B: Backend> Quotas<B> {
+    pub fn new(limiter: Arc<Limiter<B>>, options: QuotaOptions) -> Self {
+        Quotas {
+            limiter,
+            options,
+            state: Mutex::new(State::default()),
+            wake: Notify::new(),
+            stats: Arc::new(QuotaStats::default()),
+        }
+    }
+
+    pub fn stats(&self) -> &Arc<QuotaStats> {
+        &self.stats
+    }
+
+    pub fn options(&self) -> &QuotaOptions {
+        &self.options
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.limiter.resilience().clock.now_ms()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Opens a stream for `domain`: its id, and where its assignments arrive.
+    pub fn open(&self, domain: &str) -> (StreamId, mpsc::Receiver<Vec<Action>>) {
+        let (outbox, inbox) = mpsc::channel(OUTBOX);
+        let mut state = self.lock();
+        state.next_id += 1;
+        let id = state.next_id;
+        state.streams.insert(
+            id,
+            Stream {
+                domain: domain.to_owned(),
+                outbox,
+                buckets: HashMap::new(),
+            },
+        );
+        self.stats.streams.fetch_add(1, Ordering::Relaxed);
+        (id, inbox)
+    }
+
+    /// Closes a stream: its subscriptions leave their pools, what they may still admit counted
+    /// as spent.
+    pub fn close(&self, stream: StreamId) {
+        let mut state = self.lock();
+        let Some(s) = state.streams.remove(&stream) else {
+            return;
+        };
+        self.stats.streams.fetch_sub(1, Ordering::Relaxed);
+        for sub in s.buckets.into_values() {
+            leave(&mut state.pools, &sub, &self.stats);
+        }
+    }
+
+    /// Ends every stream (the server is stopping): the data planes keep their assignments until
+    /// they expire and reconnect to another replica.
+    pub fn close_all(&self) {
+        let ids: Vec<StreamId> = self.lock().streams.keys().copied().collect();
+        for id in ids {
+            self.close(id);
+        }
+    }
+
+    /// One bucket's usage report on `stream`; the first one subscribes the bucket.
+    pub fn report(&self, stream: StreamId, bucket: BucketId, allowed: u64, denied: u64) {
+        if allowed > ABSURD_COUNT || denied > ABSURD_COUNT {
+            self.stats.count_ignored(Ignored::AbsurdCount);
+            return;
+        }
+        let now = self.now_ms();
+        let config = self.limiter.config().load_full();
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        if state.config.is_none() {
+            state.config = Some(config.clone());
+        }
+        let Some(s) = state.streams.get_mut(&stream) else {
+            return;
+        };
+        if !s.buckets.contains_key(&bucket) {
+            if s.buckets.len() >= self.options.max_buckets_per_stream {
+                self.stats.count_ignored(Ignored::TooManyBuckets);
+                return;
+            }
+            state.next_id += 1;
+            let member = state.next_id;
+            let binding = self.bind(&config, &s.domain, &bucket);
+            let sub = Subscription {
+                member,
+                binding,
+                last_report_ms: now,
+            };
+            match &sub.binding {
+                Binding::Standing(strategy) => {
+                    let action = Action::Assign {
+                        bucket: bucket.clone(),
+                        strategy: *strategy,
+                        ttl: None,
+                    };
+                    self.stats.count_sent(&action);
+                    let _ = s.outbox.try_send(vec![action]);
+                }
+                Binding::Pool(binding) => {
+                    join(&mut state.pools, binding, &bucket, member, stream);
+                    self.wake.notify_one();
+                }
+            }
+            s.buckets.insert(bucket.clone(), sub);
+            self.stats.subscriptions.fetch_add(1, Ordering::Relaxed);
+        }
+        let sub = s.buckets.get_mut(&bucket).expect("subscribed above");
+        sub.last_report_ms = now;
+        self.stats
+            .reported_allowed
+            .fetch_add(allowed, Ordering::Relaxed);
+        self.stats
+            .reported_denied
+            .fetch_add(denied, Ordering::Relaxed);
+        if let Binding::Pool(binding) = &sub.binding
+            && let Some(entry) = state.pools.get_mut(&binding.key)
+        {
+            let reported = entry.pool.report(sub.member, now, allowed, denied);
+            self.stats
+                .slack
+                .fetch_add(reported.slack, Ordering::Relaxed);
+        }
+    }
+
+    /// Where `bucket`'s assignments come from under `config`.
+    fn bind(&self, config: &Config, domain: &str, bucket: &BucketId) -> Binding {
+        let entries: Vec<Entry> = bucket.iter().map(|(k, v)| Entry::new(k, v)).collect();
+        let Some(placed) = config.domain(domain).and_then(|d| d.place(&entries).ok()) else {
+            return Binding::Standing(Strategy::AllowAll);
+        };
+        let (descriptor, rule) = placed;
+        match rule.limit {
+            Limit::Unlimited => Binding::Standing(Strategy::AllowAll),
+            Limit::Blocked { .. } => Binding::Standing(Strategy::DenyAll),
+            Limit::Bucket(_) if rule.shadow_mode => Binding::Standing(Strategy::AllowAll),
+            Limit::Bucket(_) => {
+                let mut key = String::new();
+                write_shared_bucket_key(
+                    &mut key,
+                    &self.limiter.options().key_prefix,
+                    domain,
+                    &descriptor,
+                    &rule.shared_values,
+                    RuleTag::Configured,
+                    rule.algorithm,
+                );
+                let failure_mode = rule
+                    .failure_mode
+                    .or(config.domain(domain).and_then(|d| d.failure_mode))
+                    .unwrap_or(self.limiter.options().default_failure_mode);
+                Binding::Pool(PoolBinding {
+                    key,
+                    rule,
+                    failure_mode,
+                })
+            }
+        }
+    }
+
+    /// Runs [`Quotas::push`] every push interval, and soon after a new subscription, until
+    /// `stop` turns true.
+    pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(self.options.push_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = self.wake.notified() => {
+                    // Let the subscriptions of a burst of first reports gather into one push.
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                _ = stop.changed() => {
+                    self.close_all();
+                    return;
+                }
+            }
+            self.push().await;
+        }
+    }
+
+    /// One push: rebind after a reload, abandon idle subscriptions, plan every pool, one backend
+    /// call for all of them, settle, and send each stream its assignments.
+    pub async fn push(&self) {
+        let now = self.now_ms();
+        let mut outgoing: HashMap<StreamId, Vec<Action>> = HashMap::new();
+        let (hits, asked) = {
+            let mut state = self.lock();
+            self.rebind(&mut state, &mut outgoing);
+            self.abandon_idle(&mut state, now, &mut outgoing);
+            self.plan(&mut state, now, &mut outgoing)
+        };
+        let results = if hits.is_empty() {
+            Vec::new()
+        } else {
+            self.limiter.backend().check_each(&hits).await
+        };
+        let replicas = self.limiter.resilience().replicas().current();
+        let now = self.now_ms();
+        let mut state = self.lock();
+        for ((key, ask), result) in asked.into_iter().zip(results) {
+            let Some(entry) = state.pools.get_mut(&key) else {
+                continue;
+            };
+            let answer = answer(entry, ask, result, replicas);
+            let assigned = entry.pool.settle(now, &self.options.pool, answer);
+            emit(entry, assigned, &self.options.pool, &mut outgoing);
+        }
+        for (stream, actions) in outgoing {
+            if let Some(s) = state.streams.get(&stream) {
+                for action in &actions {
+                    self.stats.count_sent(action);
+                }
+                let _ = s.outbox.try_send(actions);
+            }
+        }
+    }
+
+    /// Plans every pool; returns the backend hits and, for each, its pool and ask. A pool left
+    /// without members gives back what it holds and is dropped.
+    fn plan(
+        &self,
+        state: &mut State,
+        now: u64,
+        outgoing: &mut HashMap<StreamId, Vec<Action>>,
+    ) -> (Vec<Hit>, Vec<(String, Ask)>) {
+        let mut hits = Vec::new();
+        let mut asked = Vec::new();
+        let mut empty = Vec::new();
+        for (key, entry) in &mut state.pools {
+            if entry.pool.is_empty() {
+                empty.push(key.clone());
+                continue;
+            }
+            let mut ask = entry.pool.plan(now, &self.options.pool);
+            if let (Ask::Take(n), Some(limit)) = (ask, entry.take_limit) {
+                ask = Ask::Take(n.min(limit));
+            }
+            let hit = match ask {
+                Ask::Nothing => None,
+                Ask::Take(n) => Some(take_hit(key, &entry.rule, entry.pool.params(), n)),
+                Ask::Refund(n) => Some(refund_hit(key, &entry.rule, entry.pool.params(), n)),
+            };
+            match hit {
+                Some(hit) => {
+                    hits.push(hit);
+                    asked.push((key.clone(), ask));
+                }
+                None => {
+                    let assigned = entry
+                        .pool
+                        .settle(now, &self.options.pool, Answer::Granted(0));
+                    emit(entry, assigned, &self.options.pool, outgoing);
+                }
+            }
+        }
+        for key in empty {
+            if let Some(mut entry) = state.pools.remove(&key)
+                && let Some(tokens) = entry.pool.drain()
+                && tokens > 0
+            {
+                hits.push(refund_hit(&key, &entry.rule, entry.pool.params(), tokens));
+                asked.push((key, Ask::Refund(tokens)));
+            }
+        }
+        (hits, asked)
+    }
+
+    /// After a reload, re-places every subscription: one whose rule is gone is abandoned; one
+    /// whose rule or key changed moves.
+    fn rebind(&self, state: &mut State, outgoing: &mut HashMap<StreamId, Vec<Action>>) {
+        let config = self.limiter.config().load_full();
+        let same = state
+            .config
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(c, &config));
+        if same {
+            return;
+        }
+        state.config = Some(config.clone());
+        let State { streams, pools, .. } = state;
+        for (stream_id, stream) in streams.iter_mut() {
+            let mut gone = Vec::new();
+            for (bucket, sub) in stream.buckets.iter_mut() {
+                let binding = self.bind(&config, &stream.domain, bucket);
+                if binding == sub.binding {
+                    if let Binding::Pool(b) = &binding
+                        && let Some(entry) = pools.get_mut(&b.key)
+                    {
+                        entry.reshape(b);
+                    }
+                    sub.binding = binding;
+                    continue;
+                }
+                leave(pools, sub, &self.stats);
+                let actions = outgoing.entry(*stream_id).or_default();
+                match &binding {
+                    Binding::Standing(Strategy::AllowAll)
+                        if matches!(sub.binding, Binding::Pool(_)) =>
+                    {
+                        // The rule that limited this bucket is gone.
+                        actions.push(Action::Abandon {
+                            bucket: bucket.clone(),
+                        });
+                        gone.push(bucket.clone());
+                        continue;
+                    }
+                    Binding::Standing(strategy) => actions.push(Action::Assign {
+                        bucket: bucket.clone(),
+                        strategy: *strategy,
+                        ttl: None,
+                    }),
+                    Binding::Pool(binding) => {
+                        join(pools, binding, bucket, sub.member, *stream_id);
+                    }
+                }
+                self.stats.subscriptions.fetch_add(1, Ordering::Relaxed);
+                sub.binding = binding;
+            }
+            for bucket in gone {
+                stream.buckets.remove(&bucket);
+            }
+        }
+    }
+
+    /// Abandons subscriptions that have not reported for `--quota-idle-timeout`.
+    fn abandon_idle(
+        &self,
+        state: &mut State,
+        now: u64,
+        outgoing: &mut HashMap<StreamId, Vec<Action>>,
+    ) {
+        let idle_ms = u64::try_from(self.options.idle_timeout.as_millis()).unwrap_or(u64::MAX);
+        let State { streams, pools, .. } = state;
+        for (stream_id, stream) in streams.iter_mut() {
+            stream.buckets.retain(|bucket, sub| {
+                if now.saturating_sub(sub.last_report_ms) < idle_ms {
+                    return true;
+                }
+                leave(pools, sub, &self.stats);
+                outgoing
+                    .entry(*stream_id)
+                    .or_default()
+                    .push(Action::Abandon {
+                        bucket: bucket.clone(),
+                    });
+                false
+            });
+        }
+    }
+}
+
+/// Adds `member` (`bucket` of `stream`) to the pool of its binding, creating the pool.
+fn join(
+    pools: &mut HashMap<String, PoolEntry>,
+    binding: &PoolBinding,
+    bucket: &BucketId,
+    member: MemberId,
+    stream: StreamId,
+) {
+    let Limit::Bucket(rate) = binding.rule.limit else {
+        return;
+    };
+    let entry = pools
+        .entry(binding.key.clone())
+        .or_insert_with(|| PoolEntry {
+            pool: Pool::new(rate.bucket()),
+            failure_mode: binding.failure_mode,
+            rule: binding.rule.clone(),
+            members: HashMap::new(),
+            take_limit: None,
+        });
+    entry.pool.join(member);
+    entry.members.insert(member, (stream, bucket.clone()));
+}
+
+/// Takes `sub` out of its pool (if it is in one) and out of the subscription count.
+fn leave(pools: &mut HashMap<String, PoolEntry>, sub: &Subscription, stats: &QuotaStats) {
+    stats.subscriptions.fetch_sub(1, Ordering::Relaxed);
+    if let Binding::Pool(binding) = &sub.binding
+        && let Some(entry) = pools.get_mut(&binding.key)
+    {
+        entry.pool.leave(sub.member);
+        entry.members.remove(&sub.member);
+    }
+}
+
+/// The pool's answer from the backend's result for its hit.
+fn answer(
+    entry: &mut PoolEntry,
+    ask: Ask,
+    result: Result<Verdict, BackendError>,
+    replicas: u64,
+) -> Answer {
+    match (ask, result) {
+        (_, Err(_)) => Answer::Failed {
+            mode: entry.failure_mode,
+            replicas,
+        },
+        (Ask::Take(_), Ok(verdict)) => {
+            entry.take_limit = (!verdict.allowed).then_some(verdict.remaining);
+            Answer::Granted(verdict.granted)
+        }
+        (Ask::Refund(n), Ok(_)) => Answer::Refunded(n),
+        (Ask::Nothing, Ok(_)) => Answer::Granted(0),
+    }
+}
+
+/// A take of up to `n` tokens: a lease take (at least one token, then as many more as the key
+/// holds) where the algorithm leases; an exact take for a window, whose count cannot give part.
+fn take_hit(key: &str, rule: &Rule, params: crate::algorithm::BucketParams, n: u64) -> Hit {
+    let leases = rule.algorithm.takes_lease();
+    Hit {
+        key: key.to_owned(),
+        demand: Demand {
+            algorithm: rule.algorithm,
+            params,
+            tokens: if leases { 1 } else { n },
+            refund: false,
+            shadow: false,
+            lease: if leases { n - 1 } else { 0 },
+        },
+        rule: Some(rule.id),
+    }
+}
+
+fn refund_hit(key: &str, rule: &Rule, params: crate::algorithm::BucketParams, n: u64) -> Hit {
+    Hit {
+        key: key.to_owned(),
+        demand: Demand {
+            algorithm: rule.algorithm,
+            params,
+            tokens: n,
+            refund: true,
+            shadow: false,
+            lease: 0,
+        },
+        rule: Some(rule.id),
+    }
+}
+
+/// Queues a pool's assignments for their streams.
+fn emit(
+    entry: &PoolEntry,
+    assigned: Vec<(MemberId, Strategy)>,
+    options: &PoolOptions,
+    outgoing: &mut HashMap<StreamId, Vec<Action>>,
+) {
+    let ttl = Some(Duration::from_millis(options.ttl_ms));
+    for (member, strategy) in assigned {
+        if let Some((stream, bucket)) = entry.members.get(&member) {
+            outgoing.entry(*stream).or_default().push(Action::Assign {
+                bucket: bucket.clone(),
+                strategy,
+                ttl,
+            });
+        }
+    }
+}
