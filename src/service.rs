@@ -425,7 +425,7 @@ fn to_entry(i: usize, j: usize, e: PbEntry, bounds: &RequestBounds) -> Result<En
     })
 }
 
-/// `descriptors[i].limit`: a known unit and at least one request per unit.
+/// `descriptors[i].limit`: a known unit (0 requests per unit blocks, as in envoyproxy/ratelimit).
 fn to_limit_override(i: usize, l: RateLimitOverride) -> Result<LimitOverride, GrpcStatus> {
     let unit = Unit::from_proto(l.unit).ok_or_else(|| {
         invalid(format!(
@@ -433,11 +433,6 @@ fn to_limit_override(i: usize, l: RateLimitOverride) -> Result<LimitOverride, Gr
             l.unit
         ))
     })?;
-    if l.requests_per_unit == 0 {
-        return Err(invalid(format!(
-            "descriptors[{i}].limit.requests_per_unit: must be at least 1"
-        )));
-    }
     Ok(LimitOverride {
         requests_per_unit: l.requests_per_unit,
         unit,

@@ -39,11 +39,13 @@ impl AppliedLimit {
 /// How a descriptor was judged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Basis {
-    /// No rule reached (or the domain is unknown): not limited.
+    /// No rule reached (or the domain is unknown, or the rule reached is replaced by another
+    /// one in the same request, which envoyproxy/ratelimit answers as no limit): not limited.
     NoRule,
-    /// An `unlimited: true` rule, or a rule replaced by another one in the same request.
+    /// An `unlimited: true` rule.
     Unlimited,
-    /// A `requests_per_unit: 0` rule: OVER_LIMIT without a bucket, the backend not asked.
+    /// A `requests_per_unit: 0` rule or request override: OVER_LIMIT without a bucket, the
+    /// backend not asked.
     Blocked,
     /// The shared backend answered.
     Backend,
@@ -105,13 +107,28 @@ impl Status {
     /// shadow mode) against `{0, unit}`, nothing remaining, a retry-after of never (waiting does
     /// not help, so no `retry-after` header), reset at the next `unit` boundary on the clock as envoyproxy/ratelimit reports it.
     pub fn blocked(rule: Arc<Rule>, unit: Unit, name: Option<Arc<str>>, now_ms: u64) -> Self {
+        let shadow = rule.shadow_mode;
+        Status::blocking(Some(rule), shadow, unit, name, now_ms)
+    }
+
+    /// The status of a descriptor whose request `limit` override is 0 requests per `unit`:
+    /// blocked as by such a rule, as envoyproxy/ratelimit does it, but never in shadow mode and
+    /// without a name (an override has neither). `rule` is the one the descriptor reached, if
+    /// any, whose metrics count the rejection.
+    pub fn blocked_by_override(rule: Option<Arc<Rule>>, unit: Unit, now_ms: u64) -> Self {
+        Status::blocking(rule, false, unit, None, now_ms)
+    }
+
+    fn blocking(
+        rule: Option<Arc<Rule>>,
+        shadow: bool,
+        unit: Unit,
+        name: Option<Arc<str>>,
+        now_ms: u64,
+    ) -> Self {
         let unit_ms = unit.millis();
         Status {
-            code: if rule.shadow_mode {
-                Code::Ok
-            } else {
-                Code::OverLimit
-            },
+            code: if shadow { Code::Ok } else { Code::OverLimit },
             basis: Basis::Blocked,
             limit: Some(AppliedLimit {
                 requests_per_unit: 0,
@@ -122,9 +139,9 @@ impl Status {
             remaining: 0,
             reset_ms: unit_ms - now_ms % unit_ms,
             retry_after_ms: Some(None),
-            shadow: rule.shadow_mode,
+            shadow,
             over: true,
-            rule: Some(rule),
+            rule,
         }
     }
 }

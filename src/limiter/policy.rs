@@ -2,7 +2,7 @@
 //! and the failure policy after it failed (`error` fails the call, `local` decides on the
 //! in-process buckets, `open` and `closed` are answered as degraded statuses).
 
-use crate::algorithm::BucketParams;
+use crate::algorithm::{Algorithm, BucketParams};
 use crate::backend::{Backend, Hit};
 use crate::resilience::over_limit::CachedRejection;
 use crate::rule::FailureMode;
@@ -97,6 +97,13 @@ impl<B: Backend> Limiter<B> {
 /// The status of a descriptor answered OVER_LIMIT from the over-limit cache (OK for a shadow
 /// rule).
 pub(super) fn cached(target: Target, c: &CachedRejection) -> Status {
+    // A fixed window ends on a whole second and the backend reports it so (as
+    // envoyproxy/ratelimit does); the cache's count-down from that answer keeps the shape.
+    let reset_ms = if target.algorithm == Algorithm::FixedWindow {
+        c.until_full_ms.div_ceil(1000).saturating_mul(1000)
+    } else {
+        c.until_full_ms
+    };
     Status {
         code: if target.shadow {
             Code::Ok
@@ -106,7 +113,7 @@ pub(super) fn cached(target: Target, c: &CachedRejection) -> Status {
         basis: Basis::Cached,
         limit: Some(AppliedLimit::new(&target.rate, target.name)),
         remaining: c.remaining,
-        reset_ms: c.until_full_ms,
+        reset_ms,
         retry_after_ms: Some(Some(c.wait_ms)),
         shadow: target.shadow,
         over: true,

@@ -1,7 +1,7 @@
 //! Descriptor → target: the rule (or request override) a descriptor reaches, the limit it
 //! reports, the bucket shape and key tag it is judged by (one shard of a sharded rule), and its
 //! failure policy — or its final status when no bucket is involved (no rule, `unlimited`, a
-//! replaced rule, or a blocking `requests_per_unit: 0` rule).
+//! replaced rule, or a blocking `requests_per_unit: 0` rule or override).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,7 +41,7 @@ pub(super) struct Resolver<'a> {
     replaced: Vec<Arc<str>>,
     shard_seq: u64,
     default_failure_mode: FailureMode,
-    /// The limiter's clock, read only for a blocked rule (where its unit resets).
+    /// The limiter's clock, read only for a blocked rule or override (where its unit resets).
     clock: &'a dyn Clock,
 }
 
@@ -89,6 +89,13 @@ impl<'a> Resolver<'a> {
             .or(self.domain.failure_mode)
             .unwrap_or(self.default_failure_mode);
         if let Some(o) = descriptor.limit_override {
+            if o.requests_per_unit == 0 {
+                return Err(Status::blocked_by_override(
+                    rule,
+                    o.unit,
+                    self.clock.now_ms(),
+                ));
+            }
             // As in envoyproxy/ratelimit: an override needs only a known domain, carries no name
             // and is never in shadow mode; the matched rule still prices the hit (cost) and
             // chooses the algorithm.
@@ -114,7 +121,8 @@ impl<'a> Resolver<'a> {
         if let Some(name) = &rule.name
             && self.replaced.iter().any(|r| r == name)
         {
-            return Err(Status::unlimited(Basis::Unlimited, Some(rule)));
+            // Dropped as envoyproxy/ratelimit drops it: no limit, 0 remaining, no metadata.
+            return Err(Status::unlimited(Basis::NoRule, None));
         }
         let rate = match rule.limit {
             Limit::Unlimited => return Err(Status::unlimited(Basis::Unlimited, Some(rule))),
