@@ -12,6 +12,8 @@ const SLOTS: u64 = 16_384;
 
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    /// The extra `redis-server` arguments every node got, for nodes added later.
+    args: Vec<String>,
 }
 
 impl RedisCluster {
@@ -54,16 +56,20 @@ impl RedisCluster {
             String::from_utf8_lossy(&output.stderr)
         );
 
-        let cluster = RedisCluster { nodes };
+        let cluster = RedisCluster {
+            nodes,
+            args: args.iter().map(|a| a.to_string()).collect(),
+        };
         cluster.wait_formed();
         cluster
     }
 
-    /// Every node: state ok, all slots assigned, every node known; every replica linked to its
-    /// master. (CLUSTER SLOTS lists a replica only once gossip carries a non-zero replication
-    /// offset, up to 10 s later; clients that write only to masters do not need to wait for that.)
+    /// Every running node: state ok, all slots assigned, every running node known; every replica
+    /// linked to its master. (CLUSTER SLOTS lists a replica only once gossip carries a non-zero
+    /// replication offset, up to 10 s later; clients that write only to masters do not need to
+    /// wait for that.)
     pub fn wait_formed(&self) {
-        let total = self.nodes.len().to_string();
+        let total = self.running().count().to_string();
         for node in self.nodes.iter().filter(|node| node.is_running()) {
             wait_until(
                 &format!("cluster formed on {}", node.addr()),
@@ -165,6 +171,140 @@ impl RedisCluster {
             );
         }
     }
+}
+
+/// Growing and shrinking the Cluster as an operator does, with `redis-cli --cluster`.
+impl RedisCluster {
+    /// Starts a fresh, empty cluster node (same arguments as the others) and joins it as a master
+    /// without slots (`redis-cli --cluster add-node`); returns its index once every node knows
+    /// it. Give it slots with [`reshard`](Self::reshard).
+    pub fn add_master(&mut self) -> usize {
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        let node = RedisServer::start_cluster_node(NODE_TIMEOUT_MS, &args);
+        let existing = self.running().next().expect("a running node").addr();
+        cluster_cli(&["add-node", &node.addr(), &existing]);
+        self.nodes.push(node);
+        self.wait_formed();
+        self.nodes.len() - 1
+    }
+
+    /// Moves `slots` slots to node `to` from the nodes `from` (`redis-cli --cluster reshard`:
+    /// per slot SETSLOT IMPORTING/MIGRATING, MIGRATE of its keys in batches, SETSLOT NODE), then
+    /// waits until every running node reports the same slot map. Clients see MOVED, ASK and
+    /// TRYAGAIN while it runs.
+    pub fn reshard(&self, from: &[usize], to: usize, slots: usize) {
+        let from: Vec<String> = from.iter().map(|&i| self.node_id(i)).collect();
+        cluster_cli(&[
+            "reshard",
+            &self.nodes[to].addr(),
+            "--cluster-from",
+            &from.join(","),
+            "--cluster-to",
+            &self.node_id(to),
+            "--cluster-slots",
+            &slots.to_string(),
+            "--cluster-yes",
+        ]);
+        self.wait_agreed();
+    }
+
+    /// Empties master `index`: `redis-cli --cluster rebalance` with weight 0 for it spreads its
+    /// slots and their keys over the other masters. Then waits until every node agrees.
+    pub fn drain_master(&self, index: usize) {
+        let id = self.node_id(index);
+        cluster_cli(&[
+            "rebalance",
+            &self.other_than(index),
+            "--cluster-weight",
+            &format!("{id}=0"),
+        ]);
+        self.wait_agreed();
+        assert_eq!(
+            self.slots_of(index),
+            0,
+            "{} still serves slots after the rebalance",
+            self.nodes[index].addr()
+        );
+    }
+
+    /// Removes the (slotless) node `index` from the Cluster (`redis-cli --cluster del-node`: the
+    /// others forget it, and it shuts down), and waits until the rest agree again.
+    pub fn remove_node(&mut self, index: usize) {
+        let id = self.node_id(index);
+        cluster_cli(&["del-node", &self.other_than(index), &id]);
+        self.nodes[index].kill();
+        self.wait_formed();
+        self.wait_agreed();
+    }
+
+    /// The address of a running node other than `index`.
+    fn other_than(&self, index: usize) -> String {
+        let port = self.nodes[index].port();
+        self.running()
+            .find(|node| node.port() != port)
+            .expect("another running node")
+            .addr()
+    }
+
+    /// `CLUSTER MYID` of node `index`.
+    pub fn node_id(&self, index: usize) -> String {
+        self.nodes[index].cmd(&["CLUSTER", "MYID"])
+    }
+
+    /// How many slots node `index` serves, according to that node.
+    pub fn slots_of(&self, index: usize) -> u64 {
+        let port = self.nodes[index].port();
+        slot_ranges(&self.nodes[index])
+            .into_iter()
+            .filter(|(_, _, _, master)| *master == port)
+            .map(|(start, end, _, _)| end - start + 1)
+            .sum()
+    }
+
+    fn running(&self) -> impl Iterator<Item = &RedisServer> {
+        self.nodes.iter().filter(|node| node.is_running())
+    }
+
+    /// Waits until every running node reports the same slot → master map, covering every slot.
+    fn wait_agreed(&self) {
+        let first = self.running().next().expect("a running node");
+        wait_until("every node agrees on the slot map", FORM_DEADLINE, || {
+            let mut reference = masters_by_slot(first);
+            reference.sort_unstable();
+            let covered: u64 = reference.iter().map(|(s, e, _)| e - s + 1).sum();
+            covered == SLOTS
+                && self.running().all(|node| {
+                    let mut map = masters_by_slot(node);
+                    map.sort_unstable();
+                    map == reference
+                })
+        });
+    }
+}
+
+/// `redis-cli --cluster <args>`; panics with its output when it fails.
+fn cluster_cli(args: &[&str]) {
+    let output = Command::new(binary("redis-cli"))
+        .arg("--cluster")
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run redis-cli --cluster");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    // redis-cli reports some failures ("[ERR] ...") with a zero exit status.
+    assert!(
+        output.status.success() && !text.contains("[ERR]"),
+        "redis-cli --cluster {args:?} failed:\n{text}"
+    );
+}
+
+/// `CLUSTER SLOTS` of `node` as (first slot, last slot, master port).
+fn masters_by_slot(node: &RedisServer) -> Vec<(u64, u64, u16)> {
+    slot_ranges(node)
+        .into_iter()
+        .map(|(start, end, _, master)| (start, end, master))
+        .collect()
 }
 
 /// Port of the master serving `slot` according to `node`.

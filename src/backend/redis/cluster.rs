@@ -10,11 +10,15 @@
 //! skipped call, at most every [`REFRESH_AFTER_ERROR`], and at least every [`REFRESH_INTERVAL`]
 //! while calls flow. A fetch asks the masters whose breakers are closed first, then the seeds.
 //!
-//! Redirects: MOVED (a slot migrated, or a replica was promoted) is followed at once, once, to
-//! the named node; ASK (a slot mid-migration) sends `ASKING` + `EVAL` to the named node.
-//! TRYAGAIN and everything else fail the call (the failure policy answers). When a master dies
-//! and its replica is promoted, the next fetch maps the slots to the new master (a fresh, closed
-//! breaker) and forgets the dead node's breaker and connection.
+//! Refusals (see [`Refusal`]), each retried inside the call's one deadline (`--redis-timeout`,
+//! which bounds all round trips of a call): MOVED (a slot migrated, or a replica was promoted) is
+//! followed to the named node and the view fetched again; ASK (a slot mid-migration whose keys
+//! already left) sends `ASKING` + `EVAL` to the named node; TRYAGAIN (the call's keys are split
+//! between the two nodes of a half-moved slot) is retried from the slot's owner after a short,
+//! growing pause, until that slot's migration completes. Everything else fails the call (the
+//! failure policy answers). When a master dies and its replica is promoted, the next fetch maps
+//! the slots to the new master (a fresh, closed breaker) and forgets the dead node's breaker and
+//! connection.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,6 +47,13 @@ const REFRESH_AFTER_ERROR: Duration = Duration::from_millis(100);
 const NODE_RECONNECT_ATTEMPTS: usize = 6;
 const NODE_RECONNECT_MIN_DELAY: Duration = Duration::from_millis(10);
 const NODE_RECONNECT_MAX_DELAY: Duration = Duration::from_millis(500);
+/// Redirects (MOVED, ASK) followed in a row before the call fails: a slot is at most one
+/// migration away from its owner, so more hops mean the nodes disagree until the view settles.
+const MAX_REDIRECTS: usize = 5;
+/// First pause after a TRYAGAIN, doubled after each one up to [`TRYAGAIN_MAX_PAUSE`]: a slot
+/// holds a handful of buckets, which `MIGRATE` moves in a few ms.
+const TRYAGAIN_FIRST_PAUSE: Duration = Duration::from_millis(1);
+const TRYAGAIN_MAX_PAUSE: Duration = Duration::from_millis(8);
 /// Breaker of slots no master serves in the current view.
 const UNMAPPED: &str = "cluster:unmapped-slots";
 const SLOTS: usize = 16_384;
@@ -176,7 +187,7 @@ impl ClusterLink {
                         "no Redis Cluster master serves slot {slot}"
                     )));
                 };
-                let reply = self.run(node, &group, args).await?;
+                let reply = self.run(node, *slot, &group, args).await?;
                 collect(&reply, group.iter().map(|h| h.key.as_str()), call.observer)
             })
         });
@@ -204,33 +215,75 @@ impl ClusterLink {
             .collect()
     }
 
-    /// The script on `node`, following one MOVED or ASK.
+    /// The script on `node` (the owner of `slot` in the view), following the refusals Redis
+    /// answers while slots move, until it runs or the caller's deadline drops this future.
     async fn run(
         self: &Arc<Self>,
         node: &Arc<Node>,
+        slot: u16,
         group: &[&Hit],
         args: script::CallArgs,
     ) -> Result<Value, BackendError> {
         let hits = group.iter().copied();
-        let err = match script::run(&mut node.conn.clone(), hits.clone(), group.len(), args).await {
-            Ok(reply) => return Ok(reply),
-            Err(err) => err,
-        };
-        let Some((target, _)) = redirect(&err) else {
-            return Err(classify(err));
-        };
-        let target = self.node(target);
-        if err.kind() == ErrorKind::Server(ServerErrorKind::Ask) {
-            return script::run_asking(&mut target.conn.clone(), hits, group.len(), args)
-                .await
-                .map_err(classify);
+        let mut target = Arc::clone(node);
+        let mut asking = false;
+        let mut redirects = 0;
+        let mut pause = TRYAGAIN_FIRST_PAUSE;
+        loop {
+            let mut conn = target.conn.clone();
+            let result = if asking {
+                script::run_asking(&mut conn, hits.clone(), group.len(), args).await
+            } else {
+                script::run(&mut conn, hits.clone(), group.len(), args).await
+            };
+            let err = match result {
+                Ok(reply) => return Ok(reply),
+                Err(err) => err,
+            };
+            // Every refusal below is Redis declining the call before the script runs (it routes
+            // by the declared keys first), so no bucket was touched and the retry cannot count
+            // one twice. A call that may have run (a timeout, a dropped connection) is never
+            // retried here.
+            let Some(refusal) = Refusal::of(&err) else {
+                return Err(classify(err));
+            };
+            match refusal {
+                Refusal::Moved(to) => {
+                    // The view is stale: follow now, correct the view in the background.
+                    self.fetched_at_ms.store(0, Ordering::Release);
+                    self.maybe_refresh(true);
+                    redirects += 1;
+                    asking = false;
+                    target = match to {
+                        Some(addr) => self.node(addr),
+                        // A pipelined reply carries no address: ask the owner again.
+                        None => self.owner_of(slot).unwrap_or_else(|| Arc::clone(node)),
+                    };
+                }
+                Refusal::Ask(to) => {
+                    redirects += 1;
+                    asking = true;
+                    target = self.node(to);
+                }
+                Refusal::TryAgain => {
+                    // Start over at the owner: by then the slot may have finished moving (MOVED)
+                    // or all its keys may have left (ASK).
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(TRYAGAIN_MAX_PAUSE);
+                    redirects = 0;
+                    asking = false;
+                    target = self.owner_of(slot).unwrap_or_else(|| Arc::clone(node));
+                }
+            }
+            if redirects > MAX_REDIRECTS {
+                return Err(classify(err));
+            }
         }
-        // MOVED: the view is stale; follow now, correct the view in the background.
-        self.fetched_at_ms.store(0, Ordering::Release);
-        self.maybe_refresh(true);
-        script::run(&mut target.conn.clone(), hits, group.len(), args)
-            .await
-            .map_err(classify)
+    }
+
+    /// The master that owns `slot` in the current view.
+    fn owner_of(&self, slot: u16) -> Option<Arc<Node>> {
+        self.view.load().route(slot).0.cloned()
     }
 
     /// One probe key per master of the current view.
@@ -393,9 +446,36 @@ impl ClusterLink {
     }
 }
 
-/// Where a MOVED or ASK reply points: (`host:port`, slot).
-fn redirect(err: &RedisError) -> Option<(&str, u16)> {
-    err.redirect_node()
+/// A reply by which Redis declined to run a call, and what to do about it. Redis decides where
+/// a command may run from its declared keys before executing it: a script answered with one of
+/// these never ran, so repeating the call elsewhere or later is safe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refusal<'a> {
+    /// `MOVED <slot> <addr>`: the slot lives on `addr` now (the view is stale). `None`: the
+    /// address was not given (a pipelined reply keeps only the error's kind).
+    Moved(Option<&'a str>),
+    /// `ASK <slot> <addr>`: the slot is migrating to `addr` and the keys have left; run the call
+    /// there once, after `ASKING`.
+    Ask(&'a str),
+    /// `TRYAGAIN`: some keys of the call have migrated and some have not; retry when the slot
+    /// has finished moving.
+    TryAgain,
+}
+
+impl<'a> Refusal<'a> {
+    fn of(err: &'a RedisError) -> Option<Refusal<'a>> {
+        match err.kind() {
+            ErrorKind::Server(ServerErrorKind::Moved) => {
+                Some(Refusal::Moved(err.redirect_node().map(|(addr, _)| addr)))
+            }
+            // An ASK without its address cannot be followed: the call fails.
+            ErrorKind::Server(ServerErrorKind::Ask) => {
+                err.redirect_node().map(|(addr, _)| Refusal::Ask(addr))
+            }
+            ErrorKind::Server(ServerErrorKind::TryAgain) => Some(Refusal::TryAgain),
+            _ => None,
+        }
+    }
 }
 
 /// A lazily connecting, self-repairing connection to `addr` with `template`'s TLS and credentials.
@@ -545,6 +625,55 @@ mod tests {
             let key = probe_key_for(&owner, master);
             assert_eq!(owner[usize::from(slot(&key))], Some(master), "{key}");
         }
+    }
+
+    /// A Redis error reply as redis-rs hands it over from the wire.
+    fn reply_error(line: &str) -> RedisError {
+        match redis::parse_redis_value(format!("-{line}\r\n").as_bytes()) {
+            Ok(Value::ServerError(err)) => RedisError::from(err),
+            Ok(other) => panic!("{line:?} parsed as {other:?}"),
+            Err(err) => err,
+        }
+    }
+
+    #[test]
+    fn refusals_before_execution_are_told_apart_from_failures() {
+        let moved = reply_error("MOVED 3999 127.0.0.1:6381");
+        assert_eq!(
+            Refusal::of(&moved),
+            Some(Refusal::Moved(Some("127.0.0.1:6381")))
+        );
+        let ask = reply_error("ASK 3999 10.0.0.2:7002");
+        assert_eq!(Refusal::of(&ask), Some(Refusal::Ask("10.0.0.2:7002")));
+        let again = reply_error("TRYAGAIN Multiple keys request during rehashing of slot");
+        assert_eq!(Refusal::of(&again), Some(Refusal::TryAgain));
+        // As a pipeline (ASKING + EVAL) reports it: the kind without the address.
+        let bare = RedisError::from((ErrorKind::Server(ServerErrorKind::Moved), "moved"));
+        assert_eq!(Refusal::of(&bare), Some(Refusal::Moved(None)));
+        let bare_ask = RedisError::from((ErrorKind::Server(ServerErrorKind::Ask), "ask"));
+        assert_eq!(
+            Refusal::of(&bare_ask),
+            None,
+            "an ASK without a node cannot be followed"
+        );
+
+        // Not refusals: the script may have run (or Redis cannot serve at all), so no retry.
+        for line in [
+            "CLUSTERDOWN The cluster is down",
+            "ERR Error running script (call to f_x): @user_script:1: boom",
+            "NOSCRIPT No matching script",
+            "CROSSSLOT Keys in request don't hash to the same slot",
+            "READONLY You can't write against a read only replica.",
+            "BUSY Redis is busy running a script",
+        ] {
+            assert_eq!(Refusal::of(&reply_error(line)), None, "{line}");
+        }
+        let dropped = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert_eq!(
+            Refusal::of(&dropped),
+            None,
+            "a dropped reply may follow a run"
+        );
     }
 
     #[test]
