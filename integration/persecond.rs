@@ -7,10 +7,11 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use sluice::clock::Stopwatch;
 use sluice::resilience::breaker::BreakerState;
 use sluice::settings::RedisModeArg;
 use sluice_harness::rls::{OK, OVER_LIMIT, header, http_get, request};
@@ -57,7 +58,7 @@ async fn call(
 async fn assert_per_second_limit_holds(client: &mut RateLimitServiceClient<Channel>) {
     for attempt in 0..5 {
         let value = format!("enforced-{attempt}");
-        let started = Instant::now();
+        let started = Stopwatch::start();
         let first = call(client, &[("burst", &value)], 3).await;
         let second = call(client, &[("burst", &value)], 3).await;
         let elapsed = started.elapsed();
