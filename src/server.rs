@@ -18,6 +18,7 @@ use crate::backend::Backend;
 use crate::backend::breaker::BreakerSet;
 use crate::backend::memory::{MemoryBackend, MemoryOptions};
 use crate::backend::redis::{RedisBackend, RedisOptions};
+use crate::backend::split::{self, SplitBackend};
 use crate::clock::MonotonicClock;
 use crate::config::reload::ReloadOptions;
 use crate::config::{self, Config, ConfigErrors, ConfigStore};
@@ -185,7 +186,8 @@ async fn start_memory(
     Ok(running)
 }
 
-/// Serves on Redis, counting the live replicas through a heartbeat unless `--replicas` is set.
+/// Serves on Redis, counting the live replicas through a heartbeat unless `--replicas` is set,
+/// with per-second rules on a Redis of their own when `--redis-per-second-url` is set.
 async fn start_redis(
     settings: Settings,
     config: Arc<ConfigStore>,
@@ -196,6 +198,15 @@ async fn start_redis(
         .await
         .map_err(|e| ServeError::Backend(e.to_string()))?
         .observed_by(Arc::new(metrics.redis_calls()));
+    let per_second = match split::per_second_redis(&settings) {
+        Some(options) => Some(
+            RedisBackend::connect(options)
+                .await
+                .map_err(|e| ServeError::Backend(format!("per-second Redis: {e}")))?
+                .observed_by(Arc::new(metrics.redis_calls())),
+        ),
+        None => None,
+    };
     let replicas = Arc::new(if settings.replicas > 0 {
         Replicas::fixed(settings.replicas)
     } else {
@@ -214,6 +225,8 @@ async fn start_redis(
         local_sweeper: true,
         metrics,
     };
+    // The replica heartbeat stays on the main Redis; per-second rules' hits go to their own.
+    let backend = SplitBackend::new(backend, per_second);
     let built = build(&settings, config, backend, config_loaded, store).await?;
     let running = serve(&settings, built).await?;
     if let Some(heartbeat) = heartbeat {

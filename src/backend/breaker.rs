@@ -340,6 +340,9 @@ impl std::fmt::Debug for Endpoint {
 pub struct BreakerSet {
     shared: Arc<Shared>,
     endpoints: RwLock<HashMap<Arc<str>, Endpoint>>,
+    /// Other backends' sets whose endpoints [`states`](BreakerSet::states) reports too
+    /// ([`BreakerSet::joined`]).
+    joined: Vec<Arc<BreakerSet>>,
 }
 
 impl BreakerSet {
@@ -347,6 +350,19 @@ impl BreakerSet {
         Arc::new(BreakerSet {
             shared: Arc::new(Shared { settings, clock }),
             endpoints: RwLock::new(HashMap::new()),
+            joined: Vec::new(),
+        })
+    }
+
+    /// One read-only view of the breakers of `first` and `others` (a backend made of several,
+    /// each keeping its own set): its [`states`](BreakerSet::states) are all of theirs. The
+    /// parts are not merged, because each backend forgets the endpoints that left its own
+    /// topology ([`retain`](BreakerSet::retain)) and must not forget another's.
+    pub fn joined(first: &Arc<BreakerSet>, others: &[Arc<BreakerSet>]) -> Arc<BreakerSet> {
+        Arc::new(BreakerSet {
+            shared: first.shared.clone(),
+            endpoints: RwLock::new(HashMap::new()),
+            joined: std::iter::once(first).chain(others).cloned().collect(),
         })
     }
 
@@ -385,14 +401,18 @@ impl BreakerSet {
             .retain(|name, _| keep(name));
     }
 
-    /// Every endpoint and its breaker's state, sorted by name. Read-only.
+    /// Every endpoint and its breaker's state, sorted by name, joined sets' included. Read-only.
     pub fn states(&self) -> Vec<(String, BreakerState)> {
         let mut out: Vec<(String, BreakerState)> = self
             .read()
             .values()
             .map(|e| (e.name().to_string(), e.state()))
             .collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out.extend(self.joined.iter().flat_map(|set| set.states()));
+        // Two joined backends may name one server (the same Redis configured twice): report it
+        // once, at its least healthy state, so a metric label is never duplicated.
+        out.sort_by(|a, b| a.0.cmp(&b.0).then(health(a.1).cmp(&health(b.1))));
+        out.dedup_by(|later, kept| later.0 == kept.0);
         out
     }
 
@@ -400,6 +420,15 @@ impl BreakerSet {
         self.endpoints
             .read()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Orders states from least to most healthy.
+const fn health(state: BreakerState) -> u8 {
+    match state {
+        BreakerState::Open => 0,
+        BreakerState::HalfOpen => 1,
+        BreakerState::Closed => 2,
     }
 }
 
@@ -558,5 +587,42 @@ mod tests {
 
         set.retain(|name| name.ends_with(":7001"));
         assert_eq!(set.states().len(), 1);
+    }
+
+    #[test]
+    fn a_joined_set_reports_every_part_and_each_server_once() {
+        let clock: SharedClock = Arc::new(ManualClock::new(10_000));
+        let main = BreakerSet::new(SETTINGS, clock.clone());
+        let per_second = BreakerSet::new(SETTINGS, clock);
+        main.endpoint("10.0.0.1:6379");
+        main.endpoint("10.0.0.3:6379");
+        let shared_name = per_second.endpoint("10.0.0.3:6379");
+        per_second.endpoint("10.0.0.2:6379");
+        let joined = BreakerSet::joined(&main, std::slice::from_ref(&per_second));
+        let closed = |name: &str| (name.to_string(), BreakerState::Closed);
+        assert_eq!(
+            joined.states(),
+            [
+                closed("10.0.0.1:6379"),
+                closed("10.0.0.2:6379"),
+                closed("10.0.0.3:6379")
+            ]
+        );
+        // One part's open breaker shows through, also where the other part names the same
+        // server healthy.
+        for _ in 0..SETTINGS.failure_threshold {
+            let permit = shared_name.admit().unwrap();
+            shared_name.record(permit, Err(&BackendError::Timeout(15)));
+        }
+        assert_eq!(
+            joined.states()[2],
+            ("10.0.0.3:6379".to_string(), BreakerState::Open)
+        );
+        // A part forgetting its endpoints leaves the other's alone.
+        per_second.retain(|_| false);
+        assert_eq!(
+            joined.states(),
+            [closed("10.0.0.1:6379"), closed("10.0.0.3:6379")]
+        );
     }
 }

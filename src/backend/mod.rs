@@ -7,6 +7,7 @@
 pub mod breaker;
 pub mod memory;
 pub mod redis;
+pub mod split;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -32,7 +32,7 @@ use std::ffi::OsString;
 pub use router::router;
 
 use go::go_bool;
-use redis::redact_userinfo;
+use redis::{URL_SETTINGS, redact_userinfo};
 
 /// What an envoyproxy/ratelimit environment means for sluice.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -188,7 +188,7 @@ impl Translation {
     /// Logs, once, what was translated and what is ignored.
     pub fn log(&self) {
         for (variable, value) in &self.overrides {
-            let shown = if variable == "SLUICE_REDIS_URL" {
+            let shown = if URL_SETTINGS.contains(&variable.as_str()) {
                 redact_userinfo(value)
             } else {
                 value.clone()

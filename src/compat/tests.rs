@@ -189,6 +189,160 @@ fn redis_unix_sockets_users_and_explicit_urls() {
 }
 
 #[test]
+fn the_per_second_redis_maps_as_the_main_one_does() {
+    let t = apply(&env(&[
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "main:6379"),
+        ("REDIS_AUTH", "main-pw"),
+        ("REDIS_PERSECOND", "true"),
+        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+        ("REDIS_PERSECOND_URL", "fast:6380"),
+        ("REDIS_PERSECOND_AUTH", "limiter:p@ss"),
+        ("REDIS_PERSECOND_TLS", "true"),
+        ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+        ("REDIS_PERSECOND_POOL_SIZE", "20"),
+        ("REDIS_PERSECOND_PIPELINE_WINDOW", "0"),
+    ]));
+    assert!(t.errors.is_empty(), "{:?}", t.errors);
+    assert_eq!(
+        over(&t, "SLUICE_REDIS_URL").as_deref(),
+        Some("redis://:main-pw@main:6379")
+    );
+    assert_eq!(
+        over(&t, "SLUICE_REDIS_PER_SECOND_URL").as_deref(),
+        Some("rediss://limiter:p%40ss@fast:6380#insecure")
+    );
+    assert_eq!(
+        over(&t, "SLUICE_REDIS_PER_SECOND_MODE").as_deref(),
+        Some("standalone")
+    );
+    assert_eq!(
+        t.origins
+            .get("SLUICE_REDIS_PER_SECOND_URL")
+            .map(String::as_str),
+        Some("REDIS_PERSECOND_URL")
+    );
+    assert!(
+        t.notes
+            .iter()
+            .any(|n| n.starts_with("REDIS_PERSECOND_POOL_SIZE accepted without effect")),
+        "{:?}",
+        t.notes
+    );
+    assert_eq!(ignored(&t), Vec::<&str>::new());
+
+    let t = apply(&env(&[
+        ("REDIS_URL", "main:6379"),
+        ("REDIS_PERSECOND", "1"),
+        ("REDIS_PERSECOND_TYPE", "cluster"),
+        ("REDIS_PERSECOND_URL", "a:7000, b:7001"),
+        ("REDIS_PERSECOND_PIPELINE_WINDOW", "150us"),
+    ]));
+    assert_eq!(
+        over(&t, "SLUICE_REDIS_PER_SECOND_URL").as_deref(),
+        Some("redis://a:7000,redis://b:7001")
+    );
+    assert_eq!(
+        over(&t, "SLUICE_REDIS_PER_SECOND_MODE").as_deref(),
+        Some("cluster")
+    );
+    assert_eq!(over(&t, "SLUICE_REDIS_MODE").as_deref(), Some("standalone"));
+    assert_eq!(ignored(&t), ["REDIS_PERSECOND_PIPELINE_WINDOW"]);
+
+    let t = apply(&env(&[
+        ("REDIS_URL", "main:6379"),
+        ("REDIS_PERSECOND", "true"),
+        ("REDIS_PERSECOND_TYPE", "SENTINEL"),
+        ("REDIS_PERSECOND_URL", "fastmaster,s1:26379,s2:26379"),
+        ("REDIS_PERSECOND_SENTINEL_AUTH", "other"),
+    ]));
+    assert_eq!(
+        over(&t, "SLUICE_REDIS_PER_SECOND_SENTINEL_MASTER").as_deref(),
+        Some("fastmaster")
+    );
+    assert_eq!(over(&t, "SLUICE_REDIS_SENTINEL_MASTER"), None);
+    assert_eq!(
+        over(&t, "SLUICE_REDIS_PER_SECOND_URL").as_deref(),
+        Some("redis://s1:26379,redis://s2:26379")
+    );
+    assert_eq!(ignored(&t), ["REDIS_PERSECOND_SENTINEL_AUTH"]);
+}
+
+#[test]
+fn the_per_second_redis_needs_its_switch_and_its_url() {
+    // Off (the reference's default): its variables are noted, nothing is mapped.
+    let t = apply(&env(&[
+        ("REDIS_URL", "main:6379"),
+        ("REDIS_PERSECOND", "false"),
+        ("REDIS_PERSECOND_URL", "fast:6380"),
+    ]));
+    assert_eq!(over(&t, "SLUICE_REDIS_PER_SECOND_URL"), None);
+    assert!(t.errors.is_empty() && t.ignored.is_empty(), "{t:?}");
+    assert!(
+        t.notes
+            .iter()
+            .any(|n| n == "REDIS_PERSECOND_URL has no effect without REDIS_PERSECOND=true"),
+        "{:?}",
+        t.notes
+    );
+    let unset = apply(&env(&[
+        ("REDIS_URL", "main:6379"),
+        ("REDIS_PERSECOND_TLS", "true"),
+    ]));
+    assert_eq!(over(&unset, "SLUICE_REDIS_PER_SECOND_URL"), None);
+
+    let errors = |pairs: &[(&str, &str)]| apply(&env(pairs)).errors;
+    let no_url = errors(&[("REDIS_URL", "main:6379"), ("REDIS_PERSECOND", "true")]);
+    assert_eq!(no_url.len(), 1, "{no_url:?}");
+    assert!(no_url[0].contains("REDIS_PERSECOND_URL"), "{no_url:?}");
+    let empty_url = errors(&[
+        ("REDIS_URL", "main:6379"),
+        ("REDIS_PERSECOND", "true"),
+        ("REDIS_PERSECOND_URL", " "),
+    ]);
+    assert_eq!(empty_url.len(), 1, "{empty_url:?}");
+    let no_main = errors(&[
+        ("REDIS_PERSECOND", "true"),
+        ("REDIS_PERSECOND_URL", "fast:1"),
+    ]);
+    assert_eq!(no_main.len(), 1, "{no_main:?}");
+    assert!(no_main[0].contains("needs REDIS_URL"), "{no_main:?}");
+    let bad_switch = errors(&[("REDIS_URL", "main:6379"), ("REDIS_PERSECOND", "yes")]);
+    assert_eq!(bad_switch, ["REDIS_PERSECOND: `yes` is not a boolean"]);
+    let per_second = |pairs: &[(&str, &str)]| {
+        let mut all = vec![("REDIS_URL", "main:6379"), ("REDIS_PERSECOND", "true")];
+        all.extend_from_slice(pairs);
+        errors(&all)
+    };
+    let ring = per_second(&[
+        ("REDIS_PERSECOND_TYPE", "RING"),
+        ("REDIS_PERSECOND_URL", "a:1"),
+    ]);
+    assert!(ring[0].starts_with("REDIS_PERSECOND_TYPE:"), "{ring:?}");
+    let socket = per_second(&[
+        ("REDIS_PERSECOND_URL", "a:1"),
+        ("REDIS_PERSECOND_SOCKET_TYPE", "udp"),
+    ]);
+    assert_eq!(
+        socket,
+        ["REDIS_PERSECOND_URL: REDIS_PERSECOND_SOCKET_TYPE `udp` is not tcp or unix"]
+    );
+    let sentinel = per_second(&[
+        ("REDIS_PERSECOND_TYPE", "sentinel"),
+        ("REDIS_PERSECOND_URL", "onlymaster"),
+    ]);
+    assert!(
+        sentinel[0].starts_with("REDIS_PERSECOND_URL: with REDIS_PERSECOND_TYPE=SENTINEL"),
+        "{sentinel:?}"
+    );
+    let bad_tls = per_second(&[
+        ("REDIS_PERSECOND_URL", "a:1"),
+        ("REDIS_PERSECOND_TLS", "on"),
+    ]);
+    assert_eq!(bad_tls, ["REDIS_PERSECOND_TLS: `on` is not a boolean"]);
+}
+
+#[test]
 fn logging_limits_and_headers() {
     let t = apply(&env(&[
         ("LOG_LEVEL", "WARNING"),
@@ -359,6 +513,7 @@ fn overrides_become_flags_unless_given_on_the_command_line() {
 
 #[test]
 fn credentials_are_redacted_in_logs() {
+    assert!(URL_SETTINGS.contains(&"SLUICE_REDIS_PER_SECOND_URL"));
     assert_eq!(
         redact_userinfo("redis://u:p%40@h:1,rediss://:x@h:2,redis://h:3"),
         "redis://u:***@h:1,rediss://:***@h:2,redis://h:3"

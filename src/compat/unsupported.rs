@@ -21,8 +21,6 @@ const PROMETHEUS: &str =
     "metrics are served on the admin listener at /metrics; no separate Prometheus listener";
 const GRPC_TLS: &str = "gRPC server TLS is not configured through envoyproxy/ratelimit variables; use sluice's own TLS settings";
 const REDIS_TUNING: &str = "sluice multiplexes one connection per Redis node and sends one script call per request (per slot in Cluster); no pipelining knobs";
-const REDIS_PER_SECOND: &str =
-    "sluice keeps every bucket in one Redis; there is no separate per-second Redis";
 const REDIS_TLS_FILES: &str =
     "Redis TLS uses the system roots (rediss://); client certificates and custom CAs are not read";
 pub(super) const MEMCACHE: &str = "there is no memcache backend; sluice keeps buckets in Redis (REDIS_URL) or, without Redis, in memory";
@@ -138,8 +136,33 @@ const UNSUPPORTED: &[(&str, Neutral, &str)] = &[
     ("REDIS_TLS_CLIENT_CERT", Neutral::Never, REDIS_TLS_FILES),
     ("REDIS_TLS_CLIENT_KEY", Neutral::Never, REDIS_TLS_FILES),
     ("REDIS_TLS_CACERT", Neutral::Never, REDIS_TLS_FILES),
-    ("REDIS_PERSECOND", Neutral::False, REDIS_PER_SECOND),
-    ("REDIS_PERSECOND_*", Neutral::Never, REDIS_PER_SECOND),
+    // REDIS_PERSECOND and its URL, TYPE, AUTH, TLS, SOCKET_TYPE, POOL_SIZE and SENTINEL_AUTH map
+    // to the per-second Redis (`super::redis`); its tuning is the main Redis's.
+    (
+        "REDIS_PERSECOND_PIPELINE_WINDOW",
+        Neutral::Values(&["0", "0s"]),
+        REDIS_TUNING,
+    ),
+    (
+        "REDIS_PERSECOND_PIPELINE_LIMIT",
+        Neutral::Values(&["0"]),
+        REDIS_TUNING,
+    ),
+    (
+        "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
+        Neutral::Never,
+        REDIS_TUNING,
+    ),
+    (
+        "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
+        Neutral::Never,
+        REDIS_TUNING,
+    ),
+    (
+        "REDIS_PERSECOND_TIMEOUT",
+        Neutral::Never,
+        "the per-second Redis shares the main Redis's deadlines (--redis-timeout, --redis-connect-timeout)",
+    ),
     ("MEMCACHE_*", Neutral::Never, MEMCACHE),
 ];
 

@@ -6,12 +6,14 @@
 //! options structs and for tests.
 //!
 //! - [`flags`]: value enums and parsers (`parse_duration`, `--backend`, `--failure-mode`, ...).
-//! - [`config`], [`security`], [`telemetry`], [`xds`]: the flag groups flattened into `serve`.
+//! - [`config`], [`per_second`], [`security`], [`telemetry`], [`xds`]: the flag groups flattened
+//!   into `serve`.
 //! - [`commands`]: the flags of `check-config` and `explain`.
 
 pub mod commands;
 pub mod config;
 pub mod flags;
+pub mod per_second;
 pub mod security;
 pub mod telemetry;
 pub mod xds;
@@ -29,6 +31,7 @@ pub use self::flags::{
     BackendKind, ConfigSourceArg, FailureModeArg, LogFormat, OutputFormat, RedisModeArg,
     parse_duration,
 };
+pub use self::per_second::PerSecondRedisArgs;
 pub use self::security::{CallerArgs, Http2Args, ListenerArgs, SecurityArgs, TlsArgs};
 pub use self::telemetry::{OtlpSettings, TelemetryArgs};
 pub use self::xds::XdsArgs;
@@ -91,6 +94,9 @@ pub struct Settings {
     /// Master name to ask the Sentinels for.
     #[arg(long, env = "SLUICE_REDIS_SENTINEL_MASTER", default_value = "mymaster")]
     pub redis_sentinel_master: String,
+
+    #[command(flatten)]
+    pub redis_per_second: PerSecondRedisArgs,
 
     /// Deadline of one Redis call, well under Envoy's 20 ms filter timeout.
     #[arg(long, env = "SLUICE_REDIS_TIMEOUT", value_parser = parse_duration, default_value = "15ms")]
@@ -401,5 +407,29 @@ mod tests {
             panic!("serve")
         };
         assert_eq!(s.redis_url, vec!["redis://a:1", "redis://b:2"]);
+    }
+
+    #[test]
+    fn the_per_second_redis_is_off_unless_given() {
+        let s = Settings::with_config("c");
+        assert!(!s.redis_per_second.enabled());
+        let cli = Cli::try_parse_from([
+            "sluice",
+            "serve",
+            "--config",
+            "c",
+            "--redis-per-second-url",
+            "redis://a:1,redis://b:2",
+            "--redis-per-second-mode",
+            "cluster",
+        ])
+        .unwrap();
+        let Command::Serve(s) = cli.command else {
+            panic!("serve")
+        };
+        assert!(s.redis_per_second.enabled());
+        assert_eq!(s.redis_per_second.url, ["redis://a:1", "redis://b:2"]);
+        assert_eq!(s.redis_per_second.mode, RedisModeArg::Cluster);
+        assert_eq!(s.redis_per_second.sentinel_master, "mymaster");
     }
 }
