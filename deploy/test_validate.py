@@ -70,6 +70,18 @@ def envoy_vhost(documents: list[Any]) -> dict:
     return hcm["typed_config"]["route_config"]["virtual_hosts"][0]
 
 
+def rlqs_filter(documents: list[Any]) -> dict:
+    hcm = documents[0]["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    quota = next(f for f in hcm["typed_config"]["http_filters"] if f["name"] == validate.RATE_LIMIT_QUOTA_FILTER)
+    return quota["typed_config"]
+
+
+def rlqs_tenant_settings(documents: list[Any]) -> dict:
+    """The bucket settings of the plain-tenant matcher (the second)."""
+    matcher = rlqs_filter(documents)["bucket_matchers"]["matcher_list"]["matchers"][1]
+    return matcher["on_match"]["action"]["typed_config"]
+
+
 def istio_vhost_patch(documents: list[Any]) -> dict:
     patch = next(p for p in documents[0]["spec"]["configPatches"] if p["applyTo"] == "VIRTUAL_HOST")
     return patch["patch"]["value"]
@@ -115,6 +127,20 @@ def test_shipped_files_pass(repo: Path, capsys: pytest.CaptureFixture[str]) -> N
         ("deploy/envoy/envoy.yaml", "stat_prefix:", "stats_prefix:", "Unknown field 'stats_prefix'"),
         ("deploy/envoy/envoy.yaml", "DRAFT_VERSION_03", "DRAFT_VERSION_3", "DRAFT_VERSION_3"),
         ("deploy/envoy/envoy.yaml", "timeout: 0.025s", "timeout: 25ms", "Invalid duration string: 25ms"),
+        # The RLQS bootstrap: nested typed_configs (matcher input inside bucket settings inside the
+        # filter inside the connection manager) are parsed too.
+        (
+            "deploy/envoy/envoy-rlqs.yaml",
+            "header_name: x-plan",
+            "header_nam: x-plan",
+            "Unknown field 'header_nam'",
+        ),
+        (
+            "deploy/envoy/envoy-rlqs.yaml",
+            "fill_interval: 60s",
+            "fill_interval: 60 s",
+            "Invalid duration string: 60 s",
+        ),
         # EnvoyFilter structure, and its patch values against the Envoy v3 protos.
         (
             "deploy/istio/ratelimit-filter.yaml",
@@ -333,3 +359,104 @@ def test_render_matches_kubectl_kustomize(repo: Path) -> None:
         (kind, name.rsplit("-", 1)[0] if kind == "ConfigMap" else name) for kind, name in from_kubectl
     }
     assert normalized == {(doc["kind"], doc["metadata"]["name"]) for _, doc in ours}
+
+
+RLQS = "deploy/envoy/envoy-rlqs.yaml"
+
+
+def test_rlqs_bucket_without_rule_fails(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # {customer: <header>}: no descriptor names `customer`, so sluice would answer ALLOW_ALL.
+    def customer_bucket(documents: list[Any]) -> None:
+        builder = rlqs_tenant_settings(documents)["bucket_id_builder"]["bucket_id_builder"]
+        builder["customer"] = builder.pop("tenant")
+
+    edit_yaml(repo, RLQS, customer_bucket)
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert f"FAIL {RLQS}: bucket_matchers build bucket id {{customer}}" in out
+    assert "has no rule for it" in out
+
+
+def test_rlqs_domain_mismatch_fails(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edit(repo, RLQS, "domain: edge", "domain: internal")
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert f"FAIL {RLQS}: listener 'ingress': domain 'internal' differs from the config's 'edge'" in out
+
+
+def test_rlqs_server_cluster_must_exist_and_speak_http2(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def break_clusters(documents: list[Any]) -> None:
+        rlqs_filter(documents)["rlqs_server"]["envoy_grpc"]["cluster_name"] = "ratelimit"
+        sluice = next(c for c in documents[0]["static_resources"]["clusters"] if c["name"] == "sluice")
+        sluice["name"] = "ratelimit"
+        del sluice["typed_extension_protocol_options"]
+
+    edit_yaml(repo, RLQS, break_clusters)
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert f"FAIL {RLQS}: cluster 'ratelimit' must speak HTTP/2" in out
+
+    edit_yaml(repo, RLQS, lambda docs: rlqs_filter(docs)["rlqs_server"]["envoy_grpc"].update(cluster_name="gone"))
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert f"FAIL {RLQS}: rlqs_server cluster 'gone' is not defined" in out
+
+
+def test_rlqs_sub_second_fill_interval_fails(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edit(repo, RLQS, "fill_interval: 1s", "fill_interval: 0.5s")
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert "no_assignment_behavior: token_bucket fill_interval 0.5s: Envoy truncates it" in out
+    assert "expired_assignment_behavior: token_bucket fill_interval 0.5s" in out
+
+
+def test_rlqs_reporting_interval_at_envoys_minimum_fails(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    edit(repo, RLQS, "reporting_interval: 1s", "reporting_interval: 0.1s")
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert "reporting_interval must be set and above 100ms" in out
+
+
+def test_rlqs_bucket_keyed_on_raw_path_fails(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def path_bucket(documents: list[Any]) -> None:
+        builder = rlqs_tenant_settings(documents)["bucket_id_builder"]["bucket_id_builder"]
+        builder["tenant"]["custom_value"]["typed_config"]["header_name"] = ":path"
+
+    edit_yaml(repo, RLQS, path_bucket)
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert "bucket id entry 'tenant' takes :path" in out
+
+
+def test_rlqs_catch_all_without_bucket_id_fails(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def unreported(documents: list[Any]) -> None:
+        del rlqs_filter(documents)["bucket_matchers"]["on_no_match"]["action"]["typed_config"]["bucket_id_builder"]
+
+    edit_yaml(repo, RLQS, unreported)
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert "bucket_matchers.on_no_match (anonymous): no bucket_id_builder" in out
+
+
+def test_bucket_id_entries_are_placed_by_key_with_backtracking() -> None:
+    config = config_of(
+        "domain: d\ndescriptors:\n"
+        "  - key: plan\n"
+        "  - key: tenant\n"
+        "    descriptors:\n"
+        "      - {key: plan, value: free, rate_limit: {unit: second, requests_per_unit: 1}}\n"
+        "      - {key: plan, rate_limit: {unit: second, requests_per_unit: 2}}\n"
+    )
+    plan_free, plan_any = config.roots[1].children
+    # `plan` sorts first and lands on the bare root `plan`, which has nothing below for `tenant`:
+    # backtrack and place `tenant` first.
+    assert validate.bucket_match(config, (("plan", "free"), ("tenant", validate.ANY))) is plan_free
+    assert validate.bucket_match(config, (("plan", "gold"), ("tenant", "acme"))) is plan_any
+    # The bare root `plan` is reached, but it has no rule; an entry nothing names is never placed.
+    assert not validate.bucket_match(config, (("plan", "free"),)).has_rule
+    assert validate.bucket_match(config, (("tenant", "acme"), ("region", "eu"))) is None
+    assert validate.bucket_match(config, (("plan", "free"), ("tenant", "a"), ("user", "u"))) is None

@@ -8,7 +8,8 @@ Checks, without a cluster, an Envoy binary or the network:
    Kubernetes OpenAPI schemas shipped by `kubernetes-validate`, strictly (an unknown field
    fails). Then the requirements of a production rollout: probes, security context, resources,
    replicas, grace period longer than the drain, selectors and ports that line up.
-2. Envoy: deploy/envoy/envoy.yaml is parsed as an envoy.config.bootstrap.v3.Bootstrap, and every
+2. Envoy: deploy/envoy/envoy.yaml (RLS) and deploy/envoy/envoy-rlqs.yaml (the rate_limit_quota
+   filter) are parsed as envoy.config.bootstrap.v3.Bootstrap, and every
    EnvoyFilter patch value in deploy/istio/ as the message its `applyTo` names, with the Envoy v3
    protos of `envoy-data-plane` (betterproto2 classes; unknown fields, bad enum values, bad
    durations and two members of one oneof fail). typed_config `@type`s are resolved to their
@@ -17,7 +18,8 @@ Checks, without a cluster, an Envoy binary or the network:
    in deploy/schemas/envoyfilter.yaml.
 3. Descriptors: the set of descriptors the Envoy actions can produce (bootstrap AND EnvoyFilter)
    must equal the set the descriptor config has rules for: every produced descriptor reaches a
-   rule, and every rule is reachable.
+   rule, and every rule is reachable. Every bucket id the RLQS bootstrap's bucket_matchers can
+   build reaches a rule too, matched as sluice matches a BucketId (see `bucket_match`).
 4. The ConfigMap's copy deploy/kubernetes/edge.yaml equals the descriptor config byte for byte.
 5. The Dockerfile agrees with the Deployment (ports, config path, non-root user).
 6. Observability: deploy/observability/alerts.yaml is a Prometheus rule file (groups, unique
@@ -67,6 +69,13 @@ HCM_TYPE = "envoy.extensions.filters.network.http_connection_manager.v3.HttpConn
 RATELIMIT_TYPE = "envoy.extensions.filters.http.ratelimit.v3.RateLimit"
 RATELIMIT_PER_ROUTE_TYPE = "envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute"
 HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+RATE_LIMIT_QUOTA_FILTER = "envoy.filters.http.rate_limit_quota"
+RATE_LIMIT_QUOTA_TYPE = "envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig"
+BUCKET_SETTINGS_TYPE = "envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings"
+# The one dynamic bucket-id value modelled: a request header (Envoy's docs use it for custom_value).
+HEADER_INPUT_TYPE = "envoy.type.matcher.v3.HttpRequestHeaderMatchInput"
+# Envoy refuses a reporting_interval of 100 ms or less.
+MIN_REPORTING_INTERVAL_SECONDS = 0.1
 
 # Request headers that carry the raw path: keying a descriptor on them is unbounded.
 UNBOUNDED_HEADERS = {":path", "x-envoy-original-path"}
@@ -308,6 +317,54 @@ def compare_descriptors(
             failures.add(source, f"config rule {node.label()} is never produced by any rate-limit action")
 
 
+Bucket = tuple[tuple[str, str | None], ...]  # an RLQS BucketId's entries, sorted by key
+
+
+def describe_bucket(bucket: Bucket) -> str:
+    return "{" + ", ".join(key if value is None else f"{key}={value}" for key, value in bucket) + "}"
+
+
+def bucket_match(config: DescriptorConfig, bucket: Bucket) -> RuleNode | None:
+    """The node an RLQS bucket id reaches, as sluice maps the unordered map onto the tree: at each
+    level, place an entry whose key a descriptor at that level names (entries tried in key order),
+    looked up as an RLS entry is (exact value, first matching wildcard, bare key; a header value
+    only on the bare key); backtrack to the next entry when the rest cannot be placed below. The
+    first placement that uses every entry wins; None if there is none."""
+
+    def place(nodes: list[RuleNode], remaining: Bucket) -> RuleNode | None:
+        for index, (key, value) in enumerate(remaining):
+            candidates = _select(nodes, key, value)
+            if value is ANY:
+                candidates = [node for node in candidates if node.value is None]
+            if not candidates:
+                continue
+            node, rest = candidates[0], remaining[:index] + remaining[index + 1 :]
+            reached = node if not rest else place(node.children, rest)
+            if reached is not None:
+                return reached
+        return None
+
+    return place(config.roots, tuple(sorted(bucket)))
+
+
+def compare_buckets(
+    config: DescriptorConfig, produced: dict[Bucket, list[str]], source: Path, failures: Failures
+) -> list[str]:
+    """Every bucket id the matchers build must reach a rule; returns "bucket -> rule" lines."""
+    reached: list[str] = []
+    for bucket, origins in sorted(produced.items(), key=lambda item: describe_bucket(item[0])):
+        node = bucket_match(config, bucket)
+        if node is None or not node.has_rule:
+            failures.add(
+                source,
+                f"bucket_matchers build bucket id {describe_bucket(bucket)} ({'; '.join(origins)}) but "
+                f"the config (domain {config.domain}) has no rule for it: sluice would assign ALLOW_ALL",
+            )
+            continue
+        reached.append(f"{describe_bucket(bucket)} -> {node.label()}")
+    return reached
+
+
 # ---------------------------------------------------------------------------------------------
 # Envoy protos
 
@@ -537,9 +594,12 @@ def check_bootstrap(
 
 
 def check_rls_cluster(cluster: Any, rl_config: Any, path: Path, failures: Failures) -> None:
-    name = ratelimit_cluster(rl_config)
+    check_grpc_cluster(cluster, ratelimit_cluster(rl_config), "rate limit service", path, failures)
+
+
+def check_grpc_cluster(cluster: Any, name: str | None, role: str, path: Path, failures: Failures) -> None:
     if cluster is None:
-        failures.add(path, f"rate limit service cluster {name!r} is not defined")
+        failures.add(path, f"{role} cluster {name!r} is not defined")
         return
     options = (cluster.typed_extension_protocol_options or {}).get(HTTP_PROTOCOL_OPTIONS)
     http2 = False
@@ -552,6 +612,182 @@ def check_rls_cluster(cluster: Any, rl_config: Any, path: Path, failures: Failur
             f"cluster {name!r} must speak HTTP/2 (typed_extension_protocol_options "
             f"{HTTP_PROTOCOL_OPTIONS} explicit_http_config.http2_protocol_options)",
         )
+
+
+def check_rlqs_bootstrap(
+    path: Path, descriptor_config: DescriptorConfig | None, failures: Failures
+) -> dict[Bucket, list[str]] | None:
+    """Validates the rate_limit_quota bootstrap; returns the bucket ids its matchers build (None:
+    unparseable)."""
+    document = load_yaml_document(path, failures)
+    if document is None:
+        return None
+    bootstrap = parse_envoy("envoy.config.bootstrap.v3", "Bootstrap", document, path, "bootstrap", failures)
+    if bootstrap is None:
+        return None
+    resources = bootstrap.static_resources
+    if resources is None:
+        failures.add(path, "bootstrap has no static_resources")
+        return None
+    clusters = {cluster.name: cluster for cluster in resources.clusters}
+    produced: dict[Bucket, list[str]] = {}
+    quota_filters = 0
+    for listener in resources.listeners:
+        for chain in listener.filter_chains:
+            for network_filter in chain.filters:
+                if type_name(network_filter.typed_config) != HCM_TYPE:
+                    continue
+                hcm = network_filter.typed_config.unpack()
+                context = f"listener {listener.name!r}"
+                names = [http_filter.name for http_filter in hcm.http_filters]
+                if not names or names[-1] != ROUTER_FILTER:
+                    failures.add(
+                        path, f"{context}: {ROUTER_FILTER} must be the last HTTP filter, got {names}"
+                    )
+                if RATE_LIMIT_QUOTA_FILTER not in names:
+                    continue
+                quota_filters += 1
+                http_filter = hcm.http_filters[names.index(RATE_LIMIT_QUOTA_FILTER)]
+                if type_name(http_filter.typed_config) != RATE_LIMIT_QUOTA_TYPE:
+                    failures.add(
+                        path,
+                        f"{context}: {RATE_LIMIT_QUOTA_FILTER} needs a {RATE_LIMIT_QUOTA_TYPE} typed_config",
+                    )
+                    continue
+                config = http_filter.typed_config.unpack()
+                cluster = check_quota_filter(config, descriptor_config, path, context, failures)
+                if cluster is not None:
+                    check_grpc_cluster(clusters.get(cluster), cluster, "rlqs_server", path, failures)
+                actions = matcher_actions(config.bucket_matchers, "bucket_matchers", path, failures)
+                for action, where in actions:
+                    bucket = bucket_of(action, f"{context} {where}", path, failures)
+                    if bucket is not None:
+                        produced.setdefault(bucket, []).append(where)
+    if quota_filters == 0:
+        failures.add(path, f"no HTTP connection manager has the {RATE_LIMIT_QUOTA_FILTER} filter")
+    return produced
+
+
+def check_quota_filter(
+    config: Any, descriptor_config: DescriptorConfig | None, path: Path, context: str, failures: Failures
+) -> str | None:
+    """Checks the filter's own fields; returns the rlqs_server cluster name."""
+    if not config.domain:
+        failures.add(path, f"{context}: rate_limit_quota needs a `domain`")
+    elif descriptor_config is not None and config.domain != descriptor_config.domain:
+        failures.add(
+            path,
+            f"{context}: domain {config.domain!r} differs from the config's {descriptor_config.domain!r}",
+        )
+    if config.bucket_matchers is None:
+        failures.add(path, f"{context}: rate_limit_quota needs `bucket_matchers`")
+    server = config.rlqs_server
+    if server is None or server.envoy_grpc is None or not server.envoy_grpc.cluster_name:
+        failures.add(path, f"{context}: rlqs_server.envoy_grpc.cluster_name is required")
+        return None
+    return server.envoy_grpc.cluster_name
+
+
+def matcher_actions(matcher: Any, where: str, path: Path, failures: Failures) -> list[tuple[Any, str]]:
+    """Every action (TypedExtensionConfig) an xds matcher tree can end in, with where it is."""
+    if matcher is None:
+        return []
+    found: list[tuple[Any, str]] = []
+    if matcher.matcher_list is not None:
+        for index, field_matcher in enumerate(matcher.matcher_list.matchers):
+            here = f"{where}.matcher_list.matchers[{index}]"
+            found += on_match_actions(field_matcher.on_match, here, path, failures)
+    if matcher.matcher_tree is not None:
+        tree = matcher.matcher_tree
+        if tree.custom_match is not None:
+            failures.add(path, f"{where}.matcher_tree: custom_match is not modelled by validate.py")
+        for map_name in ("exact_match_map", "prefix_match_map"):
+            match_map = getattr(tree, map_name)
+            for key, on_match in sorted((match_map.map if match_map is not None else {}).items()):
+                found += on_match_actions(on_match, f"{where}.matcher_tree.{map_name}[{key}]", path, failures)
+    if matcher.on_no_match is not None:
+        found += on_match_actions(matcher.on_no_match, f"{where}.on_no_match", path, failures)
+    return found
+
+
+def on_match_actions(on_match: Any, where: str, path: Path, failures: Failures) -> list[tuple[Any, str]]:
+    if on_match is not None and on_match.matcher is not None:
+        return matcher_actions(on_match.matcher, f"{where}.matcher", path, failures)
+    if on_match is None or on_match.action is None:
+        failures.add(path, f"{where}: on_match needs an action or a nested matcher")
+        return []
+    return [(on_match.action, f"{where} ({on_match.action.name or 'unnamed'})")]
+
+
+def bucket_of(action: Any, where: str, path: Path, failures: Failures) -> Bucket | None:
+    """The bucket id an action builds (a header value as ANY), after checking its settings."""
+    if type_name(action.typed_config) != BUCKET_SETTINGS_TYPE:
+        failures.add(path, f"{where}: the action must be a {BUCKET_SETTINGS_TYPE}")
+        return None
+    settings = action.typed_config.unpack()
+    interval = settings.reporting_interval
+    if interval is None or interval.total_seconds() <= MIN_REPORTING_INTERVAL_SECONDS:
+        failures.add(path, f"{where}: reporting_interval must be set and above 100ms")
+    no_assignment = settings.no_assignment_behavior
+    expired = settings.expired_assignment_behavior
+    for name, strategy in (
+        ("no_assignment_behavior", no_assignment.fallback_rate_limit if no_assignment else None),
+        ("expired_assignment_behavior", expired.fallback_rate_limit if expired else None),
+    ):
+        problem = fallback_problem(strategy)
+        if problem:
+            failures.add(path, f"{where}: {name}: {problem}")
+    builders = settings.bucket_id_builder.bucket_id_builder if settings.bucket_id_builder else {}
+    if not builders:
+        failures.add(
+            path, f"{where}: no bucket_id_builder: its requests are never reported, sluice never limits them"
+        )
+        return None
+    entries: list[tuple[str, str | None]] = []
+    for key, builder in sorted(builders.items()):
+        if builder.custom_value is None:
+            if not builder.string_value:
+                failures.add(path, f"{where}: bucket id entry {key!r} has an empty value")
+                return None
+            entries.append((key, builder.string_value))
+            continue
+        if type_name(builder.custom_value.typed_config) != HEADER_INPUT_TYPE:
+            failures.add(
+                path,
+                f"{where}: bucket id entry {key!r}: custom_value "
+                f"{type_name(builder.custom_value.typed_config) or '(empty)'} is not modelled by validate.py",
+            )
+            return None
+        header = builder.custom_value.typed_config.unpack().header_name
+        if header.lower() in UNBOUNDED_HEADERS:
+            failures.add(
+                path,
+                f"{where}: bucket id entry {key!r} takes {header}: every distinct path becomes its own "
+                "bucket, and varying the path escapes the limit",
+            )
+            return None
+        entries.append((key, ANY))
+    return tuple(entries)
+
+
+def fallback_problem(strategy: Any) -> str | None:
+    """Why Envoy would not enforce a fallback strategy as written (None: it would)."""
+    if strategy is None:
+        return None
+    if strategy.requests_per_time_unit is not None:
+        return "Envoy does not implement requests_per_time_unit; use a token_bucket"
+    bucket = strategy.token_bucket
+    if bucket is None:
+        return None
+    interval = bucket.fill_interval.total_seconds() if bucket.fill_interval is not None else 0
+    if interval < 1 or interval != int(interval):
+        return (
+            f"token_bucket fill_interval {interval}s: Envoy truncates it to whole seconds; "
+            "keep it whole and at least 1s"
+        )
+    if bucket.tokens_per_fill is None:
+        return "token_bucket needs tokens_per_fill"
+    return None
 
 
 def check_envoyfilters(
@@ -1187,7 +1423,11 @@ def main(argv: list[str] | None = None) -> int:
     envoyfilters, istio_produced = check_envoyfilters(
         deploy_dir / "istio", descriptor_config, facts.get("sluice_service"), failures
     )
-    summary.append(f"envoy: bootstrap and {envoyfilters} EnvoyFilter(s) parsed against the v3 protos")
+    rlqs_path = deploy_dir / "envoy" / "envoy-rlqs.yaml"
+    buckets = check_rlqs_bootstrap(rlqs_path, descriptor_config, failures)
+    summary.append(
+        f"envoy: RLS and RLQS bootstraps and {envoyfilters} EnvoyFilter(s) parsed against the v3 protos"
+    )
     if descriptor_config is not None:
         if produced is not None:
             compare_descriptors(descriptor_config, produced, bootstrap_path, failures)
@@ -1197,6 +1437,9 @@ def main(argv: list[str] | None = None) -> int:
         summary.append(
             f"descriptors: bootstrap and EnvoyFilter actions produce exactly the rules of {config_path.name}: {rules}"
         )
+        if buckets is not None:
+            reached = compare_buckets(descriptor_config, buckets, rlqs_path, failures)
+            summary.append(f"buckets: every RLQS bucket id reaches a rule: {', '.join(reached)}")
 
     check_dockerfile(deploy_dir, root, facts.get("sluice"), failures)
 

@@ -1,7 +1,7 @@
 //! The test harness shared by every sluice test that needs more than a unit: real
 //! `redis-server` processes (standalone, Cluster, master + replica + Sentinels) on free loopback
 //! ports, sluice started in the test process against them or against the memory backend, RLS
-//! request helpers, TLS material and an OTLP collector.
+//! request helpers, an RLQS data-plane simulator, TLS material and an OTLP collector.
 //!
 //! Redis processes are torn down on Drop (process group killed, temp dir removed), also when a
 //! test panics. As a safety net against a killed test process, every server also gets SIGKILL
@@ -14,6 +14,7 @@
 mod cluster;
 pub mod otlp;
 mod redis;
+pub mod rlqs;
 pub mod rls;
 mod sentinel;
 pub mod sluice;
@@ -27,6 +28,7 @@ use std::time::Duration;
 
 pub use cluster::RedisCluster;
 pub use redis::RedisServer;
+pub use rlqs::DataPlane;
 pub use sentinel::RedisSentinel;
 
 /// Where redis-server and redis-cli come from (integration/test.sh installs it).
