@@ -324,6 +324,55 @@ fn explain_prints_the_rule_its_bucket_and_key() {
     );
 }
 
+#[test]
+fn explain_places_an_rlqs_bucket_id_on_the_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("api.yaml"),
+        "domain: api\ndescriptors:\n  - key: tenant\n    descriptors:\n      - key: route\n        rate_limit: {unit: minute, requests_per_unit: 60}\n",
+    )
+    .unwrap();
+    let explain = |bucket: &str| {
+        run(sluice()
+            .arg("explain")
+            .arg("--config")
+            .arg(dir.path())
+            .args(["--domain", "api", "--bucket", bucket]))
+    };
+    // Given in any order; read as tenant, then route.
+    let (code, stdout, stderr) = explain("route=export,tenant=acme");
+    assert_eq!(code, Some(0), "{stderr}");
+    for line in [
+        "bucket id:   {route=export, tenant=acme}",
+        "descriptor:  tenant=acme, route=export",
+        "rule:        api.tenant.route",
+        "assignment:  a prepaid token bucket",
+        "pool key:    sluice:{api|tenant=acme}|route=export",
+    ] {
+        assert!(stdout.contains(line), "missing {line:?} in\n{stdout}");
+    }
+    let (code, stdout, _) = explain("env=prod,tenant=acme");
+    assert_eq!(code, Some(0));
+    assert!(
+        stdout.contains("assignment:  ALLOW_ALL, standing"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("env fit no level"), "{stdout}");
+    let (code, _, stderr) = explain("tenant=a,tenant=b");
+    assert_eq!(code, Some(2));
+    assert!(
+        stderr.contains("--bucket: key `tenant` appears twice"),
+        "{stderr}"
+    );
+    // One of --descriptor and --bucket.
+    let (code, _, _) = run(sluice()
+        .arg("explain")
+        .arg("--config")
+        .arg(dir.path())
+        .args(["--domain", "api"]));
+    assert_eq!(code, Some(2));
+}
+
 /// envoyproxy/ratelimit's README example config (upper-case units, as its users write them).
 const MONGO: &str = r#"domain: mongo_cps
 descriptors:

@@ -6,7 +6,9 @@ use std::process::ExitCode;
 use crate::algorithm::Algorithm;
 use crate::config::args::load_options;
 use crate::config::{Config, ConfigErrors, load_path_with};
-use crate::explain::{ExplainOptions, explain as explain_descriptor, parse_descriptor};
+use crate::explain::{
+    ExplainOptions, explain as explain_descriptor, explain_bucket, parse_descriptor,
+};
 use crate::rule::Limit;
 use crate::settings::{CheckConfigArgs, ExplainArgs, OtlpSettings, OutputFormat, Settings};
 use crate::{compat, runtime, server, telemetry};
@@ -162,10 +164,15 @@ fn check_json(result: &Result<Config, ConfigErrors>) -> serde_json::Value {
 /// Prints how the config treats one descriptor. Exit 0 once explained (matched or not), 1 when
 /// the config does not load, 2 when the descriptor argument cannot be read.
 pub fn explain(args: &ExplainArgs) -> ExitCode {
-    let entries = match parse_descriptor(&args.descriptor) {
+    let (flag, text) = match (&args.descriptor, &args.bucket) {
+        (_, Some(bucket)) => ("--bucket", bucket),
+        (Some(descriptor), None) => ("--descriptor", descriptor),
+        (None, None) => unreachable!("clap requires --descriptor or --bucket"),
+    };
+    let entries = match parse_descriptor(text) {
         Ok(entries) => entries,
         Err(e) => {
-            eprintln!("sluice explain: --descriptor: {e}");
+            eprintln!("sluice explain: {flag}: {e}");
             return ExitCode::from(2);
         }
     };
@@ -176,21 +183,25 @@ pub fn explain(args: &ExplainArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let report = explain_descriptor(
-        &config,
-        &args.domain,
-        &entries,
-        &ExplainOptions {
-            key_prefix: args.key_prefix.clone(),
-            default_failure_mode: args.failure_mode.into(),
-        },
-    );
+    let options = ExplainOptions {
+        key_prefix: args.key_prefix.clone(),
+        default_failure_mode: args.failure_mode.into(),
+    };
+    let (text, json) = if args.bucket.is_some() {
+        match explain_bucket(&config, &args.domain, &entries, &options) {
+            Ok(report) => (report.to_text(), serde_json::to_string_pretty(&report)),
+            Err(e) => {
+                eprintln!("sluice explain: --bucket: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        let report = explain_descriptor(&config, &args.domain, &entries, &options);
+        (report.to_text(), serde_json::to_string_pretty(&report))
+    };
     match args.format {
-        OutputFormat::Text => print!("{}", report.to_text()),
-        OutputFormat::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&report).unwrap_or_default()
-        ),
+        OutputFormat::Text => print!("{text}"),
+        OutputFormat::Json => println!("{}", json.unwrap_or_default()),
     }
     ExitCode::SUCCESS
 }

@@ -401,6 +401,19 @@ async fn explain_and_healthcheck_endpoints() {
         "{json}"
     );
 
+    // An RLQS bucket id, in any order: placed as tenant, then path.
+    let (code, body) = get("/explain?domain=edge&bucket=path%3D%252Fa%2Ctenant%3Dacme")
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(json["placed"]["rule"]["path"], "edge.tenant.path");
+    assert_eq!(json["pool_key"], "sluice:{edge|tenant=acme}|path=/a");
+    let (code, _) = get("/explain?domain=edge&bucket=a%3D1&descriptor=a%3D1")
+        .await
+        .unwrap();
+    assert_eq!(code, 400);
+
     let (code, body) = get("/explain?domain=edge").await.unwrap();
     assert_eq!(code, 400);
     assert!(body.contains("descriptor"), "{body}");

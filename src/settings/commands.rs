@@ -36,8 +36,13 @@ pub struct ExplainArgs {
 
     /// The request descriptor's entries: key=value[,key=value...]. Write `,` `=` `%` inside a
     /// key or value as %2C %3D %25.
+    #[arg(long, required_unless_present = "bucket", conflicts_with = "bucket")]
+    pub descriptor: Option<String>,
+
+    /// An RLQS bucket id instead of a descriptor, in the same syntax; its order does not matter
+    /// (it is placed on the descriptor tree as the RLQS service places it).
     #[arg(long)]
-    pub descriptor: String,
+    pub bucket: Option<String>,
 
     /// Prefix of storage keys, as `serve --key-prefix`.
     #[arg(long, env = "SLUICE_KEY_PREFIX", default_value = "sluice:")]

@@ -3,7 +3,10 @@
 //! config on disk, `GET /explain` as JSON against the live config.
 //!
 //! The walk itself is [`crate::descriptor::Level::explain`], the same walk the request path
-//! makes, so the explanation cannot drift from the decision.
+//! makes, so the explanation cannot drift from the decision. [`explain_bucket`] does the same
+//! for an RLQS bucket id, through the placement the RLQS side uses.
+
+mod bucket;
 
 use std::fmt::Write as _;
 
@@ -16,6 +19,8 @@ use crate::descriptor::{Miss, Selected, Step};
 use crate::key::{RuleTag, write_shared_bucket_key};
 use crate::request::Entry;
 use crate::rule::{FailureMode, Limit, RateLimit, Rule, Unit};
+
+pub use bucket::{BucketReport, RepeatedKey, explain_bucket};
 
 /// Settings that shape a decision but are not in the descriptor config.
 #[derive(Clone, Debug)]

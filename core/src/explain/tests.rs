@@ -315,3 +315,64 @@ fn a_descriptor_stopping_at_a_tree_node_is_a_depth_mismatch() {
         )
     );
 }
+
+#[test]
+fn a_bucket_id_is_explained_through_its_placement() {
+    let text = "domain: mesh
+descriptors:
+  - key: tenant
+    descriptors:
+      - key: route
+        rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: free
+    rate_limit: {unlimited: true}
+";
+    let config = load_sources(&[("m.yaml".into(), text.into())]).unwrap();
+    let bucket = [Entry::new("route", "export"), Entry::new("tenant", "acme")];
+    let report = explain_bucket(&config, "mesh", &bucket, &options()).unwrap();
+    let placed: Vec<&str> = report
+        .placed
+        .descriptor
+        .iter()
+        .map(|e| e.key.as_str())
+        .collect();
+    assert_eq!(placed, ["tenant", "route"]);
+    assert!(report.placed.matched);
+    assert_eq!(
+        report.pool_key.as_deref(),
+        report.placed.rule.as_ref().unwrap().key.as_deref(),
+        "the pool is the RLS bucket"
+    );
+    assert!(
+        report.assignment.starts_with("a prepaid token bucket"),
+        "{}",
+        report.assignment
+    );
+    let text = report.to_text();
+    assert!(
+        text.starts_with("bucket id:   {route=export, tenant=acme}\n"),
+        "{text}"
+    );
+    assert!(text.contains("pool key:    "), "{text}");
+
+    let unlimited =
+        explain_bucket(&config, "mesh", &[Entry::new("free", "x")], &options()).unwrap();
+    assert!(
+        unlimited.assignment.starts_with("ALLOW_ALL, standing"),
+        "{}",
+        unlimited.assignment
+    );
+    assert_eq!(unlimited.pool_key, None);
+
+    let stray = [Entry::new("env", "prod"), Entry::new("tenant", "acme")];
+    let missed = explain_bucket(&config, "mesh", &stray, &options()).unwrap();
+    assert!(!missed.placed.matched);
+    let reason = missed.placed.reason.unwrap();
+    assert!(reason.contains("env fit no level"), "{reason}");
+
+    let twice = [Entry::new("tenant", "a"), Entry::new("tenant", "b")];
+    assert_eq!(
+        explain_bucket(&config, "mesh", &twice, &options()).unwrap_err(),
+        RepeatedKey("tenant".into())
+    );
+}
