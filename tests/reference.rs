@@ -602,6 +602,8 @@ const STATS_KEYS: &[(&str, &[(&str, &str)], &str)] = &[
     ("test-domain", &[("key2", "value2")], "key2_value2"),
     ("test-domain", &[("key7", "unspecified_value")], "key7_unspecified_value"),
     ("test-domain", &[("key7", "another_value")], "key7_another_value"),
+    // A detailed key joins key and value with `_` even when the value is empty.
+    ("test-domain", &[("key7", "")], "key7_"),
     // TestDetailedMetric.
     ("nested-outer", &[("key-1", "value-1")], "key-1_value-1"),
     ("nested-none", &[("key-1", "value-1")], "key-1"),

@@ -320,14 +320,16 @@ fn runtime_key(rule: &Rule, entries: &[Entry]) -> String {
         key.push_str(&entry.key);
         let shared = rule.shared_values.get(i).and_then(Option::as_deref);
         let level = rule.metric_levels.get(i);
-        let value = match (shared, level) {
-            (Some(pattern), _) => pattern,
-            _ if rule.detailed_metric => &entry.value,
-            (None, Some(level)) if level.value_to_metric => &entry.value,
-            (None, Some(level)) => level.value.as_deref().unwrap_or(""),
-            (None, None) => &entry.value,
+        // A detailed key always joins key and value with `_`, even an empty value (`key_`), as
+        // envoyproxy/ratelimit's detailed stats do; the other shapes drop the `_` with no value.
+        let (value, joined) = match (shared, level) {
+            (Some(pattern), _) => (pattern, false),
+            _ if rule.detailed_metric => (entry.value.as_str(), true),
+            (None, Some(level)) if level.value_to_metric => (entry.value.as_str(), false),
+            (None, Some(level)) => (level.value.as_deref().unwrap_or(""), false),
+            (None, None) => (entry.value.as_str(), false),
         };
-        if !value.is_empty() {
+        if joined || !value.is_empty() {
             key.push('_');
             key.push_str(value);
         }
