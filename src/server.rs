@@ -132,6 +132,7 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
                 .into(),
         ));
     }
+    check_settings(&settings)?;
     let source = xds::config_source(&settings).map_err(|e| ServeError::Setting(e.to_string()))?;
     let reload = config::args::reload_options(&settings.config_ops, settings.max_entries);
     let (loaded, config_loaded) = match &source {
@@ -151,6 +152,29 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
     }?;
     follow_config_source(source, reload, &running);
     Ok(running)
+}
+
+/// Settings that parse one by one but not together.
+fn check_settings(settings: &Settings) -> Result<(), ServeError> {
+    let fail = |message: String| Err(ServeError::Setting(message));
+    if settings.quota_push_interval.is_zero() {
+        return fail("--quota-push-interval must be above 0".into());
+    }
+    if settings.quota_assignment_ttl <= settings.quota_push_interval {
+        // An assignment must outlive the push that extends it, or every data plane falls to its
+        // expired-assignment behaviour between pushes.
+        return fail(format!(
+            "--quota-assignment-ttl ({:?}) must be longer than --quota-push-interval ({:?})",
+            settings.quota_assignment_ttl, settings.quota_push_interval
+        ));
+    }
+    if settings.backend == BackendKind::Memory && settings.redis_per_second.enabled() {
+        return fail(
+            "--redis-per-second-url needs --backend redis (the memory backend keeps every bucket)"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// Serves on the embedded backend: one process holds every bucket.

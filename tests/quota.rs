@@ -231,3 +231,31 @@ async fn reqwest_metrics(s: &TestServer) -> String {
     conn.read_to_string(&mut body).await.unwrap();
     body
 }
+
+#[tokio::test]
+async fn settings_that_cannot_work_together_are_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("mesh.yaml"), CONFIG).unwrap();
+    let start = |tweak: fn(&mut sluice::settings::Settings)| {
+        let mut settings = sluice::settings::Settings::with_config(dir.path());
+        settings.grpc_addr = "127.0.0.1:0".parse().unwrap();
+        settings.admin_addr = "127.0.0.1:0".parse().unwrap();
+        tweak(&mut settings);
+        sluice::server::start(settings)
+    };
+    let error = start(|s| s.quota_assignment_ttl = s.quota_push_interval)
+        .await
+        .err()
+        .expect("a ttl no longer than the push interval is refused")
+        .to_string();
+    assert!(error.contains("--quota-assignment-ttl"), "{error}");
+    let error = start(|s| s.redis_per_second.url = vec!["redis://127.0.0.1:1".into()])
+        .await
+        .err()
+        .expect("a per-second Redis without the Redis backend is refused")
+        .to_string();
+    assert!(
+        error.contains("--redis-per-second-url needs --backend redis"),
+        "{error}"
+    );
+}

@@ -251,6 +251,9 @@ struct State {
 /// every assignment, so a slow reader loses nothing but time).
 const OUTBOX: usize = 16;
 
+/// How long shutdown waits for the pools' last refund.
+const GIVE_BACK_DEADLINE: Duration = Duration::from_secs(1);
+
 /// A reported count above this in one report is not a count (2^40: over a trillion requests).
 const ABSURD_COUNT: u64 = 1 << 40;
 
@@ -444,6 +447,8 @@ impl<B: Backend> Quotas<B> {
                 }
                 _ = stop.changed() => {
                     self.close_all();
+                    // The emptied pools give back what their data planes can no longer spend.
+                    let _ = tokio::time::timeout(GIVE_BACK_DEADLINE, self.push()).await;
                     return;
                 }
             }
