@@ -412,3 +412,67 @@ async fn silent_clients_neither_block_others_nor_stay_connected() {
     assert_eq!(call_tls(&running, &ca, None).await.unwrap(), OK);
     running.shutdown().await.unwrap();
 }
+
+/// Opens an RLQS stream over a fresh TLS connection and waits for its first assignment.
+async fn quota_tls(running: &Running, ca: &Ca, identity: &Leaf) -> Result<(), tonic::Status> {
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+        BucketId, RateLimitQuotaUsageReports,
+    };
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca.pem()))
+        .domain_name("localhost")
+        .identity(Identity::from_pem(&identity.cert, &identity.key));
+    let channel = Channel::from_shared(format!("https://localhost:{}", running.grpc_addr.port()))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("connect: {e:?}")))?;
+    let report = RateLimitQuotaUsageReports {
+        domain: "edge".into(),
+        bucket_quota_usages: vec![BucketQuotaUsage {
+            bucket_id: Some(BucketId {
+                bucket: [("tenant".to_string(), "t".to_string())].into(),
+            }),
+            time_elapsed: None,
+            num_requests_allowed: 1,
+            num_requests_denied: 0,
+        }],
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(report).await.unwrap();
+    let mut stream = RateLimitQuotaServiceClient::new(channel)
+        .stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    let first = tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .map_err(|_| tonic::Status::deadline_exceeded("no assignment"))??;
+    assert!(first.is_some_and(|m| !m.bucket_action.is_empty()));
+    Ok(())
+}
+
+#[tokio::test]
+async fn rlqs_is_served_on_the_same_listener_behind_the_same_allow_list() {
+    let server_ca = Ca::new("server CA");
+    let client_ca = Ca::new("client CA");
+    let files = Files::new(&server_ca.issue(&["localhost"]), &client_ca);
+    let running = start(&files, |s| {
+        s.security.tls.tls_client_ca = Some(files.client_ca.clone());
+        s.security.tls.tls_allowed_sans = vec!["spiffe://cluster.local/ns/edge/sa/envoy".into()];
+    })
+    .await;
+    let allowed = client_ca.issue(&["spiffe://cluster.local/ns/edge/sa/envoy"]);
+    quota_tls(&running, &server_ca, &allowed)
+        .await
+        .expect("an allowed data plane gets assignments");
+    let other = client_ca.issue(&["intruder.example"]);
+    let err = quota_tls(&running, &server_ca, &other)
+        .await
+        .expect_err("another identity is refused");
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    running.shutdown().await.unwrap();
+}
