@@ -339,15 +339,19 @@ impl Level {
     /// place the rest. Every entry must be placed and the last one must reach a rule, so a bucket
     /// id reaches a rule exactly when some ordering of its entries would as an RLS descriptor,
     /// and then the same rule (and so the same storage key). `entries` must have distinct keys,
-    /// sorted; the search is exponential only in the number of entries a level could take at
-    /// once, which callers bound.
+    /// sorted. The search is bounded by the tree, not by the orders of the entries: entries have
+    /// distinct keys, so each path of choices reaches a different node, and each node is visited
+    /// at most once — at most (entries × nodes) lookups.
     pub fn place(&self, entries: &[Entry]) -> Result<(Vec<Entry>, Arc<Rule>), Unplaced> {
-        let mut path = Vec::with_capacity(entries.len());
-        let mut used = vec![false; entries.len()];
-        let mut best: Vec<Entry> = Vec::new();
-        if let Some(rule) = self.place_from(entries, &mut used, &mut path, &mut best) {
-            return Ok((path, rule));
+        let mut search = Search {
+            used: vec![false; entries.len()],
+            path: Vec::with_capacity(entries.len()),
+            best: Vec::new(),
+        };
+        if let Some(rule) = self.place_from(entries, &mut search) {
+            return Ok((search.path, rule));
         }
+        let best = search.best;
         let left = entries
             .iter()
             .filter(|e| !best.iter().any(|b| b.key == e.key))
@@ -356,38 +360,39 @@ impl Level {
         Err(Unplaced::NoPath { placed: best, left })
     }
 
-    fn place_from(
-        &self,
-        entries: &[Entry],
-        used: &mut [bool],
-        path: &mut Vec<Entry>,
-        best: &mut Vec<Entry>,
-    ) -> Option<Arc<Rule>> {
+    fn place_from(&self, entries: &[Entry], search: &mut Search) -> Option<Arc<Rule>> {
         for i in 0..entries.len() {
-            if used[i] {
+            if search.used[i] {
                 continue;
             }
             let Some(node) = self.select(&entries[i]) else {
                 continue;
             };
-            used[i] = true;
-            path.push(entries[i].clone());
-            if path.len() > best.len() {
-                best.clone_from(path);
+            search.used[i] = true;
+            search.path.push(entries[i].clone());
+            if search.path.len() > search.best.len() {
+                search.best.clone_from(&search.path);
             }
-            let found = if path.len() == entries.len() {
+            let found = if search.path.len() == entries.len() {
                 node.rule.clone()
             } else {
-                node.children.place_from(entries, used, path, best)
+                node.children.place_from(entries, search)
             };
             if found.is_some() {
                 return found;
             }
-            path.pop();
-            used[i] = false;
+            search.path.pop();
+            search.used[i] = false;
         }
         None
     }
+}
+
+/// The state of one [`Level::place`] search.
+struct Search {
+    used: Vec<bool>,
+    path: Vec<Entry>,
+    best: Vec<Entry>,
 }
 
 #[cfg(test)]

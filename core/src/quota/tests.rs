@@ -348,3 +348,37 @@ descriptors:
     let Unplaced::NoPath { left, .. } = unplaced;
     assert_eq!(left, vec!["env".to_string()]);
 }
+
+#[test]
+fn placing_a_bucket_id_visits_each_tree_node_at_most_once() {
+    use crate::request::Entry;
+    // Every level names all six keys and no path reaches a rule: the search still ends, having
+    // walked each of the tree's 6 + 36 + 216 nodes once (not the 720 orders of six entries).
+    let keys: Vec<String> = (0..6).map(|i| format!("k{i}")).collect();
+    fn level(keys: &[String], depth: usize) -> String {
+        let indent = "  ".repeat(depth * 2);
+        let mut out = String::new();
+        for k in keys {
+            out.push_str(&format!("{indent}- key: {k}\n"));
+            if depth < 2 {
+                out.push_str(&format!("{indent}  descriptors:\n"));
+                out.push_str(&level(keys, depth + 1));
+            } else {
+                out.push_str(&format!(
+                    "{indent}  rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+                ));
+            }
+        }
+        out
+    }
+    let yaml = format!("domain: d\ndescriptors:\n{}", level(&keys, 0));
+    let config = crate::config::load_sources(&[("d.yaml".into(), yaml)]).unwrap();
+    let domain = config.domain("d").unwrap();
+    let bucket: Vec<Entry> = keys.iter().map(|k| Entry::new(k, "v")).collect();
+    assert!(
+        domain.place(&bucket).is_err(),
+        "six entries cannot fit three levels"
+    );
+    let (placed, _) = domain.place(&bucket[3..]).unwrap();
+    assert_eq!(placed.len(), 3);
+}
