@@ -382,3 +382,114 @@ fn placing_a_bucket_id_visits_each_tree_node_at_most_once() {
     let (placed, _) = domain.place(&bucket[3..]).unwrap();
     assert_eq!(placed.len(), 3);
 }
+
+mod generated {
+    use proptest::prelude::{ProptestConfig, Strategy as Gen, prop, prop_assert, proptest};
+
+    use super::{Answer, Ask, BucketParams, DataPlane, MemberId, OPTIONS, PUSH_MS, Pool, Shared};
+
+    /// One data plane of a generated run.
+    #[derive(Clone, Debug)]
+    struct Plan {
+        offered_per_s: f64,
+        report_ms: u64,
+        join_ms: u64,
+        /// Leaves (its stream closes) at this time, if ever.
+        leave_ms: Option<u64>,
+    }
+
+    fn plane() -> impl Gen<Value = Plan> {
+        (
+            0.0..400.0f64,
+            100u64..2000,
+            0u64..3000,
+            prop::option::of(1000u64..6000),
+        )
+            .prop_map(|(offered_per_s, report_ms, join_ms, leave)| Plan {
+                offered_per_s,
+                report_ms,
+                join_ms,
+                leave_ms: leave.map(|l| join_ms + l),
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// Whatever the demand, report cadence, churn, rule shape and competing consumer of
+        /// the shared bucket, the data planes never admit a token the pool did not take first.
+        #[test]
+        fn no_admission_is_ever_unpaid(
+            plans in prop::collection::vec(plane(), 1..5),
+            rate in 1u64..300,
+            burst_x in 1u64..4,
+            unit_ms in prop::sample::select(vec![1000u64, 60_000]),
+            competitor_per_ms in 0.0..0.2f64,
+        ) {
+            let params = BucketParams {
+                capacity: rate * burst_x,
+                requests_per_unit: rate,
+                unit_ms,
+            };
+            let mut shared = Shared::new(params);
+            let mut pool = Pool::new(params);
+            let mut planes: Vec<DataPlane> = plans
+                .iter()
+                .enumerate()
+                .map(|(i, p)| DataPlane::new(i as MemberId, p.offered_per_s))
+                .collect();
+            let mut taken_net: i64 = 0;
+            let mut competing = 0.0;
+            for now in 1..=8000u64 {
+                // Another consumer (RLS calls, another replica) draws on the same bucket.
+                competing += competitor_per_ms;
+                while competing >= 1.0 {
+                    competing -= 1.0;
+                    shared.take(now, 1);
+                }
+                for (dp, plan) in planes.iter_mut().zip(&plans) {
+                    let id = dp.id;
+                    if now == plan.join_ms.max(1) {
+                        pool.join(id);
+                    }
+                    if plan.leave_ms == Some(now) {
+                        pool.leave(id);
+                    }
+                    let member = pool.contains(id);
+                    if member || plan.leave_ms.is_some_and(|l| now > l) {
+                        // A leaver keeps enforcing what it was last told until it expires.
+                        dp.step(now);
+                    }
+                    if member && now % plan.report_ms == 0 {
+                        pool.report(id, now, dp.allowed, dp.denied);
+                        dp.allowed = 0;
+                        dp.denied = 0;
+                    }
+                }
+                if now % PUSH_MS == 0 {
+                    let answer = match pool.plan(now, &OPTIONS) {
+                        Ask::Take(n) => {
+                            let got = shared.take(now, n);
+                            taken_net += got as i64;
+                            Answer::Granted(got)
+                        }
+                        Ask::Refund(n) => {
+                            shared.give(now, n);
+                            taken_net -= n as i64;
+                            Answer::Refunded(n)
+                        }
+                        Ask::Nothing => Answer::Granted(0),
+                    };
+                    for (id, strategy) in pool.settle(now, &OPTIONS, answer) {
+                        planes[id as usize].assign(now, strategy);
+                    }
+                }
+                let admitted: u64 = planes.iter().map(|d| d.admitted_total).sum();
+                prop_assert!(
+                    admitted as i64 <= taken_net,
+                    "at {} ms: admitted {} > taken {}", now, admitted, taken_net
+                );
+            }
+        }
+    }
+}
