@@ -280,8 +280,11 @@ fn request(rules: [u8; 2], value: u32) -> RateLimitRequest {
     }
 }
 
-/// A worker's samples, and the error messages it kept with their send times (ms).
-type Collected = (Vec<Sample>, Vec<(u32, String)>);
+/// A worker's samples, and the errors it kept.
+type Collected = (Vec<Sample>, Vec<CallError>);
+
+/// A failed call's send and reply times (ms) and what it failed with.
+type CallError = (u32, u32, String);
 
 /// The load: workers calling the replicas round robin until stopped.
 struct Load {
@@ -336,7 +339,11 @@ impl Load {
                                     OK => (Outcome::Ok, degraded),
                                     OVER_LIMIT => (Outcome::OverLimit, degraded),
                                     code => {
-                                        errors.push((ms(sent_at), format!("overall code {code}")));
+                                        errors.push((
+                                            ms(sent_at),
+                                            ms(replied_at),
+                                            format!("overall code {code}"),
+                                        ));
                                         (Outcome::Failed, degraded)
                                     }
                                 }
@@ -345,13 +352,18 @@ impl Load {
                                 if errors.len() < 1_000 {
                                     errors.push((
                                         ms(sent_at),
+                                        ms(replied_at),
                                         format!("{:?}: {}", status.code(), status.message()),
                                     ));
                                 }
                                 (Outcome::Failed, false)
                             }
                             Err(_) => {
-                                errors.push((ms(sent_at), format!("no answer within {HUNG:?}")));
+                                errors.push((
+                                    ms(sent_at),
+                                    ms(replied_at),
+                                    format!("no answer within {HUNG:?}"),
+                                ));
                                 (Outcome::Failed, false)
                             }
                         };
@@ -977,7 +989,7 @@ fn accuracy(samples: &[Sample], from: u32, resets: u32) -> (f64, Vec<Worst>, Vec
 struct Report<'a> {
     plan: &'a Plan,
     samples: &'a [Sample],
-    errors: &'a [(u32, String)],
+    errors: &'a [CallError],
     faults: &'a [Fault],
     rows: &'a [Row],
     end: u32,
@@ -987,7 +999,7 @@ impl<'a> Report<'a> {
     fn new(
         plan: &'a Plan,
         samples: &'a [Sample],
-        errors: &'a [(u32, String)],
+        errors: &'a [CallError],
         faults: &'a [Fault],
         rows: &'a [Row],
         end: u32,
@@ -1213,9 +1225,9 @@ impl<'a> Report<'a> {
         let shown: Vec<String> = self
             .errors
             .iter()
-            .filter(|(sent, _)| !self.in_window(*sent, *sent))
+            .filter(|(sent, replied, _)| !self.in_window(*sent, *replied))
             .take(10)
-            .map(|(sent, e)| format!("{:.2} s: {e}", f64::from(*sent) / 1e3))
+            .map(|(sent, _, e)| format!("{:.2} s: {e}", f64::from(*sent) / 1e3))
             .collect();
         if !shown.is_empty() {
             println!("SOAK {name} errors outside fault windows: {shown:#?}");
