@@ -24,7 +24,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice::settings::RedisModeArg;
-use sluice_harness::rls::{OK, OVER_LIMIT, desc, header};
+use sluice_harness::rls::{OK, OVER_LIMIT, desc, header, http_get};
 use sluice_harness::sluice::Sluice;
 use sluice_harness::{RedisCluster, RedisServer, without_sluice_env};
 use tokio::task::JoinHandle;
@@ -478,12 +478,13 @@ async fn wait_for(what: &str, mut ready: impl FnMut() -> bool) -> Instant {
     now()
 }
 
-/// A `sluice serve` child process whose stderr (its log) is collected with arrival times;
+/// A `sluice serve` child process whose stderr (its log) is collected;
 /// SIGKILLed on drop unless it was stopped.
 struct Replica {
     child: Child,
     grpc: SocketAddr,
-    log: Arc<Mutex<Vec<(Instant, String)>>>,
+    admin: SocketAddr,
+    log: Arc<Mutex<Vec<String>>>,
     reader: Option<std::thread::JoinHandle<()>>,
     _dir: tempfile::TempDir,
 }
@@ -514,27 +515,30 @@ impl Replica {
             });
         }
         let mut child = cmd.spawn().expect("spawn sluice");
-        let log: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
+        let log: Arc<Mutex<Vec<String>>> = Arc::default();
         let stderr = child.stderr.take().unwrap();
         let sink = log.clone();
         let reader = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push((now(), strip_ansi(&line)));
+                sink.lock().unwrap().push(strip_ansi(&line));
             }
         });
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
             .unwrap();
-        let grpc = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("grpc="))
-            .unwrap_or_else(|| panic!("no ready line from sluice: {line:?}"))
-            .parse()
-            .unwrap();
+        let addr = |name: &str| -> SocketAddr {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(name))
+                .unwrap_or_else(|| panic!("no ready line from sluice: {line:?}"))
+                .parse()
+                .unwrap()
+        };
+        let (grpc, admin) = (addr("grpc="), addr("admin="));
         Replica {
             child,
             grpc,
+            admin,
             log,
             reader: Some(reader),
             _dir: dir,
@@ -547,19 +551,13 @@ impl Replica {
             .unwrap()
     }
 
-    /// The replica count this process last logged, and when (`None`: still the initial 1).
-    fn replica_count(&self) -> Option<(Instant, u64)> {
-        self.log
-            .lock()
-            .unwrap()
-            .iter()
-            .rev()
-            .find_map(|(at, line)| {
-                line.contains("live replica count changed")
-                    .then(|| field(line, "replicas"))
-                    .flatten()
-                    .map(|n| (*at, n))
-            })
+    /// The replica count the `local` policy divides by, as this process's `/metrics` reports
+    /// it (`sluice_replicas`).
+    fn replica_count(&self) -> u64 {
+        let (status, body) = http_get(self.admin, "/metrics");
+        assert_eq!(status, 200, "GET /metrics: {body}");
+        gauge(&body, "sluice_replicas")
+            .unwrap_or_else(|| panic!("no sluice_replicas in the scrape:\n{body}"))
     }
 
     /// SIGTERM and wait for the exit (a graceful shutdown: drain, hand leases back); returns the
@@ -580,8 +578,8 @@ impl Replica {
         // Nothing is logged when no lease held a token.
         let log = self.log.lock().unwrap();
         log.iter()
-            .find(|(_, line)| line.contains("leased tokens handed back"))
-            .and_then(|(_, line)| field(line, "tokens"))
+            .find(|line| line.contains("leased tokens handed back"))
+            .and_then(|line| field(line, "tokens"))
             .unwrap_or(0)
     }
 }
@@ -622,27 +620,39 @@ fn strip_ansi(line: &str) -> String {
     out
 }
 
-/// Waits until every replica of `replicas` logged the count `want`; returns how long after
-/// `since` the last of them did (zero when all had before).
+/// The value of an unlabelled gauge in a Prometheus text scrape.
+fn gauge(scrape: &str, name: &str) -> Option<u64> {
+    scrape.lines().find_map(|line| {
+        let value = line.strip_prefix(name)?.strip_prefix(' ')?;
+        value.trim().parse::<f64>().ok().map(|v| v as u64)
+    })
+}
+
+/// Scrapes every replica of `replicas` every 20 ms until each reports the count `want`; returns
+/// how long after `since` the last of them was first seen at it (scrape resolution; the count
+/// moves only at a heartbeat, so a replica seen at `want` stays there).
 async fn count_lag(replicas: &[Replica], want: u64, since: Instant) -> Duration {
     let deadline = now() + Duration::from_secs(30);
+    let mut reached: Vec<Option<Instant>> = vec![None; replicas.len()];
     loop {
-        let counts: Vec<Option<(Instant, u64)>> =
-            replicas.iter().map(Replica::replica_count).collect();
-        if counts
-            .iter()
-            .all(|c| matches!(c, Some((_, n)) if *n == want))
-        {
-            return counts
+        let counts: Vec<u64> = blocking(|| replicas.iter().map(Replica::replica_count).collect());
+        let seen = now();
+        for (at, count) in reached.iter_mut().zip(&counts) {
+            if *count == want {
+                at.get_or_insert(seen);
+            }
+        }
+        if reached.iter().all(Option::is_some) {
+            return reached
                 .iter()
-                .map(|c| c.expect("counted").0.saturating_duration_since(since))
+                .flatten()
+                .map(|at| at.saturating_duration_since(since))
                 .max()
                 .unwrap_or_default();
         }
         assert!(
             now() < deadline,
-            "replica counts never reached {want}: {:?}",
-            counts.iter().map(|c| c.map(|(_, n)| n)).collect::<Vec<_>>()
+            "replica counts never reached {want}: {counts:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -348,6 +348,7 @@ async fn build<B: Backend>(
         ..LeaseOptions::from(settings)
     }));
     metrics.observe_leases(leases.clone());
+    metrics.observe_replicas(store.replicas.clone());
     let limiter = Arc::new(
         Limiter::with_resilience(
             config.active().clone(),

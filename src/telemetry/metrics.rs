@@ -31,6 +31,7 @@ use crate::decision::Decision;
 use crate::lease::LeaseStore;
 use crate::quota::{Ignored, QuotaStats};
 use crate::request::LimitRequest;
+use crate::resilience::local::Replicas;
 use crate::security::listener::{ConnectionStats, Refusal};
 use crate::settings::{BackendKind, OtlpSettings, Settings};
 
@@ -168,6 +169,7 @@ struct Shared {
     leases: Mutex<Option<Arc<LeaseStore>>>,
     connections: Mutex<Option<Arc<ConnectionStats>>>,
     quota: Mutex<Option<Arc<QuotaStats>>>,
+    replicas: Mutex<Option<Arc<Replicas>>>,
 }
 
 const REDIS_ERROR_KINDS: [&str; 5] = [
@@ -258,6 +260,7 @@ impl Metrics {
             leases: Mutex::new(None),
             connections: Mutex::new(None),
             quota: Mutex::new(None),
+            replicas: Mutex::new(None),
         });
         register_observables(&meter, &shared);
         let response_time = meter
@@ -355,6 +358,13 @@ impl Metrics {
     pub fn observe_quota(&self, stats: Arc<QuotaStats>) {
         if let Some(inner) = &self.0 {
             *lock(&inner.shared.quota) = Some(stats);
+        }
+    }
+
+    /// Feeds `sluice_replicas` from the count the `local` failure policy divides limits by.
+    pub fn observe_replicas(&self, replicas: Arc<Replicas>) {
+        if let Some(inner) = &self.0 {
+            *lock(&inner.shared.replicas) = Some(replicas);
         }
     }
 
@@ -631,6 +641,15 @@ const OBSERVABLES: &[Observable] = &[
         reading: Reading::Gauge(|s, points| {
             if let Some(source) = lock(&s.memory_buckets).as_ref() {
                 points(source(), &[]);
+            }
+        }),
+    },
+    Observable {
+        name: "sluice_replicas",
+        description: "Replicas the `local` failure policy divides each limit by: --replicas when set, else the live replicas last counted through the Redis heartbeat (kept while Redis is away)",
+        reading: Reading::Gauge(|s, points| {
+            if let Some(replicas) = lock(&s.replicas).as_ref() {
+                points(replicas.current(), &[]);
             }
         }),
     },
