@@ -25,6 +25,8 @@ use crate::backend::memory::MemoryBackend;
 pub struct Replicas {
     configured: Option<u64>,
     discovered: AtomicU64,
+    /// A lower count seen once and not yet believed (0: none).
+    lower_seen: AtomicU64,
 }
 
 impl Replicas {
@@ -33,6 +35,7 @@ impl Replicas {
         Replicas {
             configured: Some(n.max(1)),
             discovered: AtomicU64::new(1),
+            lower_seen: AtomicU64::new(0),
         }
     }
 
@@ -41,6 +44,7 @@ impl Replicas {
         Replicas {
             configured: None,
             discovered: AtomicU64::new(1),
+            lower_seen: AtomicU64::new(0),
         }
     }
 
@@ -55,9 +59,27 @@ impl Replicas {
             .unwrap_or_else(|| self.discovered.load(Ordering::Relaxed).max(1))
     }
 
-    /// Records a live count read from Redis.
+    /// Records a live count read from Redis (one heartbeat). A higher count applies at once; a
+    /// lower one only when the next heartbeat confirms it (the higher of the two), because a
+    /// count too low is the unsafe direction — the `local` policy would give each replica too
+    /// large a share — and one low reading is what a Redis that lost the heartbeat set (a
+    /// restart, a failover) shows until every replica has beaten again, within one interval.
+    /// The heartbeat runs on one task, so the two atomics are never raced.
     pub fn observe(&self, live: u64) {
-        self.discovered.store(live.max(1), Ordering::Relaxed);
+        let live = live.max(1);
+        let current = self.discovered.load(Ordering::Relaxed);
+        if live >= current {
+            self.lower_seen.store(0, Ordering::Relaxed);
+            self.discovered.store(live, Ordering::Relaxed);
+            return;
+        }
+        match self.lower_seen.swap(live, Ordering::Relaxed) {
+            0 => {}
+            earlier => {
+                self.lower_seen.store(0, Ordering::Relaxed);
+                self.discovered.store(live.max(earlier), Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -148,6 +170,17 @@ mod tests {
         assert_eq!(found.current(), 1);
         found.observe(3);
         assert_eq!(found.current(), 3);
+        // One low reading (Redis lost the heartbeat set) is not believed...
+        found.observe(1);
+        assert_eq!(found.current(), 3);
+        // ...and is forgotten when the next heartbeat counts everyone again.
+        found.observe(3);
+        found.observe(2);
+        assert_eq!(found.current(), 3);
+        // Two low readings in a row are: the higher of them.
+        found.observe(1);
+        assert_eq!(found.current(), 2);
+        found.observe(0);
         found.observe(0);
         assert_eq!(found.current(), 1);
     }
