@@ -524,11 +524,22 @@ impl DataPlane {
     /// A data plane for `domain` reporting to the RLQS server at `addr` (plaintext HTTP/2).
     /// The stream opens with the first report. Call inside a Tokio runtime.
     pub fn connect(addr: SocketAddr, domain: &str, settings: Settings) -> Self {
+        Self::connect_any(&[addr], domain, settings)
+    }
+
+    /// As [`DataPlane::connect`], to the first of `addrs` that accepts a connection, tried in
+    /// order each time a connection is opened: as an Envoy whose RLQS cluster lists several
+    /// sluice replicas, a data plane whose replica died opens its next stream on another one.
+    pub fn connect_any(addrs: &[SocketAddr], domain: &str, settings: Settings) -> Self {
+        let first = *addrs.first().expect("at least one RLQS server address");
         let (alive, watched) = watch::channel(());
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
+        let channel = Endpoint::from_shared(format!("http://{first}"))
             .expect("a loopback address is a valid URI")
             .connect_timeout(OPEN_TIMEOUT)
-            .connect_with_connector_lazy(Connector { addr, watched });
+            .connect_with_connector_lazy(Connector {
+                addrs: addrs.into(),
+                watched,
+            });
         Self::start(channel, alive, domain, settings)
     }
 
@@ -713,7 +724,8 @@ impl Drop for DataPlane {
 /// owned by the connection task, which outlives the reporting task.
 #[derive(Clone)]
 struct Connector {
-    addr: SocketAddr,
+    /// Tried in order; the first that accepts wins.
+    addrs: Arc<[SocketAddr]>,
     watched: watch::Receiver<()>,
 }
 
@@ -727,10 +739,21 @@ impl tower_service::Service<Uri> for Connector {
     }
 
     fn call(&mut self, _: Uri) -> Self::Future {
-        let addr = self.addr;
+        let addrs = Arc::clone(&self.addrs);
         let mut watched = self.watched.clone();
         Box::pin(async move {
-            let stream = TcpStream::connect(addr).await?;
+            let mut last_error = io::Error::from(io::ErrorKind::AddrNotAvailable);
+            let mut connected = None;
+            for addr in addrs.iter() {
+                match TcpStream::connect(addr).await {
+                    Ok(stream) => {
+                        connected = Some(stream);
+                        break;
+                    }
+                    Err(error) => last_error = error,
+                }
+            }
+            let stream = connected.ok_or(last_error)?;
             stream.set_nodelay(true)?;
             let died = Box::pin(async move {
                 // Nothing is ever sent: this returns when the sender (the data plane) is gone.

@@ -16,6 +16,8 @@
 //!    removed, are abandoned.
 
 mod service;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -675,7 +677,10 @@ fn answer(
             replicas,
         },
         (Ask::Take(_), Ok(verdict)) => {
-            entry.take_limit = (!verdict.allowed).then_some(verdict.remaining);
+            // Only a window's exact take needs a smaller ask after a refusal; a lease take already
+            // gives whatever the key holds (a limit of 0 made its next ask a lease of 0 - 1 tokens).
+            entry.take_limit = (!verdict.allowed && !entry.rule.algorithm.takes_lease())
+                .then_some(verdict.remaining);
             Answer::Granted(verdict.granted)
         }
         (Ask::Refund(n), Ok(_)) => Answer::Refunded(n),
