@@ -637,10 +637,11 @@ descriptors:
     detailed_metric: true
     rate_limit: {unit: second, requests_per_unit: 1}
 ";
+        // envoyproxy/ratelimit joins `key_value` for a detailed key even when the value is empty.
         let entries = [e("tenant", "acme"), e("route", "")];
         assert_eq!(
             runtime_key(&reached(config, &entries), &entries),
-            "tenant_acme.route"
+            "tenant_acme.route_"
         );
         let entries = [e("k", &"é".repeat(300))];
         let long = runtime_key(&reached(config, &entries), &entries);
