@@ -123,7 +123,8 @@ impl Bucket {
 impl Bucket {
     /// Whether its outcome is known and passes: fits, or cannot reject (shadow).
     pub(super) fn passes(&self) -> bool {
-        self.fits().is_some_and(|fits| fits || self.hit.demand.shadow)
+        self.fits()
+            .is_some_and(|fits| fits || self.hit.demand.shadow)
     }
 }
 

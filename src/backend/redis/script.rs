@@ -81,10 +81,14 @@ where
             quota,
             lease,
         } = hit.demand;
-        let bits = [(refund, FLAG_REFUND), (shadow, FLAG_SHADOW), (quota, FLAG_QUOTA)]
-            .iter()
-            .filter(|(set, _)| *set)
-            .fold(0, |flags, (_, bit)| flags | bit);
+        let bits = [
+            (refund, FLAG_REFUND),
+            (shadow, FLAG_SHADOW),
+            (quota, FLAG_QUOTA),
+        ]
+        .iter()
+        .filter(|(set, _)| *set)
+        .fold(0, |flags, (_, bit)| flags | bit);
         // Config bounds a lease to a bucket size (u32), so the product is exact in Lua's doubles.
         let flags = bits + lease.saturating_mul(LEASE_UNIT);
         let code = algorithm.wire_code() + if starts_group { GROUP_START } else { 0 };
