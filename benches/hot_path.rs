@@ -124,6 +124,7 @@ fn algorithm(c: &mut Criterion) {
             tokens: 1,
             refund: false,
             shadow: false,
+            quota: false,
             lease: 0,
         };
         let state = match algorithm {

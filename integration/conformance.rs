@@ -105,6 +105,12 @@ fn refunding(mut hit: Hit) -> Hit {
     hit
 }
 
+/// The same hit on a quota-mode rule.
+fn quota(mut hit: Hit) -> Hit {
+    hit.demand.quota = true;
+    hit
+}
+
 fn shadowed(mut hit: Hit) -> Hit {
     hit.demand.shadow = true;
     hit
@@ -254,6 +260,64 @@ async fn shadow_mode<B: Backend>(s: &Subject<B>) {
     s.expect(
         &[take(&a, pa, 100), shadow(&sh2, ps2, 1)],
         &[v(false, 7, None, 3_000), v(true, 1, Some(0), 0)],
+    )
+    .await;
+}
+
+/// Quota-mode keys: one that fits is enough, one that does not fit takes nothing; all of them
+/// short rejects the request, as does an ordinary key short, and then nothing is taken.
+async fn quota_mode<B: Backend>(s: &Subject<B>) {
+    let (o, q1, q2) = (key("quota", "o"), key("quota", "q1"), key("quota", "q2"));
+    let (po, p1, p2) = (
+        params(10, 1, 1_000),
+        params(1, 1, 1_000),
+        params(3, 1, 1_000),
+    );
+    let request = |ordinary, first, second| {
+        [
+            take(&o, po, ordinary),
+            quota(take(&q1, p1, first)),
+            quota(take(&q2, p2, second)),
+        ]
+    };
+    s.clock.set(T0);
+    s.expect_granted(
+        &request(1, 1, 1),
+        &[
+            took(v(true, 9, Some(0), 1_000), 1),
+            took(v(true, 0, Some(0), 1_000), 1),
+            took(v(true, 2, Some(0), 1_000), 1),
+        ],
+    )
+    .await;
+    // q1 is short: reported so, takes nothing; q2 fits, so the request is allowed.
+    s.expect_granted(
+        &request(1, 1, 1),
+        &[
+            took(v(true, 8, Some(0), 2_000), 1),
+            v(false, 0, Some(1_000), 1_000),
+            took(v(true, 1, Some(0), 2_000), 1),
+        ],
+    )
+    .await;
+    // Every quota key short (q2 never: 5 above its 3): rejected, nothing taken.
+    s.expect_granted(
+        &request(1, 1, 5),
+        &[
+            v(true, 8, Some(0), 2_000),
+            v(false, 0, Some(1_000), 1_000),
+            v(false, 1, None, 2_000),
+        ],
+    )
+    .await;
+    // The ordinary key short: rejected though q2 fits, which takes nothing.
+    s.expect_granted(
+        &request(20, 1, 1),
+        &[
+            v(false, 8, None, 2_000),
+            v(false, 0, Some(1_000), 1_000),
+            v(true, 1, Some(0), 2_000),
+        ],
     )
     .await;
 }
@@ -588,6 +652,7 @@ async fn suite<B: Backend>(subject: &Subject<B>) {
         check_only,
         multi_key_atomic_rejection,
         shadow_mode,
+        quota_mode,
         refund_cap,
         clock_step_back,
         u64_max_demand,
@@ -747,6 +812,7 @@ fn random_demand(rng: &mut impl Rng, algorithm: Algorithm, params: BucketParams)
         tokens,
         refund: rng.random_bool(0.1),
         shadow: rng.random_bool(0.2),
+        quota: rng.random_bool(0.3),
         lease,
     }
 }

@@ -11,9 +11,10 @@ ARGV[2] Expiry jitter in ms (>= 0), added to every key's TTL so keys written tog
 ARGV[3 + 6*(i-1) ...] Six values for KEYS[i]:
         algorithm (1 token_bucket, 2 fixed_window, 3 sliding_window, 4 gcra; + 16 on the first
         key of every request of a batch after the first: a group starts there), capacity,
-        requests_per_unit, unit_ms, hits, flags = refund (1) + shadow (2) + 4 * lease, where
-        lease > 0 makes a take of `hits` also take up to `lease` more whole tokens when it is
-        taken (token_bucket and gcra; the windows ignore it), for the caller to spend locally.
+        requests_per_unit, unit_ms, hits, flags = refund (1) + shadow (2) + quota (4) +
+        8 * lease, where lease > 0 makes a take of `hits` also take up to `lease` more whole
+        tokens when it is taken (token_bucket and gcra; the windows ignore it), for the caller to
+        spend locally, and quota marks a quota-mode key (see below).
 State   One hash per key, its fields by algorithm (the key itself carries the algorithm, so a
         rule whose algorithm changes never reads another algorithm's state):
           token_bucket    t <tokens> u <updated_ms>      (unchanged since the first release)
@@ -48,8 +49,11 @@ another, at one `now`. A call without +16 is one group.
 
 Why one script for every algorithm: all of a request's keys are decided in one call whatever
 their algorithms, in two passes -- first every key is read, brought to now and asked whether its
-demand fits; then, only if every non-shadow demand fits, takes are counted (a shadow take only
-when it fits itself). Refunds are always applied. So a rejected request counts nothing anywhere.
+demand fits; then, only if the request is allowed, the takes that fit are counted. A request is
+allowed when every ordinary demand passes and, if it has quota-mode demands, at least one of
+them does; a demand passes when it fits or is a shadow one. So a shadow or quota take that does
+not fit counts nothing. Refunds are always applied. So a rejected request counts nothing
+anywhere.
 
 The arithmetic is src/algorithm/{token_bucket,fixed_window,sliding_window,gcra}.rs operation for
 operation (same doubles, same order; each file states its contract), so this script and
@@ -168,7 +172,7 @@ local seen, code_of, ttl_of, write_order = {}, {}, {}, {}
 -- to now (in place; GCRA keeps how far ahead of now it is in `backlog[i]`) and returns whether
 -- its demand fits; `settle(i, b, v, fit, take)` updates `v` to the new state and returns remaining,
 -- retry_after, until_full, granted and the ms until the state settles (the TTL's base).
--- flags = refund (1) + shadow (2) + 4 * lease.
+-- flags = refund (1) + shadow (2) + quota (4) + 8 * lease.
 
 -- 1: token bucket. tokens = min(capacity, tokens + elapsed * per_unit / unit_ms); the waits are
 -- ceil(tokens short * unit_ms / per_unit), retry-after corrected by first_fit against the refill.
@@ -200,7 +204,7 @@ local function bucket_settle(i, b, v, fit, take)
     after = min(tokens + hits, capacity)
   elseif take then
     local left = tokens - hits
-    local extra = min(floor(left), floor(flags / 4))
+    local extra = min(floor(left), floor(flags / 8))
     granted = hits + extra
     after = left - extra
   end
@@ -399,7 +403,7 @@ if uses[4] then
     elseif take then
       after = after + hits * interval
       local extra = 0
-      local lease = floor(flags / 4)
+      local lease = floor(flags / 8)
       if lease > 0 then
         extra = most_that_fit((tolerance + slack - after) / interval, lease, function(n)
           return after + n * interval <= tolerance + slack
@@ -440,7 +444,8 @@ local reply, fits, repaired = {}, {}, {}
 local first = 1
 for g = 1, #ends do
   local last = ends[g]
-  local all_allowed = true
+  -- ordinary: every ordinary demand passes; quota_seen, quota_passed: of the quota ones.
+  local ordinary, quota_seen, quota_passed = true, false, false
   for i = first, last do
     local b = WIDTH * (i - 1)
     local code = arg[b + 1]
@@ -483,8 +488,16 @@ for g = 1, #ends do
       fit = gcra_load(i, b, v)
     end
     fits[i] = fit
-    if not fit and arg[b + 6] % 4 < 2 then all_allowed = false end
+    local flags = arg[b + 6]
+    local passes = fit or flags % 4 >= 2
+    if floor(flags / 4) % 2 == 1 then
+      quota_seen = true
+      if passes then quota_passed = true end
+    elseif not passes then
+      ordinary = false
+    end
   end
+  local all_allowed = ordinary and (quota_passed or not quota_seen)
   for i = first, last do
     local b = WIDTH * (i - 1)
     local code, fit = arg[b + 1], fits[i]

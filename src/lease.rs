@@ -109,6 +109,7 @@ impl Origin {
                 tokens,
                 refund: true,
                 shadow: false,
+                quota: false,
                 lease: 0,
                 ..self.demand
             },

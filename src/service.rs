@@ -503,15 +503,24 @@ fn duration_ms(ms: u64) -> PbDuration {
 
 /// The status the headers describe: when over limit, the rejecting descriptor that asks the
 /// longest wait; otherwise the limited descriptor with the fewest tokens left.
+///
+/// Quota-mode descriptors reject together: when they all are over, the request waits only for
+/// the first of them to fit again, so that one stands for them; when one of them passes, those
+/// over their limit neither rejected the request nor describe what the client has left.
 fn most_constrained(decision: &Decision) -> Option<&Status> {
     let limited = decision.statuses.iter().filter(|s| s.limit.is_some());
+    let over = |s: &&Status| s.code == Code::OverLimit;
     if decision.overall == Code::OverLimit {
-        limited
-            .filter(|s| s.code == Code::OverLimit)
-            .max_by_key(|s| wait_ms(s))
+        let mut quota = decision.statuses.iter().filter(|s| s.quota).peekable();
+        let quota_rejects = quota.peek().is_some() && quota.all(|s| over(&s));
+        let ordinary = limited.clone().filter(|s| !s.quota && over(s));
+        let first_quota = limited
+            .filter(|s| quota_rejects && s.quota && over(s))
+            .min_by_key(|s| wait_ms(s));
+        ordinary.chain(first_quota).max_by_key(|s| wait_ms(s))
     } else {
         limited
-            .filter(|s| !s.shadow)
+            .filter(|s| !s.shadow && !over(s))
             .min_by_key(|s| (s.remaining, std::cmp::Reverse(s.reset_ms)))
     }
 }

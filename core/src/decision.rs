@@ -76,6 +76,10 @@ pub struct Status {
     pub shadow: bool,
     /// The bucket could not pay (also true for shadow rules, whose `code` stays OK).
     pub over: bool,
+    /// A quota-mode descriptor (`quota_mode: true`, or `--quota-mode`): its own `code` says
+    /// whether it is over, but it rejects the request only together with every other quota
+    /// descriptor of the request ([`overall`]).
+    pub quota: bool,
     /// The rule that decided, for metrics and explain.
     pub rule: Option<Arc<Rule>>,
 }
@@ -97,6 +101,7 @@ impl Status {
             retry_after_ms: None,
             shadow: false,
             over: false,
+            quota: false,
             rule,
         }
     }
@@ -108,7 +113,11 @@ impl Status {
     /// not help, so no `retry-after` header), reset at the next `unit` boundary on the clock as envoyproxy/ratelimit reports it.
     pub fn blocked(rule: Arc<Rule>, unit: Unit, name: Option<Arc<str>>, now_ms: u64) -> Self {
         let shadow = rule.shadow_mode;
-        Status::blocking(Some(rule), shadow, unit, name, now_ms)
+        let quota = rule.quota_mode;
+        Status {
+            quota,
+            ..Status::blocking(Some(rule), shadow, unit, name, now_ms)
+        }
     }
 
     /// The status of a descriptor whose request `limit` override is 0 requests per `unit`:
@@ -141,8 +150,30 @@ impl Status {
             retry_after_ms: Some(None),
             shadow,
             over: true,
+            quota: false,
             rule,
         }
+    }
+}
+
+/// The request's overall code from its descriptors' (envoyproxy/ratelimit's rule): OVER_LIMIT
+/// when an ordinary descriptor is, or when the request has quota-mode descriptors and every one
+/// of them is.
+pub fn overall(statuses: &[Status]) -> Code {
+    let (mut quota_seen, mut quota_passed) = (false, false);
+    for status in statuses {
+        let over = status.code == Code::OverLimit;
+        if status.quota {
+            quota_seen = true;
+            quota_passed |= !over;
+        } else if over {
+            return Code::OverLimit;
+        }
+    }
+    if quota_seen && !quota_passed {
+        Code::OverLimit
+    } else {
+        Code::Ok
     }
 }
 

@@ -415,6 +415,7 @@ mod tests {
             algorithm: Algorithm::TokenBucket,
             algorithm_from: Origin::Default,
             shadow_mode: false,
+            quota_mode: false,
             detailed_metric: false,
             cost: 1,
             lease: None,

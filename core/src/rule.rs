@@ -240,6 +240,10 @@ pub struct Rule {
     pub algorithm: Algorithm,
     pub algorithm_from: Origin,
     pub shadow_mode: bool,
+    /// envoyproxy/ratelimit's `quota_mode` (or `--quota-mode`): the request is rejected for
+    /// this rule's descriptor only when every quota-mode descriptor of the request is over its
+    /// limit ([`crate::decision::overall`]). Never leased.
+    pub quota_mode: bool,
     pub detailed_metric: bool,
     /// Tokens per hit (weighted endpoints); at least 1.
     pub cost: u64,

@@ -38,6 +38,7 @@ impl Hit {
                 tokens,
                 refund: false,
                 shadow: false,
+                quota: false,
                 lease: 0,
             },
             rule: None,

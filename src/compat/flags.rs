@@ -139,11 +139,14 @@ impl Tr<'_> {
         }
     }
 
-    /// `SHADOW_MODE`, `MERGE_DOMAIN_CONFIG`, `USE_PROMETHEUS`, `DISABLE_STATS`,
+    /// `SHADOW_MODE`, `QUOTA_MODE`, `MERGE_DOMAIN_CONFIG`, `USE_PROMETHEUS`, `DISABLE_STATS`,
     /// `RESPONSE_DYNAMIC_METADATA`.
     fn switches(&mut self) {
         if let Some(shadow) = self.bool("SHADOW_MODE") {
             self.set("SLUICE_SHADOW_MODE", shadow.to_string(), "SHADOW_MODE");
+        }
+        if let Some(quota) = self.bool("QUOTA_MODE") {
+            self.set("SLUICE_QUOTA_MODE", quota.to_string(), "QUOTA_MODE");
         }
         if let Some(merge) = self.bool("MERGE_DOMAIN_CONFIG") {
             self.set(

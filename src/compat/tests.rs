@@ -351,6 +351,7 @@ fn logging_limits_and_headers() {
         ("NEAR_LIMIT_RATIO", "0.9"),
         ("EXPIRATION_JITTER_MAX_SECONDS", "300"),
         ("SHADOW_MODE", "True"),
+        ("QUOTA_MODE", "true"),
         ("MERGE_DOMAIN_CONFIG", "1"),
         ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
         ("LIMIT_REMAINING_HEADER", "X-Left"),
@@ -362,6 +363,7 @@ fn logging_limits_and_headers() {
         ("SLUICE_NEAR_LIMIT_RATIO", "0.9"),
         ("SLUICE_EXPIRY_JITTER_MAX", "300s"),
         ("SLUICE_SHADOW_MODE", "true"),
+        ("SLUICE_QUOTA_MODE", "true"),
         ("SLUICE_MERGE_DOMAINS", "true"),
         ("SLUICE_RESPONSE_HEADERS", "true"),
         ("SLUICE_HEADER_LIMIT", "RateLimit-Limit"),
@@ -376,9 +378,10 @@ fn logging_limits_and_headers() {
         ("LOG_LEVEL", "loud"),
         ("NEAR_LIMIT_RATIO", "2"),
         ("SHADOW_MODE", "yes"),
+        ("QUOTA_MODE", "on"),
         ("EXPIRATION_JITTER_MAX_SECONDS", "-1"),
     ]));
-    assert_eq!(bad.errors.len(), 4, "{:?}", bad.errors);
+    assert_eq!(bad.errors.len(), 5, "{:?}", bad.errors);
 }
 
 #[test]

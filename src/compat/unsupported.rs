@@ -94,7 +94,6 @@ const UNSUPPORTED: &[(&str, Neutral, &str)] = &[
         Neutral::True,
         "sluice never counts a rejected request, whatever the rule's algorithm; it always behaves as if this were true",
     ),
-    ("QUOTA_MODE", Neutral::False, "quota mode is not supported"),
     // TRACING_ENABLED and TRACING_SAMPLING_RATE map to --tracing and --trace-sampling-ratio.
     (
         "TRACING_EXPORTER_PROTOCOL",

@@ -12,6 +12,7 @@ pub fn load_options(args: &LoadArgs, max_entries: usize) -> LoadOptions {
         merge_domains: args.merge_domains,
         dotfiles: args.config_dotfiles,
         shadow_all: args.shadow_mode,
+        quota_all: args.quota_mode,
         max_entries,
         default_algorithm: args.default_algorithm,
     }

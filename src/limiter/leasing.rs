@@ -11,7 +11,7 @@ use crate::algorithm::Verdict;
 use crate::backend::{Backend, Hit};
 use crate::lease::{LeaseStore, Remote, Reservation};
 
-use super::plan::{Bucket, Outcome};
+use super::plan::{Bucket, Outcome, rejected};
 use super::{LimitError, Limiter};
 
 impl<B: Backend> Limiter<B> {
@@ -36,7 +36,7 @@ impl<B: Backend> Limiter<B> {
             unsettled.give_up();
             return Err(error);
         }
-        let rejected = unsettled.buckets.iter().any(Bucket::rejects);
+        let rejected = rejected(unsettled.buckets);
         let paid = unsettled
             .buckets
             .iter()

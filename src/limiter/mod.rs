@@ -69,6 +69,11 @@ pub struct LimiterOptions {
     pub key_prefix: String,
     /// Failure mode for rules and domains that set none.
     pub default_failure_mode: FailureMode,
+    /// `--quota-mode`: every descriptor is in quota mode — the rules, compiled so by the config
+    /// loader, and also the descriptors no rule limits (no rule, a replaced rule, a request
+    /// `limit` override), which count as quota descriptors that pass, as in
+    /// envoyproxy/ratelimit.
+    pub quota_all: bool,
 }
 
 impl From<&Settings> for LimiterOptions {
@@ -76,6 +81,7 @@ impl From<&Settings> for LimiterOptions {
         LimiterOptions {
             key_prefix: settings.key_prefix.clone(),
             default_failure_mode: settings.failure_mode.into(),
+            quota_all: settings.config_ops.load.quota_mode,
         }
     }
 }

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::algorithm::{BucketParams, Demand, Verdict};
+use crate::algorithm::{self, BucketParams, Demand, Verdict};
 use crate::backend::{Backend, BackendError, Hit};
 use crate::config::Domain;
 use crate::key::{RuleTag, without_shard, write_shared_bucket_key};
@@ -17,6 +17,7 @@ use crate::rule::{FailureMode, Rule};
 use super::policy::{cached, degraded};
 use super::targets::{Resolver, Target};
 use super::{AppliedLimit, Basis, Code, Decision, Limiter, Status};
+use crate::decision::overall;
 
 /// What became of one bucket.
 pub(super) enum Outcome {
@@ -56,7 +57,13 @@ impl Bucket {
         Bucket {
             hit,
             failure_mode: target.failure_mode,
-            lease: target.rule.as_ref().and_then(|r| r.lease),
+            // Whether a quota demand is taken depends on the request's other quota demands,
+            // which only the one backend call sees together; a lease would pay it alone.
+            lease: target
+                .rule
+                .as_ref()
+                .and_then(|r| r.lease)
+                .filter(|_| !target.quota),
             unsharded: matches!(target.tag, RuleTag::Shard(_)).then(|| target.rate.bucket()),
             reservation: None,
             outcome: Outcome::Pending,
@@ -101,16 +108,34 @@ impl Bucket {
         hit
     }
 
-    /// Whether its outcome rejects the request (as [`status_of`] will report it).
-    pub(super) fn rejects(&self) -> bool {
-        let shadow = self.hit.demand.shadow;
+    /// Whether its outcome fits the bucket (as [`status_of`] will report it); `None` while
+    /// nothing is known (pending, or not evaluated).
+    fn fits(&self) -> Option<bool> {
         match &self.outcome {
-            Outcome::Decided(v) | Outcome::Local(v) => !v.allowed && !shadow,
-            Outcome::Failed(_) => self.failure_mode == FailureMode::Closed && !shadow,
-            Outcome::Cached(_) => !shadow,
-            Outcome::Pending | Outcome::NotEvaluated => false,
+            Outcome::Decided(v) | Outcome::Local(v) => Some(v.allowed),
+            Outcome::Failed(_) => Some(self.failure_mode != FailureMode::Closed),
+            Outcome::Cached(_) => Some(false),
+            Outcome::Pending | Outcome::NotEvaluated => None,
         }
     }
+}
+
+impl Bucket {
+    /// Whether its outcome is known and passes: fits, or cannot reject (shadow).
+    pub(super) fn passes(&self) -> bool {
+        self.fits()
+            .is_some_and(|fits| fits || self.hit.demand.shadow)
+    }
+}
+
+/// Whether the outcomes known so far reject the request, by the rule the backend decides with
+/// ([`algorithm::allows`]: ordinary demands all pass, one quota demand does if any).
+pub(super) fn rejected(buckets: &[Bucket]) -> bool {
+    !algorithm::allows(
+        buckets
+            .iter()
+            .filter_map(|b| Some((&b.hit.demand, b.fits()?))),
+    )
 }
 
 /// What one descriptor comes to.
@@ -139,7 +164,7 @@ impl<B: Backend> Limiter<B> {
             domain,
             &rules,
             &self.shard_cursor,
-            self.options.default_failure_mode,
+            (self.options.default_failure_mode, self.options.quota_all),
             &*self.resilience.clock,
         );
         let mut plan = Plan {
@@ -173,6 +198,7 @@ impl<B: Backend> Limiter<B> {
                         tokens: descriptor.hits(request.hits_addend).saturating_mul(cost),
                         refund: descriptor.is_negative_hits,
                         shadow: target.shadow,
+                        quota: target.quota,
                         lease: 0,
                     };
                     let bucket = plan.add_hit(&mut index, key, demand, &target);
@@ -210,6 +236,7 @@ impl Plan {
             prior.refund = net < 0;
             prior.tokens = net.unsigned_abs().min(u64::MAX as u128) as u64;
             prior.shadow &= demand.shadow;
+            prior.quota &= demand.quota;
             return i;
         }
         index.add(&key, self.buckets.len());
@@ -219,15 +246,38 @@ impl Plan {
         self.buckets.len() - 1
     }
 
-    /// When a descriptor was rejected without a bucket (a blocking `requests_per_unit: 0`
-    /// rule), the request is rejected whatever the buckets say, so none is asked or charged:
+    /// Applies what the descriptors answered without a bucket say about the request, before
+    /// anything is charged. When one of them rejects it (an ordinary blocking
+    /// `requests_per_unit: 0` rule, or blocked quota descriptors with no quota bucket left to
+    /// pass), the request is rejected whatever the buckets say, so none is asked or charged:
     /// they become [`Outcome::NotEvaluated`], as when the over-limit cache rejects one. Returns
     /// whether it did.
+    ///
+    /// When a quota descriptor already passed without a bucket (no rule under `--quota-mode`, a
+    /// blocked shadow one), the quota demands of the buckets can no longer reject the request:
+    /// they are asked as shadow demands, which are taken if they fit and never reject.
     pub(super) fn reject_before_charging(&mut self) -> bool {
-        let rejected = self
-            .slots
-            .iter()
-            .any(|slot| matches!(slot, Slot::Answered(status) if status.code == Code::OverLimit));
+        let answered = self.slots.iter().filter_map(|slot| match slot {
+            Slot::Answered(status) => Some(status),
+            Slot::Charged { .. } => None,
+        });
+        let (mut ordinary_over, mut quota_over, mut quota_passed) = (false, false, false);
+        for status in answered {
+            let over = status.code == Code::OverLimit;
+            match (status.quota, over) {
+                (false, over) => ordinary_over |= over,
+                (true, true) => quota_over = true,
+                (true, false) => quota_passed = true,
+            }
+        }
+        let quota_pending = self.buckets.iter().any(|b| b.hit.demand.quota);
+        let rejected = ordinary_over || (quota_over && !quota_passed && !quota_pending);
+        if quota_passed {
+            for bucket in &mut self.buckets {
+                let demand = &mut bucket.hit.demand;
+                demand.shadow |= demand.quota;
+            }
+        }
         if rejected {
             for bucket in &mut self.buckets {
                 bucket.outcome = Outcome::NotEvaluated;
@@ -246,13 +296,8 @@ impl Plan {
                 Slot::Charged { target, bucket } => status_of(target, &buckets[bucket].outcome),
             })
             .collect();
-        let overall = if statuses.iter().any(|s| s.code == Code::OverLimit) {
-            Code::OverLimit
-        } else {
-            Code::Ok
-        };
         Decision {
-            overall,
+            overall: overall(&statuses),
             statuses,
             unknown_domain: false,
         }
@@ -309,6 +354,7 @@ fn status_of(target: Target, outcome: &Outcome) -> Status {
             retry_after_ms: None,
             shadow: target.shadow,
             over: false,
+            quota: target.quota,
             rule: target.rule,
         },
         Outcome::Pending => unreachable!("every bucket is decided before the statuses"),
@@ -330,6 +376,7 @@ fn from_verdict(target: Target, v: &Verdict, basis: Basis) -> Status {
         retry_after_ms: over.then_some(v.retry_after_ms),
         shadow: target.shadow,
         over,
+        quota: target.quota,
         rule: target.rule,
     }
 }

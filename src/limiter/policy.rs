@@ -7,7 +7,7 @@ use crate::backend::{Backend, Hit};
 use crate::resilience::over_limit::CachedRejection;
 use crate::rule::FailureMode;
 
-use super::plan::{Bucket, Outcome};
+use super::plan::{Bucket, Outcome, rejected};
 use super::targets::Target;
 use super::{AppliedLimit, Basis, Code, LimitError, Limiter, Status};
 
@@ -23,8 +23,9 @@ impl<B: Backend> Limiter<B> {
         now_ms: u64,
     ) -> bool {
         // A refund must reach the backend even when the request is rejected, so a request
-        // carrying one is never answered from the cache. Shadow hits cannot reject, so they
-        // never make the cache answer for the whole request.
+        // carrying one is never answered from the cache. Shadow hits cannot reject, and a quota
+        // hit rejects only with every other quota hit of the request, so neither ever makes the
+        // cache answer for the whole request (the cache answers neither).
         let Some(cache) = self.resilience.over_limit.as_ref() else {
             return false;
         };
@@ -77,15 +78,24 @@ impl<B: Backend> Limiter<B> {
         let falls_back = |b: &Bucket| {
             matches!(b.outcome, Outcome::Failed(_)) && b.failure_mode == FailureMode::Local
         };
+        // A quota bucket the backend found within its limit already passes the request's quota
+        // group: the local quota demands can then only be taken or not, never reject.
+        let quota_passed = buckets
+            .iter()
+            .any(|b| !falls_back(b) && b.hit.demand.quota && b.passes());
         let hits: Vec<Hit> = buckets
             .iter()
             .filter(|b| falls_back(b))
-            .map(Bucket::local_hit)
+            .map(|b| {
+                let mut hit = b.local_hit();
+                hit.demand.shadow |= quota_passed && hit.demand.quota;
+                hit
+            })
             .collect();
         if hits.is_empty() {
             return;
         }
-        let rejected = buckets.iter().any(Bucket::rejects);
+        let rejected = rejected(buckets);
         let verdicts = self.resilience.local.decide(&hits, rejected).await;
         let fallen = buckets.iter_mut().filter(|b| falls_back(b));
         for (bucket, verdict) in fallen.zip(verdicts) {
@@ -117,6 +127,7 @@ pub(super) fn cached(target: Target, c: &CachedRejection) -> Status {
         retry_after_ms: Some(Some(c.wait_ms)),
         shadow: target.shadow,
         over: true,
+        quota: target.quota,
         rule: target.rule,
     }
 }
@@ -139,6 +150,7 @@ pub(super) fn degraded(target: Target) -> Status {
         retry_after_ms: over.then_some(Some(1_000)),
         shadow: target.shadow,
         over,
+        quota: target.quota,
         rule: target.rule,
     }
 }

@@ -30,6 +30,8 @@ pub(super) struct Target {
     pub(super) algorithm: Algorithm,
     pub(super) name: Option<Arc<str>>,
     pub(super) shadow: bool,
+    /// A quota-mode descriptor: the rule's `quota_mode`, or `--quota-mode` for an override.
+    pub(super) quota: bool,
     pub(super) failure_mode: FailureMode,
 }
 
@@ -41,6 +43,8 @@ pub(super) struct Resolver<'a> {
     replaced: Vec<Arc<str>>,
     shard_seq: u64,
     default_failure_mode: FailureMode,
+    /// `--quota-mode`: descriptors no rule limits are quota descriptors too.
+    quota_all: bool,
     /// The limiter's clock, read only for a blocked rule or override (where its unit resets).
     clock: &'a dyn Clock,
 }
@@ -54,7 +58,7 @@ impl<'a> Resolver<'a> {
         domain: &'a Domain,
         rules: &[Option<Arc<Rule>>],
         cursor: &AtomicU64,
-        default_failure_mode: FailureMode,
+        (default_failure_mode, quota_all): (FailureMode, bool),
         clock: &'a dyn Clock,
     ) -> Self {
         let replaced = rules
@@ -72,6 +76,7 @@ impl<'a> Resolver<'a> {
             replaced,
             shard_seq,
             default_failure_mode,
+            quota_all,
             clock,
         }
     }
@@ -90,15 +95,14 @@ impl<'a> Resolver<'a> {
             .unwrap_or(self.default_failure_mode);
         if let Some(o) = descriptor.limit_override {
             if o.requests_per_unit == 0 {
-                return Err(Status::blocked_by_override(
-                    rule,
-                    o.unit,
-                    self.clock.now_ms(),
-                ));
+                return Err(Status {
+                    quota: self.quota_all,
+                    ..Status::blocked_by_override(rule, o.unit, self.clock.now_ms())
+                });
             }
             // As in envoyproxy/ratelimit: an override needs only a known domain, carries no name
-            // and is never in shadow mode; the matched rule still prices the hit (cost) and
-            // chooses the algorithm.
+            // and is never in shadow mode, nor in quota mode but under `--quota-mode`; the
+            // matched rule still prices the hit (cost) and chooses the algorithm.
             let rate = RateLimit {
                 requests_per_unit: o.requests_per_unit,
                 unit: o.unit,
@@ -112,17 +116,24 @@ impl<'a> Resolver<'a> {
                 tag: RuleTag::Override(o),
                 name: None,
                 shadow: false,
+                quota: self.quota_all,
                 failure_mode,
             });
         }
+        // envoyproxy/ratelimit's global quota mode counts a descriptor without a limit as a quota
+        // descriptor under its limit (an `unlimited` rule's is not counted at all).
+        let no_rule = Status {
+            quota: self.quota_all,
+            ..Status::unlimited(Basis::NoRule, None)
+        };
         let Some(rule) = rule else {
-            return Err(Status::unlimited(Basis::NoRule, None));
+            return Err(no_rule);
         };
         if let Some(name) = &rule.name
             && self.replaced.iter().any(|r| r == name)
         {
             // Dropped as envoyproxy/ratelimit drops it: no limit, 0 remaining, no metadata.
-            return Err(Status::unlimited(Basis::NoRule, None));
+            return Err(no_rule);
         }
         let rate = match rule.limit {
             Limit::Unlimited => return Err(Status::unlimited(Basis::Unlimited, Some(rule))),
@@ -143,6 +154,7 @@ impl<'a> Resolver<'a> {
         Ok(Target {
             name: rule.name.clone(),
             shadow: rule.shadow_mode,
+            quota: rule.quota_mode,
             rate,
             params,
             tag,

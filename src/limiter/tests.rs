@@ -78,7 +78,7 @@ impl Backend for Flaky {
 }
 
 /// `a` and `b`: 4 per second each; `s`: shadow, 1 per hour; `h`: 8 per hour in 4 shards of 2;
-/// one domain per failure mode.
+/// `q1`, `q2`: quota mode, 1 and 2 per hour (`q2` would lease); one domain per failure mode.
 const CONFIG: &str = "
 descriptors:
   - key: a
@@ -93,6 +93,12 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 4}
   - key: h
     rate_limit: {unit: hour, requests_per_unit: 8, shards: 4}
+  - key: q1
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: q2
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 2, lease: 2}
 ";
 
 struct Rig {
@@ -769,4 +775,72 @@ descriptors:
     assert_eq!(decide("/other/a").await, Code::Ok);
     assert_eq!(decide("/other/a").await, Code::OverLimit);
     assert_eq!(decide("/other/b").await, Code::Ok);
+}
+
+/// A quota bucket over its limit rejects the request only with every other quota bucket, so the
+/// over-limit cache never answers for one (nor learns one): each such request is asked of the
+/// backend, which decides it with the whole quota group.
+#[tokio::test]
+async fn the_over_limit_cache_never_answers_for_a_quota_bucket() {
+    let rig = rig(1, true, usize::MAX);
+    let decide = |pairs: &'static [(&'static str, &'static str)]| {
+        let limiter = &rig.limiter;
+        async move { limiter.decide(&request("open", pairs)).await.unwrap() }
+    };
+    let both: &[(&str, &str)] = &[("q1", "x"), ("q2", "x")];
+    let codes = |d: &Decision| {
+        (
+            d.overall,
+            d.statuses.iter().map(|s| s.code).collect::<Vec<_>>(),
+        )
+    };
+    assert_eq!(codes(&decide(both).await), (Code::Ok, vec![Code::Ok; 2]));
+    let second = decide(both).await;
+    assert_eq!(
+        codes(&second),
+        (Code::Ok, vec![Code::OverLimit, Code::Ok]),
+        "q1 over, q2 passes the request"
+    );
+    assert!(second.statuses.iter().all(|s| s.quota));
+    for _ in 0..3 {
+        let calls = rig.backend.calls();
+        let rejected = decide(both).await;
+        assert_eq!(
+            codes(&rejected),
+            (Code::OverLimit, vec![Code::OverLimit; 2])
+        );
+        assert!(
+            rejected.statuses.iter().all(|s| s.basis == Basis::Backend),
+            "{rejected:?}"
+        );
+        assert_eq!(rig.backend.calls(), calls + 1, "asked every time");
+    }
+    // An ordinary bucket beside them is still charged when a fresh quota bucket passes.
+    let mixed = decide(&[("a", "1"), ("q1", "x"), ("q2", "y")]).await;
+    assert_eq!(
+        codes(&mixed),
+        (Code::Ok, vec![Code::Ok, Code::OverLimit, Code::Ok])
+    );
+    assert_eq!(mixed.statuses[0].remaining, 3);
+    let cache = rig.limiter.resilience().over_limit.as_ref().unwrap();
+    assert_eq!(cache.len(), 0, "nothing learned from quota buckets");
+}
+
+/// `q2` has a `lease`, but a quota rule is never leased: with a lease store, every hit on it is
+/// still decided by the backend beside the request's other quota buckets.
+#[tokio::test]
+async fn a_quota_rule_is_never_leased() {
+    let rig = rig(1, false, usize::MAX);
+    let store = Arc::new(LeaseStore::new(crate::lease::LeaseOptions::default()));
+    let limiter = rig.limiter.with_leases(store.clone());
+    let pair = request("open", &[("q1", "x"), ("q2", "x")]);
+    for (overall, q2_left) in [(Code::Ok, 1), (Code::Ok, 0), (Code::OverLimit, 0)] {
+        let calls = rig.backend.calls();
+        let decision = limiter.decide(&pair).await.unwrap();
+        assert_eq!(decision.overall, overall);
+        assert_eq!(decision.statuses[1].remaining, q2_left);
+        assert_eq!(rig.backend.calls(), calls + 1, "asked every time");
+        assert!(store.is_empty(), "nothing leased");
+        assert_eq!(store.local_total(), 0);
+    }
 }

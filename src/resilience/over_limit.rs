@@ -77,7 +77,9 @@ impl OverLimitCache {
 
     /// If `demand` on `key` is known to be rejected at `now_ms`, the rejection to report.
     pub fn rejects(&self, key: &str, demand: &Demand, now_ms: u64) -> Option<CachedRejection> {
-        if demand.refund || demand.shadow {
+        // Shadow and quota demands never reject a request on their own, and the cache answers
+        // for the whole request.
+        if demand.refund || demand.shadow || demand.quota {
             return None;
         }
         let mut shard = self.shard(key);
@@ -105,7 +107,7 @@ impl OverLimitCache {
             self.forget(key);
             return;
         }
-        if verdict.allowed || demand.shadow {
+        if verdict.allowed || demand.shadow || demand.quota {
             return;
         }
         let Some(wait) = verdict.retry_after_ms.filter(|&w| w > 0) else {
@@ -208,6 +210,7 @@ mod tests {
             tokens,
             refund: false,
             shadow: false,
+            quota: false,
             lease: 0,
         }
     }

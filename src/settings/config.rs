@@ -25,6 +25,12 @@ pub struct LoadArgs {
     #[arg(long, env = "SLUICE_SHADOW_MODE", default_value_t = false, action = ArgAction::Set)]
     pub shadow_mode: bool,
 
+    /// Global quota mode: every descriptor is in quota mode, so a request is rejected only when
+    /// every one of its limited descriptors is over its limit (and then nothing is counted).
+    /// envoyproxy/ratelimit's QUOTA_MODE.
+    #[arg(long, env = "SLUICE_QUOTA_MODE", default_value_t = false, action = ArgAction::Set)]
+    pub quota_mode: bool,
+
     /// Algorithm of rules whose `rate_limit` and domain name none: token_bucket, fixed_window,
     /// sliding_window or gcra. fixed_window counts as envoyproxy/ratelimit does.
     #[arg(long, env = "SLUICE_DEFAULT_ALGORITHM", value_parser = parse_algorithm, default_value = "token_bucket")]

@@ -556,6 +556,7 @@ mod tests {
             retry_after_ms: None,
             shadow,
             over,
+            quota: false,
             rule: None,
         }
     }

@@ -235,7 +235,6 @@ impl Writer {
             for (set, name) in [
                 (d.shadow_mode, "shadow_mode"),
                 (d.detailed_metric, "detailed_metric"),
-                // Not implemented by sluice: rendered so the loader rejects them by name.
                 (d.quota_mode, "quota_mode"),
             ] {
                 if set {
@@ -476,8 +475,10 @@ mod tests {
                         RateLimitDescriptor {
                             key: "q".into(),
                             quota_mode: true,
+                            rate_limit: policy(RateLimitUnit::Minute, 0),
                             ..Default::default()
                         },
+                        descriptor("z", "", policy(RateLimitUnit::Unknown, 1)),
                     ],
                     ..Default::default()
                 },
@@ -493,7 +494,7 @@ mod tests {
             [
                 "descriptors[1].descriptors[0].rate_limit.unit",
                 "descriptors[1].descriptors[2]",
-                "descriptors[1].descriptors[3].quota_mode",
+                "descriptors[1].descriptors[4].rate_limit.unit",
             ],
             "{found:#?}"
         );
@@ -504,7 +505,8 @@ mod tests {
             "{}",
             found[1]
         );
-        assert!(found[2].contains("not supported by sluice"), "{}", found[2]);
+        // A quota-mode descriptor (here a blocking one) loads as in files: no error of its own.
+        assert!(found[2].contains("invalid unit `UNKNOWN`"), "{}", found[2]);
     }
 
     #[test]

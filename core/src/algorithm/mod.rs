@@ -8,8 +8,13 @@
 //!
 //! Every algorithm is decided in two phases so that one request over several keys is
 //! all-or-nothing whatever the keys' algorithms: first each key's state is brought to `now` and
-//! asked whether its demand fits; then, only if every non-shadow demand fits, the takes are
+//! asked whether its demand fits; then, only if the request is allowed, the takes that fit are
 //! applied. Refunds are always applied.
+//!
+//! A request is allowed when every ordinary demand passes and, if it has quota-mode demands
+//! (envoyproxy/ratelimit's `quota_mode`), at least one of those passes; a demand passes when it
+//! fits or is in shadow mode. So an allowed request takes from every key its demand fits, and a
+//! quota key it does not fit takes nothing.
 //!
 //! | algorithm | state | limit | `burst` |
 //! | --- | --- | --- | --- |
@@ -176,6 +181,10 @@ pub struct Demand {
     pub refund: bool,
     /// Shadow-mode rule: reported, never the reason a request is rejected.
     pub shadow: bool,
+    /// Quota-mode rule: one of the request's quota demands passing is enough; the request is
+    /// rejected for its quota demands only when every one of them fails. A quota demand that
+    /// does not fit takes nothing from its key, even when the request is allowed.
+    pub quota: bool,
     /// A lease take (token bucket and GCRA only; the windows ignore it): when `tokens` fit and
     /// are taken, also take up to this many more whole tokens, as many as the key holds, for the
     /// caller to spend locally. 0 is an exact take. Never makes a demand fit that would not.
@@ -186,7 +195,7 @@ pub struct Demand {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Verdict {
     /// This key alone could take the demand (always true for a refund). The request as a whole
-    /// is allowed when every non-shadow key's verdict is.
+    /// is allowed by [`allows`] over the keys' verdicts.
     pub allowed: bool,
     /// Hits that would still be allowed right now, after this request (whole, rounded down).
     pub remaining: u64,
@@ -215,21 +224,42 @@ pub fn decide(now_ms: u64, demands: &[Demand], states: &mut [Option<State>]) -> 
         .zip(states.iter())
         .map(|(demand, state)| refresh(*state, now_ms, demand))
         .collect();
-    let all_allowed = demands
-        .iter()
-        .zip(&current)
-        .all(|(demand, (_, fits))| demand.shadow || *fits);
+    let allowed = allows(
+        demands
+            .iter()
+            .zip(&current)
+            .map(|(d, (_, fits))| (d, *fits)),
+    );
     demands
         .iter()
         .zip(states.iter_mut())
         .zip(current)
         .map(|((demand, slot), (state, fits))| {
-            let take = all_allowed && fits && !demand.refund;
+            let take = allowed && fits && !demand.refund;
             let (after, verdict) = settle(state, now_ms, demand, fits, take);
             *slot = Some(after);
             verdict
         })
         .collect()
+}
+
+/// Whether a request is allowed, given each demand and whether it fits: every ordinary demand
+/// passes, and one quota demand does if there are any (a demand passes when it fits or is in
+/// shadow mode, whose status never says over limit). The rule of envoyproxy/ratelimit's
+/// `quota_mode`: OVER_LIMIT when an ordinary descriptor is over, or when every quota descriptor
+/// is.
+pub fn allows<'a>(demands: impl IntoIterator<Item = (&'a Demand, bool)>) -> bool {
+    let (mut quota_seen, mut quota_passed) = (false, false);
+    for (demand, fits) in demands {
+        let passes = demand.shadow || fits;
+        if demand.quota {
+            quota_seen = true;
+            quota_passed |= passes;
+        } else if !passes {
+            return false;
+        }
+    }
+    !quota_seen || quota_passed
 }
 
 /// A key's state brought to `now`, between the two phases.
@@ -383,6 +413,7 @@ pub(crate) mod testing {
             tokens,
             refund: false,
             shadow: false,
+            quota: false,
             lease: 0,
         }
     }
@@ -445,6 +476,7 @@ mod tests {
             tokens,
             refund: false,
             shadow: false,
+            quota: false,
             lease: 0,
         }
     }
@@ -489,6 +521,137 @@ mod tests {
         demands[2].tokens = 1;
         let verdicts = decide(now, &demands, &mut states);
         assert!(verdicts.iter().all(|v| v.allowed && v.remaining == 1));
+    }
+
+    fn quota(algorithm: Algorithm, tokens: u64) -> Demand {
+        Demand {
+            quota: true,
+            ..demand(algorithm, tokens)
+        }
+    }
+
+    /// Checks every key of `states` without counting: what each has left.
+    fn left(now: u64, demands: &[Demand], states: &mut [Option<State>]) -> Vec<u64> {
+        let checks: Vec<Demand> = demands
+            .iter()
+            .map(|d| Demand {
+                tokens: 0,
+                quota: false,
+                shadow: false,
+                ..*d
+            })
+            .collect();
+        decide(now, &checks, states)
+            .iter()
+            .map(|v| v.remaining)
+            .collect()
+    }
+
+    /// Quota demands that all fit are all taken, with the ordinary ones.
+    #[test]
+    fn quota_demands_that_fit_are_all_taken() {
+        for a in Algorithm::ALL {
+            let now = 1_700_000_000_000;
+            let demands = [demand(a, 1), quota(a, 1), quota(a, 2)];
+            let mut states = vec![None; 3];
+            let verdicts = decide(now, &demands, &mut states);
+            assert!(verdicts.iter().all(|v| v.allowed), "{a}: {verdicts:?}");
+            assert_eq!(
+                verdicts.iter().map(|v| v.granted).collect::<Vec<_>>(),
+                [1, 1, 2],
+                "{a}"
+            );
+            assert_eq!(left(now, &demands, &mut states), [1, 1, 0], "{a}");
+        }
+    }
+
+    /// One of two quota demands over its limit: the request is allowed, the other quota key and
+    /// the ordinary key pay, the one over takes nothing and reports itself over.
+    #[test]
+    fn one_quota_demand_fitting_is_enough() {
+        for a in Algorithm::ALL {
+            let now = 1_700_000_000_000;
+            let demands = [demand(a, 1), quota(a, 3), quota(a, 1)];
+            let mut states = vec![None; 3];
+            assert!(allows(demands.iter().zip([true, false, true])));
+            let verdicts = decide(now, &demands, &mut states);
+            assert_eq!(
+                verdicts
+                    .iter()
+                    .map(|v| (v.allowed, v.granted))
+                    .collect::<Vec<_>>(),
+                [(true, 1), (false, 0), (true, 1)],
+                "{a}"
+            );
+            assert_eq!(verdicts[1].retry_after_ms, None, "{a}: 3 never fits in 2");
+            assert_eq!(left(now, &demands, &mut states), [1, 2, 1], "{a}");
+        }
+    }
+
+    /// Every quota demand over its limit rejects the request: nothing is taken anywhere.
+    #[test]
+    fn every_quota_demand_over_rejects_and_takes_nothing() {
+        for a in Algorithm::ALL {
+            let now = 1_700_000_000_000;
+            let demands = [demand(a, 1), quota(a, 3), quota(a, 5)];
+            let mut states = vec![None; 3];
+            let verdicts = decide(now, &demands, &mut states);
+            assert_eq!(
+                verdicts
+                    .iter()
+                    .map(|v| (v.allowed, v.granted))
+                    .collect::<Vec<_>>(),
+                [(true, 0), (false, 0), (false, 0)],
+                "{a}"
+            );
+            assert_eq!(left(now, &demands, &mut states), [2, 2, 2], "{a}");
+        }
+    }
+
+    /// An ordinary demand over its limit rejects the request whatever the quota demands say.
+    #[test]
+    fn an_ordinary_demand_over_rejects_despite_quota_demands() {
+        for a in Algorithm::ALL {
+            let now = 1_700_000_000_000;
+            let demands = [demand(a, 3), quota(a, 1), quota(a, 1)];
+            let mut states = vec![None; 3];
+            let verdicts = decide(now, &demands, &mut states);
+            assert_eq!(
+                verdicts
+                    .iter()
+                    .map(|v| (v.allowed, v.granted))
+                    .collect::<Vec<_>>(),
+                [(false, 0), (true, 0), (true, 0)],
+                "{a}"
+            );
+            assert_eq!(left(now, &demands, &mut states), [2, 2, 2], "{a}");
+        }
+    }
+
+    /// A shadow quota demand passes whatever it holds (its status never says over limit), so
+    /// beside it a quota demand over its limit does not reject; it still takes only if it fits.
+    #[test]
+    fn a_shadow_quota_demand_passes_the_quota_group() {
+        let now = 1_700_000_000_000;
+        let a = Algorithm::TokenBucket;
+        let shadow_over = Demand {
+            shadow: true,
+            ..quota(a, 3)
+        };
+        let demands = [shadow_over, quota(a, 3)];
+        let mut states = vec![None; 2];
+        let verdicts = decide(now, &demands, &mut states);
+        assert_eq!(
+            verdicts
+                .iter()
+                .map(|v| (v.allowed, v.granted))
+                .collect::<Vec<_>>(),
+            [(false, 0), (false, 0)]
+        );
+        assert!(allows(demands.iter().zip([false, false])));
+        // Without the shadow one, the same quota demand alone rejects.
+        assert!(!allows([(&demands[1], false)]));
+        assert!(allows([]), "a request without demands is allowed");
     }
 
     #[test]

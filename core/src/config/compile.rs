@@ -17,12 +17,12 @@ pub(crate) struct Part {
 }
 
 /// Builds the config from checked domains in load order, each from one or more parts (merged in
-/// order). `shadow_all` puts every rule in shadow mode; `default_algorithm` counts the rules
+/// order). `all` puts every rule in shadow or quota mode; `default_algorithm` counts the rules
 /// whose rule and domain name no algorithm.
 pub(crate) fn config(
     domains_parts: Vec<Vec<Part>>,
     digest: String,
-    shadow_all: bool,
+    all: Modes,
     default_algorithm: Algorithm,
 ) -> Config {
     let mut rules = Vec::new();
@@ -50,7 +50,7 @@ pub(crate) fn config(
                 failure_mode,
                 domain_algorithm,
                 default_algorithm,
-                shadow_all,
+                all,
                 rules: &mut rules,
             };
             builder.fill(&mut tree, &part.spec.descriptors, &name, &[], &[]);
@@ -93,6 +93,15 @@ pub(crate) fn resolved_algorithm(
     }
 }
 
+/// Modes a global setting puts every rule in, whatever its file says.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Modes {
+    /// `--shadow-mode` (envoyproxy/ratelimit's `SHADOW_MODE`).
+    pub shadow: bool,
+    /// `--quota-mode` (envoyproxy/ratelimit's `QUOTA_MODE`).
+    pub quota: bool,
+}
+
 struct Builder<'a> {
     file: &'a str,
     domain: &'a Arc<str>,
@@ -101,7 +110,7 @@ struct Builder<'a> {
     domain_algorithm: Option<Algorithm>,
     /// `--default-algorithm`, for rules whose rule and domain name none.
     default_algorithm: Algorithm,
-    shadow_all: bool,
+    all: Modes,
     rules: &'a mut Vec<Arc<Rule>>,
 }
 
@@ -148,7 +157,8 @@ impl Builder<'_> {
                     limit: r.limit,
                     algorithm,
                     algorithm_from,
-                    shadow_mode: r.shadow_mode || self.shadow_all,
+                    shadow_mode: r.shadow_mode || self.all.shadow,
+                    quota_mode: r.quota_mode || self.all.quota,
                     detailed_metric: r.detailed_metric,
                     cost: r.cost,
                     lease: r.lease,

@@ -13,7 +13,12 @@ use super::yaml::Pos;
 use crate::descriptor::Pattern;
 
 /// Warnings for every domain (each from one or more merged parts), sorted by file and position.
-pub(super) fn domains(domains: &[Vec<Part>], max_entries: usize) -> Vec<Diagnostic> {
+/// `quota_all` is `--quota-mode`, which puts every rule in quota mode.
+pub(super) fn domains(
+    domains: &[Vec<Part>],
+    max_entries: usize,
+    quota_all: bool,
+) -> Vec<Diagnostic> {
     let mut out = Vec::new();
     for parts in domains {
         let mut names = HashSet::new();
@@ -27,6 +32,7 @@ pub(super) fn domains(domains: &[Vec<Part>], max_entries: usize) -> Vec<Diagnost
         let mut lint = Lint {
             names: &names,
             max_entries,
+            quota_all,
             out: &mut out,
         };
         lint.level(&top, 1);
@@ -42,6 +48,7 @@ struct Lint<'a, 'o> {
     /// Every `rate_limit.name` of the domain.
     names: &'a HashSet<&'a str>,
     max_entries: usize,
+    quota_all: bool,
     out: &'o mut Vec<Diagnostic>,
 }
 
@@ -91,6 +98,22 @@ impl<'a> Lint<'a, '_> {
                 );
             }
             if let Some(rule) = &d.rule {
+                if let (Some(at), Some(_), true) =
+                    (rule.lease_at, rule.lease, rule.quota_mode || self.quota_all)
+                {
+                    let why = if rule.quota_mode {
+                        "`quota_mode: true`"
+                    } else {
+                        "--quota-mode"
+                    };
+                    self.warn(
+                        file,
+                        at,
+                        format!(
+                            "`lease` is ignored on a quota-mode rule ({why}): whether its hit is taken depends on the request's other quota descriptors, so every hit goes to the backend"
+                        ),
+                    );
+                }
                 for target in &rule.replaces {
                     if !self.names.contains(target.as_str()) {
                         self.warn(

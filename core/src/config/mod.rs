@@ -92,6 +92,9 @@ pub struct LoadOptions {
     /// Put every configured rule in shadow mode (envoyproxy/ratelimit's global `SHADOW_MODE`):
     /// buckets are counted, nothing is rejected. Request `limit` overrides still apply.
     pub shadow_all: bool,
+    /// Put every configured rule in quota mode (envoyproxy/ratelimit's global `QUOTA_MODE`):
+    /// a request is rejected only by its quota descriptors all being over their limits.
+    pub quota_all: bool,
     /// Most entries a request descriptor may carry (`--max-entries`): deeper descriptors are
     /// reported as unreachable.
     pub max_entries: usize,
@@ -105,6 +108,7 @@ impl Default for LoadOptions {
             merge_domains: false,
             dotfiles: false,
             shadow_all: false,
+            quota_all: false,
             max_entries: 32,
             default_algorithm: Algorithm::TokenBucket,
         }
@@ -128,7 +132,12 @@ pub struct Domain {
 impl Default for Config {
     /// No domains: every request is for an unknown domain.
     fn default() -> Self {
-        compile::config(Vec::new(), digest(&[]), false, Algorithm::default())
+        compile::config(
+            Vec::new(),
+            digest(&[]),
+            compile::Modes::default(),
+            Algorithm::default(),
+        )
     }
 }
 
@@ -370,11 +379,14 @@ fn compile_domains(
                 .collect()
         })
         .collect();
-    let warnings = lint::domains(&domains, options.max_entries);
+    let warnings = lint::domains(&domains, options.max_entries, options.quota_all);
     let mut config = compile::config(
         domains,
         digest(sources),
-        options.shadow_all,
+        compile::Modes {
+            shadow: options.shadow_all,
+            quota: options.quota_all,
+        },
         options.default_algorithm,
     );
     config.warnings = warnings;

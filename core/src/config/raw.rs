@@ -65,6 +65,7 @@ pub(crate) struct RawDescriptor {
     pub value: Field<String>,
     pub rate_limit: Field<RawRateLimit>,
     pub shadow_mode: Field<bool>,
+    pub quota_mode: Field<bool>,
     pub detailed_metric: Field<bool>,
     pub cost: Field<i128>,
     pub failure_mode: Field<String>,
@@ -101,6 +102,7 @@ const DESCRIPTOR_FIELDS: &[&str] = &[
     "rate_limit",
     "descriptors",
     "shadow_mode",
+    "quota_mode",
     "detailed_metric",
     "cost",
     "failure_mode",
@@ -120,10 +122,6 @@ const RATE_LIMIT_FIELDS: &[&str] = &[
     "replaces",
 ];
 const REPLACE_FIELDS: &[&str] = &["name"];
-
-/// Fields of envoyproxy/ratelimit that sluice does not implement; named in the error so an
-/// operator migrating a config knows it is not a typo.
-const ENVOY_ONLY_FIELDS: &[&str] = &["quota_mode"];
 
 /// Every field name envoyproxy/ratelimit accepts. It checks names, not places: one of these in a
 /// mapping where it means nothing (`unit` on a descriptor) loads there and is ignored, so sluice
@@ -167,6 +165,7 @@ fn read_descriptor(node: &Node, sink: &mut Sink) -> Option<RawDescriptor> {
         value: fields.string("value", sink),
         rate_limit: fields.rate_limit(sink),
         shadow_mode: fields.boolean("shadow_mode", sink),
+        quota_mode: fields.boolean("quota_mode", sink),
         detailed_metric: fields.boolean("detailed_metric", sink),
         cost: fields.integer("cost", sink),
         failure_mode: fields.string("failure_mode", sink),
@@ -237,7 +236,7 @@ impl<'n> Fields<'n> {
             let name = name.text.as_str();
             match allowed.iter().find(|a| **a == name) {
                 Some(known) => entries.push((*known, key, value)),
-                None if ENVOY_FIELDS.contains(&name) && !ENVOY_ONLY_FIELDS.contains(&name) => sink
+                None if ENVOY_FIELDS.contains(&name) => sink
                     .warn(
                         key.at,
                         format!(
@@ -245,12 +244,6 @@ impl<'n> Fields<'n> {
                             allowed.join(", ")
                         ),
                     ),
-                None if ENVOY_ONLY_FIELDS.contains(&name) => sink.error(
-                    key.at,
-                    format!(
-                        "field `{name}` of envoyproxy/ratelimit is not supported by sluice (in {what})"
-                    ),
-                ),
                 None => sink.error(
                     key.at,
                     format!(

@@ -227,7 +227,6 @@ descriptors:
   - key: k
     rate_limt: {unit: second, requests_per_unit: 1}
   - key: j
-    quota_mode: true
     rate_limit:
       unit: second
       requests_per_unit: 1
@@ -240,9 +239,8 @@ descriptors:
         [
             "1:1: unknown field `domian` in the config file; expected one of: domain, failure_mode, algorithm, descriptors",
             "1:1: missing required field `domain`",
-            "4:5: unknown field `rate_limt` in a descriptor; expected one of: key, value, rate_limit, descriptors, shadow_mode, detailed_metric, cost, failure_mode, share_threshold, value_to_metric, metadata",
-            "6:5: field `quota_mode` of envoyproxy/ratelimit is not supported by sluice (in a descriptor)",
-            "12:11: unknown field `why` in a `replaces` entry; expected one of: name",
+            "4:5: unknown field `rate_limt` in a descriptor; expected one of: key, value, rate_limit, descriptors, shadow_mode, quota_mode, detailed_metric, cost, failure_mode, share_threshold, value_to_metric, metadata",
+            "11:11: unknown field `why` in a `replaces` entry; expected one of: name",
         ]
     );
 }

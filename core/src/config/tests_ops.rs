@@ -79,6 +79,90 @@ fn shadow_all_puts_every_rule_in_shadow_mode() {
     assert!(!plain.rules().any(|r| r.shadow_mode));
 }
 
+/// envoyproxy/ratelimit's `quota_mode` sits on a descriptor beside `shadow_mode` and is carried to
+/// its rule; it is a boolean like it.
+#[test]
+fn quota_mode_is_accepted_and_compiled_onto_its_rule() {
+    let text = "domain: q
+descriptors:
+  - key: service
+    value: one
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: service
+    value: two
+    quota_mode: false
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: blocked
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 0}
+";
+    let config = load_sources(&[src("q.yaml", text)]).unwrap();
+    let quota: Vec<(&str, bool)> = config.rules().map(|r| (&*r.path, r.quota_mode)).collect();
+    assert_eq!(
+        quota,
+        [
+            ("q.service_one", true),
+            ("q.service_two", false),
+            ("q.plain", false),
+            ("q.blocked", true),
+        ]
+    );
+    let lines: Vec<usize> = config.warnings().iter().map(|w| w.line).collect();
+    assert_eq!(lines, [15], "only the blocking rule's own warning");
+    let bad = "domain: q\ndescriptors:\n  - key: k\n    quota_mode: often\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";
+    let found = errors(load_sources(&[src("q.yaml", bad)]));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].starts_with("q.yaml:4:17:") && found[0].contains("quota_mode"),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn quota_all_puts_every_rule_in_quota_mode() {
+    let options = LoadOptions {
+        quota_all: true,
+        ..LoadOptions::default()
+    };
+    let config = load_sources_with(
+        &[
+            src("a.yaml", A1),
+            src("b.yaml", A2.replace("domain: a", "domain: b").as_str()),
+        ],
+        &options,
+    )
+    .unwrap();
+    assert!(config.rules().all(|r| r.quota_mode && !r.shadow_mode));
+    let plain = load_sources(&[src("a.yaml", A1)]).unwrap();
+    assert!(!plain.rules().any(|r| r.quota_mode));
+}
+
+/// A lease would pay a quota hit on its own, but whether it is taken depends on the request's
+/// other quota descriptors: the limiter never leases one, and the loader says so.
+#[test]
+fn lease_on_a_quota_mode_rule_is_ignored_with_a_warning() {
+    let text = "domain: q\ndescriptors:\n  - key: k\n    quota_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 10, lease: 5}\n";
+    assert_eq!(
+        warnings(text),
+        [
+            "t.yaml:5:55: `lease` is ignored on a quota-mode rule (`quota_mode: true`): whether its hit is taken depends on the request's other quota descriptors, so every hit goes to the backend"
+        ]
+    );
+    let options = LoadOptions {
+        quota_all: true,
+        ..LoadOptions::default()
+    };
+    let leased = "domain: q\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10, lease: 5}\n";
+    assert!(warnings(leased).is_empty());
+    let config = load_sources_with(&[src("t.yaml", leased)], &options).unwrap();
+    let found: Vec<String> = config.warnings().iter().map(ToString::to_string).collect();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("(--quota-mode)"), "{found:?}");
+}
+
 #[test]
 fn hidden_files_are_read_only_when_asked_and_kubelet_entries_never() {
     let dir = tempfile::tempdir().unwrap();

@@ -42,6 +42,8 @@ pub(crate) struct RuleSpec {
     pub name: Option<String>,
     pub replaces: Vec<String>,
     pub shadow_mode: bool,
+    /// envoyproxy/ratelimit's `quota_mode`.
+    pub quota_mode: bool,
     pub detailed_metric: bool,
     /// envoyproxy/ratelimit's `metadata` of the descriptor holding the rule.
     pub metadata: Option<serde_json::Value>,
@@ -211,6 +213,7 @@ fn rule(
         name,
         replaces,
         shadow_mode: flag(&raw.shadow_mode),
+        quota_mode: flag(&raw.quota_mode),
         detailed_metric: flag(&raw.detailed_metric),
         metadata: raw.metadata.given().map(|m| m.value.clone()),
         cost: cost.map_or(1, u64::from),

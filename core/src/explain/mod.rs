@@ -133,6 +133,8 @@ pub struct RuleView {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bucket: Option<BucketView>,
     pub shadow: bool,
+    /// `quota_mode: true` or `--quota-mode`: rejects only with every other quota descriptor.
+    pub quota: bool,
     pub failure_mode: FailureMode,
     /// `config` (the rule or its domain) or `default` (`--failure-mode`).
     pub failure_mode_from: &'static str,
@@ -291,6 +293,8 @@ fn rule_view(
             (None, Vec::new()),
             if rule.shadow_mode {
                 "OK always: the rule blocks (`requests_per_unit: 0`) but is in shadow mode; no bucket is kept".to_owned()
+            } else if rule.quota_mode {
+                "OVER_LIMIT always, in quota mode: `requests_per_unit: 0` blocks this descriptor, which rejects the request only when every quota-mode descriptor of the request is over its limit; no bucket is kept".to_owned()
             } else {
                 "OVER_LIMIT always: `requests_per_unit: 0` blocks every request; no bucket is kept and the backend is not asked".to_owned()
             },
@@ -313,6 +317,7 @@ fn rule_view(
         algorithm_from: bucket.as_ref().map(|_| rule.algorithm_from.as_str()),
         bucket,
         shadow: rule.shadow_mode,
+        quota: rule.quota_mode,
         failure_mode,
         failure_mode_from,
         replaces: rule.replaces.iter().map(|r| r.to_string()).collect(),
@@ -367,6 +372,14 @@ fn bucket_of(
     } else {
         outcome(rule.algorithm, &bucket)
     };
+    if rule.quota_mode && !rule.shadow_mode {
+        outcome.push_str(
+            "; in quota mode: OVER_LIMIT here rejects the request only when every quota-mode descriptor of the request is over its limit, and a hit that does not fit is not counted",
+        );
+        if rule.lease.is_some() {
+            outcome.push_str(" (`lease` is ignored: every hit goes to the backend)");
+        }
+    }
     let keys = match rule.shards {
         None => (Some(key(RuleTag::Configured)), Vec::new()),
         Some(n) => {
@@ -490,6 +503,11 @@ impl Report {
                 out,
                 "shadow:      {}",
                 if rule.shadow { "yes" } else { "no" }
+            );
+            let _ = writeln!(
+                out,
+                "quota mode:  {}",
+                if rule.quota { "yes" } else { "no" }
             );
             let _ = writeln!(
                 out,

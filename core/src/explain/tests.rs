@@ -376,3 +376,50 @@ descriptors:
         RepeatedKey("tenant".into())
     );
 }
+
+#[test]
+fn a_quota_mode_rule_says_so() {
+    let text = "domain: q
+descriptors:
+  - key: service
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 3, lease: 2}
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 3}
+";
+    let config = load_sources(&[("q.yaml".into(), text.into())]).unwrap();
+    let report = explain(
+        &config,
+        "q",
+        &parse_descriptor("service=a").unwrap(),
+        &options(),
+    );
+    let rule = report.rule.as_ref().unwrap();
+    assert!(rule.quota && !rule.shadow);
+    assert!(
+        report.outcome.contains(
+            "in quota mode: OVER_LIMIT here rejects the request only when every quota-mode descriptor of the request is over its limit"
+        ) && report.outcome.contains("`lease` is ignored"),
+        "{}",
+        report.outcome
+    );
+    let text_report = report.to_text();
+    assert!(
+        text_report.contains("\nquota mode:  yes\n"),
+        "{text_report}"
+    );
+    assert_eq!(
+        serde_json::to_value(&report).unwrap()["rule"]["quota"],
+        true
+    );
+
+    let plain = explain(
+        &config,
+        "q",
+        &parse_descriptor("plain=a").unwrap(),
+        &options(),
+    );
+    assert!(!plain.rule.as_ref().unwrap().quota);
+    assert!(plain.to_text().contains("\nquota mode:  no\n"));
+    assert!(!plain.outcome.contains("quota"), "{}", plain.outcome);
+}

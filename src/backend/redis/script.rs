@@ -27,8 +27,10 @@ const WIRE_SATURATED: i64 = -2;
 
 const FLAG_REFUND: u64 = 1;
 const FLAG_SHADOW: u64 = 2;
-/// The lease size rides above the two flag bits: `flags = refund + shadow + LEASE_UNIT * lease`.
-const LEASE_UNIT: u64 = 4;
+const FLAG_QUOTA: u64 = 4;
+/// The lease size rides above the three flag bits:
+/// `flags = refund + shadow + quota + LEASE_UNIT * lease`.
+const LEASE_UNIT: u64 = 8;
 
 /// What a call passes besides the hits.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -76,11 +78,19 @@ where
             tokens,
             refund,
             shadow,
+            quota,
             lease,
         } = hit.demand;
+        let bits = [
+            (refund, FLAG_REFUND),
+            (shadow, FLAG_SHADOW),
+            (quota, FLAG_QUOTA),
+        ]
+        .iter()
+        .filter(|(set, _)| *set)
+        .fold(0, |flags, (_, bit)| flags | bit);
         // Config bounds a lease to a bucket size (u32), so the product is exact in Lua's doubles.
-        let flags = (if refund { FLAG_REFUND } else { 0 } | if shadow { FLAG_SHADOW } else { 0 })
-            + lease.saturating_mul(LEASE_UNIT);
+        let flags = bits + lease.saturating_mul(LEASE_UNIT);
         let code = algorithm.wire_code() + if starts_group { GROUP_START } else { 0 };
         cmd.arg(code)
             .arg(params.capacity)
@@ -348,7 +358,17 @@ mod tests {
             1,
             CallArgs::default(),
         );
-        assert_eq!(args(&cmd)[10..], ["1", "38"], "shadow (2) + 4 × 9");
+        assert_eq!(args(&cmd)[10..], ["1", "74"], "shadow (2) + 8 × 9");
+        lease.demand.quota = true;
+        lease.demand.shadow = false;
+        let cmd = command(
+            "EVALSHA",
+            &SHA,
+            std::iter::once((&lease, false)),
+            1,
+            CallArgs::default(),
+        );
+        assert_eq!(args(&cmd)[10..], ["1", "76"], "quota (4) + 8 × 9");
         let window = Hit::new("{t}a", PARAMS, 2).using(Algorithm::FixedWindow);
         let cmd = command("EVAL", SOURCE, std::iter::once((&window, false)), 1, at);
         assert_eq!(
