@@ -46,7 +46,7 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 100}
 "#;
 
-/// `--quota-push-interval` and `--quota-assignment-ttl` the replicas run with (the defaults,
+/// `--rlqs-push-interval` and `--rlqs-assignment-ttl` the replicas run with (the defaults,
 /// stated so the slack below follows them).
 const PUSH: Duration = Duration::from_millis(200);
 const TTL: Duration = Duration::from_millis(600);
@@ -98,8 +98,8 @@ impl Replica {
             .args(["--backend", "redis", "--redis-url", &redis.url()])
             // Generous: a busy 2-core machine must not turn a slow reply into a failure policy.
             .args(["--redis-timeout", "500ms", "--redis-connect-timeout", "2s"])
-            .args(["--quota-push-interval", &format!("{}ms", PUSH.as_millis())])
-            .args(["--quota-assignment-ttl", &format!("{}ms", TTL.as_millis())])
+            .args(["--rlqs-push-interval", &format!("{}ms", PUSH.as_millis())])
+            .args(["--rlqs-assignment-ttl", &format!("{}ms", TTL.as_millis())])
             .args(["--watch-debounce", "50ms"])
             .env("SLUICE_LOG_FORMAT", "text")
             .stdout(Stdio::piped())
@@ -316,10 +316,10 @@ async fn steady_demand_above_the_limit_stays_within_the_bound() {
     let slack: f64 = blocking(|| {
         replicas
             .iter()
-            .map(|r| r.metric("sluice_quota_grant_slack_total"))
+            .map(|r| r.metric("sluice_rlqs_grant_slack_total"))
             .sum()
     });
-    println!("RLQS steady: utilisation {ratio:.3}; sluice_quota_grant_slack_total {slack}");
+    println!("RLQS steady: utilisation {ratio:.3}; sluice_rlqs_grant_slack_total {slack}");
     // Demand is 1.8× the limit: at least half of what the bucket gave must reach the data
     // planes (what the pools hold ahead and denials before the first assignment cost some).
     assert!(ratio >= 0.5, "utilisation {ratio:.3} below 0.5");
@@ -379,7 +379,7 @@ async fn data_planes_joining_and_leaving_keep_the_bound_and_leave_no_subscriptio
     let redis = blocking(RedisServer::start);
     let replicas = blocking(|| [Replica::start(MESH, &redis), Replica::start(MESH, &redis)]);
     let id = tenant();
-    let subscribed = |r: &Replica| blocking(|| r.metric("sluice_quota_buckets_subscribed"));
+    let subscribed = |r: &Replica| blocking(|| r.metric("sluice_rlqs_buckets_subscribed"));
     // Stay for the whole run: one on each replica.
     let stay: Vec<DataPlane> = (0..2)
         .map(|i| DataPlane::connect(replicas[i].grpc, "mesh", strict()))
@@ -433,7 +433,7 @@ async fn data_planes_joining_and_leaving_keep_the_bound_and_leave_no_subscriptio
     // replica 0 after the leavers went. The leavers' subscriptions must be gone.
     assert_eq!(before, [2.0, 2.0], "subscriptions before the leavers left");
     let after = [subscribed(&replicas[0]), subscribed(&replicas[1])];
-    println!("RLQS churn: sluice_quota_buckets_subscribed before {before:?}, after {after:?}");
+    println!("RLQS churn: sluice_rlqs_buckets_subscribed before {before:?}, after {after:?}");
     assert_eq!(after, [2.0, 1.0], "subscriptions after the run");
     for dp in stay.into_iter().chain([newcomer]) {
         dp.close().await;
@@ -499,7 +499,7 @@ async fn a_killed_replica_s_data_planes_move_to_the_survivor_within_the_bound() 
         "RLQS kill: both moved data planes assigned again {:.2} s after the kill",
         moved_after.as_secs_f64()
     );
-    let survivor = blocking(|| replicas[1].metric("sluice_quota_buckets_subscribed"));
+    let survivor = blocking(|| replicas[1].metric("sluice_rlqs_buckets_subscribed"));
     assert_eq!(survivor, 3.0, "the survivor serves all three data planes");
     for dp in planes {
         dp.close().await;
@@ -594,7 +594,7 @@ async fn redis_killed_failure_modes_assign_and_recover() {
                         .filter(|l| l.contains("kind=\"deny_all\""))
                         .collect::<Vec<_>>()
                         .join("\n"),
-                    "sluice_quota_assignments_sent_total",
+                    "sluice_rlqs_assignments_sent_total",
                 )
             })
             .collect()
@@ -666,7 +666,7 @@ async fn a_reload_removing_the_rule_abandons_the_bucket() {
                     .lines()
                     .filter(|l| l.contains("kind=\"abandon\""))
                     .collect();
-                metric_in(&lines.join("\n"), "sluice_quota_assignments_sent_total")
+                metric_in(&lines.join("\n"), "sluice_rlqs_assignments_sent_total")
             })
             .sum()
     });

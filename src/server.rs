@@ -157,15 +157,15 @@ pub async fn start(settings: Settings) -> Result<Running, ServeError> {
 /// Settings that parse one by one but not together.
 fn check_settings(settings: &Settings) -> Result<(), ServeError> {
     let fail = |message: String| Err(ServeError::Setting(message));
-    if settings.quota_push_interval.is_zero() {
-        return fail("--quota-push-interval must be above 0".into());
+    if settings.rlqs_push_interval.is_zero() {
+        return fail("--rlqs-push-interval must be above 0".into());
     }
-    if settings.quota_assignment_ttl <= settings.quota_push_interval {
+    if settings.rlqs_assignment_ttl <= settings.rlqs_push_interval {
         // An assignment must outlive the push that extends it, or every data plane falls to its
         // expired-assignment behaviour between pushes.
         return fail(format!(
-            "--quota-assignment-ttl ({:?}) must be longer than --quota-push-interval ({:?})",
-            settings.quota_assignment_ttl, settings.quota_push_interval
+            "--rlqs-assignment-ttl ({:?}) must be longer than --rlqs-push-interval ({:?})",
+            settings.rlqs_assignment_ttl, settings.rlqs_push_interval
         ));
     }
     if settings.backend == BackendKind::Memory && settings.redis_per_second.enabled() {

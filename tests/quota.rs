@@ -187,7 +187,7 @@ async fn a_stream_that_changes_domain_ends_with_invalid_argument() {
 #[tokio::test]
 async fn malformed_bucket_ids_are_ignored_and_counted_and_the_stream_goes_on() {
     let s = TestServer::start_with(&[("mesh.yaml", CONFIG)], |settings| {
-        settings.quota_max_bucket_entries = 4;
+        settings.rlqs_max_bucket_entries = 4;
     })
     .await;
     let tenant = [("tenant", "acme")];
@@ -212,7 +212,7 @@ async fn malformed_bucket_ids_are_ignored_and_counted_and_the_stream_goes_on() {
     );
     let metrics = reqwest_metrics(&s).await;
     for (reason, n) in [("invalid_bucket", 2), ("absurd_count", 1)] {
-        let line = format!("sluice_quota_reports_ignored_total{{reason=\"{reason}\"}} {n}");
+        let line = format!("sluice_rlqs_reports_ignored_total{{reason=\"{reason}\"}} {n}");
         assert!(metrics.contains(&line), "missing {line} in\n{metrics}");
     }
     s.stop().await;
@@ -243,12 +243,12 @@ async fn settings_that_cannot_work_together_are_refused_at_start() {
         tweak(&mut settings);
         sluice::server::start(settings)
     };
-    let error = start(|s| s.quota_assignment_ttl = s.quota_push_interval)
+    let error = start(|s| s.rlqs_assignment_ttl = s.rlqs_push_interval)
         .await
         .err()
         .expect("a ttl no longer than the push interval is refused")
         .to_string();
-    assert!(error.contains("--quota-assignment-ttl"), "{error}");
+    assert!(error.contains("--rlqs-assignment-ttl"), "{error}");
     let error = start(|s| s.redis_per_second.url = vec!["redis://127.0.0.1:1".into()])
         .await
         .err()

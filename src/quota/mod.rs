@@ -41,7 +41,7 @@ pub use service::QuotaHandler;
 /// A bucket id as the data plane sent it (sorted by key).
 pub type BucketId = Arc<BTreeMap<String, String>>;
 
-/// `--quota-*` settings.
+/// `--rlqs-*` settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QuotaOptions {
     pub push_interval: Duration,
@@ -56,15 +56,15 @@ impl From<&Settings> for QuotaOptions {
     fn from(settings: &Settings) -> Self {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         QuotaOptions {
-            push_interval: settings.quota_push_interval,
+            push_interval: settings.rlqs_push_interval,
             pool: PoolOptions {
-                ttl_ms: ms(settings.quota_assignment_ttl),
-                burst_ms: ms(settings.quota_push_interval),
+                ttl_ms: ms(settings.rlqs_assignment_ttl),
+                burst_ms: ms(settings.rlqs_push_interval),
             },
-            idle_timeout: settings.quota_idle_timeout,
-            max_buckets_per_stream: usize::try_from(settings.quota_max_buckets_per_stream)
+            idle_timeout: settings.rlqs_idle_timeout,
+            max_buckets_per_stream: usize::try_from(settings.rlqs_max_buckets_per_stream)
                 .unwrap_or(usize::MAX),
-            max_bucket_entries: usize::try_from(settings.quota_max_bucket_entries)
+            max_bucket_entries: usize::try_from(settings.rlqs_max_bucket_entries)
                 .unwrap_or(usize::MAX),
         }
     }
@@ -93,9 +93,9 @@ pub enum Action {
 /// Why a report (or one bucket of it) was not taken into account.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ignored {
-    /// The stream already has `--quota-max-buckets-per-stream` buckets.
+    /// The stream already has `--rlqs-max-buckets-per-stream` buckets.
     TooManyBuckets,
-    /// More entries than `--quota-max-bucket-entries`, or an empty key or value.
+    /// More entries than `--rlqs-max-bucket-entries`, or an empty key or value.
     InvalidBucket,
     /// A count no data plane could have reached in one reporting interval.
     AbsurdCount,
@@ -117,7 +117,7 @@ impl Ignored {
     }
 }
 
-/// Counts read by the `sluice_quota_*` metrics.
+/// Counts read by the `sluice_rlqs_*` metrics.
 #[derive(Debug, Default)]
 pub struct QuotaStats {
     streams: AtomicU64,
@@ -602,7 +602,7 @@ impl<B: Backend> Quotas<B> {
         }
     }
 
-    /// Abandons subscriptions that have not reported for `--quota-idle-timeout`.
+    /// Abandons subscriptions that have not reported for `--rlqs-idle-timeout`.
     fn abandon_idle(
         &self,
         state: &mut State,

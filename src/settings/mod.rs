@@ -209,28 +209,28 @@ pub struct Settings {
 
     /// RLQS: how often each replica re-plans its data planes' shares, takes what they need from
     /// the shared buckets and pushes assignments (a token bucket holds this much of its rate).
-    #[arg(long, env = "SLUICE_QUOTA_PUSH_INTERVAL", value_parser = parse_duration, default_value = "200ms")]
-    pub quota_push_interval: Duration,
+    #[arg(long, env = "SLUICE_RLQS_PUSH_INTERVAL", value_parser = parse_duration, default_value = "200ms")]
+    pub rlqs_push_interval: Duration,
 
     /// RLQS: `assignment_time_to_live` of every assignment — longer than the push interval; a
     /// data plane whose sluice is gone falls back to its expired-assignment behaviour within it.
     /// What a data plane may admit over it is paid ahead, so it bounds the grant slack.
-    #[arg(long, env = "SLUICE_QUOTA_ASSIGNMENT_TTL", value_parser = parse_duration, default_value = "600ms")]
-    pub quota_assignment_ttl: Duration,
+    #[arg(long, env = "SLUICE_RLQS_ASSIGNMENT_TTL", value_parser = parse_duration, default_value = "600ms")]
+    pub rlqs_assignment_ttl: Duration,
 
     /// RLQS: a bucket a data plane has not reported for this long is abandoned.
-    #[arg(long, env = "SLUICE_QUOTA_IDLE_TIMEOUT", value_parser = parse_duration, default_value = "60s")]
-    pub quota_idle_timeout: Duration,
+    #[arg(long, env = "SLUICE_RLQS_IDLE_TIMEOUT", value_parser = parse_duration, default_value = "60s")]
+    pub rlqs_idle_timeout: Duration,
 
     /// RLQS: most buckets one stream may subscribe; reports for more are ignored (counted).
-    #[arg(long, env = "SLUICE_QUOTA_MAX_BUCKETS_PER_STREAM", default_value_t = 10_000,
+    #[arg(long, env = "SLUICE_RLQS_MAX_BUCKETS_PER_STREAM", default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(1..))]
-    pub quota_max_buckets_per_stream: u64,
+    pub rlqs_max_buckets_per_stream: u64,
 
     /// RLQS: most entries in one bucket id; a bucket id with more is ignored (counted).
-    #[arg(long, env = "SLUICE_QUOTA_MAX_BUCKET_ENTRIES", default_value_t = 16,
+    #[arg(long, env = "SLUICE_RLQS_MAX_BUCKET_ENTRIES", default_value_t = 16,
           value_parser = clap::value_parser!(u64).range(1..=64))]
-    pub quota_max_bucket_entries: u64,
+    pub rlqs_max_bucket_entries: u64,
 
     /// Most ShouldRateLimit decisions in progress; past it a call is refused at once with
     /// RESOURCE_EXHAUSTED.

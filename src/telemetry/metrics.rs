@@ -354,7 +354,7 @@ impl Metrics {
         }
     }
 
-    /// Feeds the `sluice_quota_*` metrics from the RLQS side's counts.
+    /// Feeds the `sluice_rlqs_*` metrics from the RLQS side's counts.
     pub fn observe_quota(&self, stats: Arc<QuotaStats>) {
         if let Some(inner) = &self.0 {
             *lock(&inner.shared.quota) = Some(stats);
@@ -677,17 +677,17 @@ const OBSERVABLES: &[Observable] = &[
         }),
     },
     Observable {
-        name: "sluice_quota_streams_open",
+        name: "sluice_rlqs_streams_open",
         description: "Open RLQS streams (StreamRateLimitQuotas), one per data plane and domain",
         reading: Reading::Gauge(|s, points| read_quota(s, QuotaStats::streams, points)),
     },
     Observable {
-        name: "sluice_quota_buckets_subscribed",
+        name: "sluice_rlqs_buckets_subscribed",
         description: "RLQS bucket ids subscribed on this replica's open streams",
         reading: Reading::Gauge(|s, points| read_quota(s, QuotaStats::subscriptions, points)),
     },
     Observable {
-        name: "sluice_quota_assignments_sent_total",
+        name: "sluice_rlqs_assignments_sent_total",
         description: "RLQS bucket actions sent, by kind: allow_all, deny_all, token_bucket (each push re-sends a data plane's current one to extend it), abandon",
         reading: Reading::Counter(|s, points| {
             if let Some(stats) = lock(&s.quota).as_ref() {
@@ -698,7 +698,7 @@ const OBSERVABLES: &[Observable] = &[
         }),
     },
     Observable {
-        name: "sluice_quota_reported_requests_total",
+        name: "sluice_rlqs_reported_requests_total",
         description: "Requests the data planes reported, by result (allowed, denied)",
         reading: Reading::Counter(|s, points| {
             if let Some(stats) = lock(&s.quota).as_ref() {
@@ -714,13 +714,13 @@ const OBSERVABLES: &[Observable] = &[
         }),
     },
     Observable {
-        name: "sluice_quota_grant_slack_total",
+        name: "sluice_rlqs_grant_slack_total",
         description: "Requests the data planes reported admitting beyond what was prepaid for them (in flight with a report, a failure policy's assignment, a data plane not enforcing), past one bucket capacity of debt",
         reading: Reading::Counter(|s, points| read_quota(s, QuotaStats::slack, points)),
     },
     Observable {
-        name: "sluice_quota_reports_ignored_total",
-        description: "RLQS bucket reports ignored, by reason: too_many_buckets (--quota-max-buckets-per-stream), invalid_bucket (empty, too many entries, empty or oversized key or value), absurd_count",
+        name: "sluice_rlqs_reports_ignored_total",
+        description: "RLQS bucket reports ignored, by reason: too_many_buckets (--rlqs-max-buckets-per-stream), invalid_bucket (empty, too many entries, empty or oversized key or value), absurd_count",
         reading: Reading::Counter(|s, points| {
             if let Some(stats) = lock(&s.quota).as_ref() {
                 for reason in Ignored::ALL {
@@ -762,7 +762,7 @@ const OBSERVABLES: &[Observable] = &[
     },
 ];
 
-/// A `sluice_quota_*` value, once the RLQS side is observed.
+/// A `sluice_rlqs_*` value, once the RLQS side is observed.
 fn read_quota(s: &Shared, read: fn(&QuotaStats) -> u64, points: Points<'_, u64>) {
     if let Some(stats) = lock(&s.quota).as_ref() {
         points(read(stats), &[]);
