@@ -407,14 +407,14 @@ fn report(
 }
 
 /// The 1-minute load average (/proc/loadavg).
-fn loadavg_1m() -> Option<f64> {
+pub fn loadavg_1m() -> Option<f64> {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
         .and_then(|l| l.split_whitespace().next()?.parse().ok())
 }
 
 /// `some avg10` of /proc/pressure/cpu.
-fn cpu_pressure_avg10() -> Option<f64> {
+pub fn cpu_pressure_avg10() -> Option<f64> {
     std::fs::read_to_string("/proc/pressure/cpu")
         .ok()
         .and_then(|p| {

@@ -7,6 +7,7 @@ mod hist;
 mod load;
 mod mix;
 mod noop;
+mod rlqs;
 mod stats;
 mod summary;
 mod svg;
@@ -54,6 +55,9 @@ enum Command {
     },
     /// A closed-loop peak, then open-loop runs at --rates or at --fractions of that peak.
     Sweep(SweepArgs),
+    /// Load on an RLQS server (StreamRateLimitQuotas): streams of usage reports, assignments
+    /// counted.
+    Rlqs(RlqsArgs),
     /// Overlays sweeps in one SVG: `plot --out x.svg noop=a.json sluice=b.json`.
     Plot {
         #[arg(long)]
@@ -148,6 +152,86 @@ struct FloorArgs {
     duration: Duration,
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+// The options of `rlqs`.
+#[derive(Args)]
+struct RlqsArgs {
+    /// RLQS endpoint, host:port or http://host:port.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    target: String,
+    /// Streams: one per data plane.
+    #[arg(long, default_value_t = 16)]
+    streams: usize,
+    /// HTTP/2 connections the streams share (default: one per stream, as separate proxies).
+    #[arg(long)]
+    connections: Option<usize>,
+    /// Bucket ids each stream reports (`<key-name>=<value-prefix><n>`), all in every report.
+    #[arg(long, default_value_t = 100)]
+    buckets: usize,
+    /// Give each stream its own bucket ids (streams × buckets storage keys); by default every
+    /// stream reports the same ones, as replicas of one proxy fleet do.
+    #[arg(long)]
+    distinct_buckets: bool,
+    /// Report every this often per stream (Envoy: `reporting_interval`); without it, back to back
+    /// as fast as the server takes them.
+    #[arg(long, value_parser = parse_duration)]
+    interval: Option<Duration>,
+    /// Requests each bucket's report covers (num_requests_allowed + num_requests_denied).
+    #[arg(long, default_value_t = 1000)]
+    per_report: u64,
+    /// Share of those reported denied (0..=1).
+    #[arg(long, default_value_t = 0.0)]
+    denied_share: f64,
+    #[arg(long, default_value = "bench")]
+    domain: String,
+    #[arg(long, default_value = "tenant")]
+    key_name: String,
+    #[arg(long, default_value = "t")]
+    value_prefix: String,
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    duration: Duration,
+    /// Before measuring: the first reports subscribe, the first pushes assign.
+    #[arg(long, value_parser = parse_duration, default_value = "3s")]
+    warmup: Duration,
+    /// name=pid of a process whose CPU to report (repeatable); the generator is always included.
+    #[arg(long = "pid")]
+    pids: Vec<NamedPid>,
+    /// Redis to read INFO commandstats / cpu from.
+    #[arg(long)]
+    redis_url: Option<String>,
+    /// host:port of sluice's admin listener: its sluice_quota_* counters are read around the
+    /// measured window.
+    #[arg(long)]
+    admin: Option<String>,
+    #[arg(long, default_value = "rlqs")]
+    label: String,
+    /// Write the report as JSON here (a summary line always goes to stdout).
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+impl RlqsArgs {
+    fn spec(self) -> rlqs::RlqsSpec {
+        rlqs::RlqsSpec {
+            target: self.target,
+            streams: self.streams,
+            connections: self.connections.unwrap_or(self.streams),
+            buckets: self.buckets,
+            distinct_buckets: self.distinct_buckets,
+            interval: self.interval,
+            per_report: self.per_report,
+            denied_share: self.denied_share,
+            domain: self.domain,
+            key_name: self.key_name,
+            value_prefix: self.value_prefix,
+            duration: self.duration,
+            warmup: self.warmup,
+            pids: self.pids,
+            redis_url: self.redis_url,
+            admin: self.admin,
+        }
+    }
 }
 
 #[derive(Args, Clone)]
@@ -312,6 +396,15 @@ async fn run(command: Command) -> Result<(), String> {
     match command {
         Command::Load { load, json } => load_once(&load, json).await,
         Command::Sweep(args) => sweep(args).await,
+        Command::Rlqs(mut args) => {
+            let (label, json) = (std::mem::take(&mut args.label), args.json.take());
+            let report = rlqs::run(args.spec()).await?;
+            println!("{}", rlqs::line(&label, &report));
+            if let Some(path) = json {
+                write_json(&path, &report)?;
+            }
+            Ok(())
+        }
         Command::Plot { out, title, sweeps } => plot(&out, &title, &sweeps),
         Command::Noop { addr } => noop::serve(addr).await,
         Command::RedisFloor(args) => redis_floor(args).await,

@@ -16,6 +16,8 @@ const BENCH: &str = env!("CARGO_BIN_EXE_sluice-bench");
 struct Server {
     child: Child,
     addr: String,
+    /// The admin listener, where the ready line names one (`admin=ADDR`).
+    admin: String,
 }
 
 impl Server {
@@ -34,12 +36,14 @@ impl Server {
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
             .unwrap();
-        let addr = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("grpc="))
-            .unwrap_or_else(|| panic!("no ready line: {line:?}"))
-            .to_string();
-        Server { child, addr }
+        let field = |name: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(name))
+                .map(str::to_string)
+        };
+        let addr = field("grpc=").unwrap_or_else(|| panic!("no ready line: {line:?}"));
+        let admin = field("admin=").unwrap_or_default();
+        Server { child, addr, admin }
     }
 
     fn noop() -> Server {
@@ -317,4 +321,85 @@ fn sweep_writes_points_and_a_plot() {
             .unwrap()
             .contains(">b</text>")
     );
+}
+
+#[test]
+fn rlqs_generator_reports_usage_and_counts_assignments_on_sluice_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let sluice = Server::sluice(&["--backend", "memory", "--quota-push-interval", "100ms"]);
+    let pid = format!("sluice={}", sluice.pid());
+    let rlqs = |extra: &[&str], name: &str| {
+        let mut args = vec![
+            "rlqs",
+            "--target",
+            &sluice.addr,
+            "--admin",
+            &sluice.admin,
+            "--streams",
+            "3",
+            "--buckets",
+            "4",
+            "--per-report",
+            "10",
+            "--duration",
+            "1s",
+            "--warmup",
+            "500ms",
+            "--pid",
+            &pid,
+        ];
+        args.extend_from_slice(extra);
+        bench(&args, &dir.path().join(name))
+    };
+
+    // 3 streams × 10 reports a second, 4 buckets each, 10 requests per bucket-report.
+    let paced = rlqs(&["--interval", "100ms"], "paced.json");
+    assert_eq!(paced["stream_errors"], serde_json::json!({}), "{paced}");
+    assert_eq!(num(&paced, "subscriptions"), 12.0);
+    assert_eq!(num(&paced, "distinct_bucket_ids"), 4.0);
+    let reports = num(&paced, "reports_per_s");
+    assert!((15.0..=45.0).contains(&reports), "{paced}");
+    // Rates of the same window: equal up to floating-point rounding.
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs();
+    assert!(
+        close(num(&paced, "bucket_reports_per_s"), 4.0 * reports),
+        "{paced}"
+    );
+    assert!(close(num(&paced, "covered_rps"), 40.0 * reports), "{paced}");
+    // The config's `tenant` rule has room for every share: each bucket holds a token bucket.
+    assert_eq!(num(&paced, "unassigned"), 0.0, "{paced}");
+    assert!(
+        num(&paced, "assignments_by_kind.token_bucket") > 0.0,
+        "{paced}"
+    );
+    assert!(
+        paced["assignments_by_kind"]["deny_all"].is_null(),
+        "{paced}"
+    );
+    // The server counted what the generator sent (the window edges differ by a report or so per
+    // stream) and pushed what the generator received.
+    let covered = num(&paced, "covered_rps");
+    let server_covered = num(&paced, "server.covered_rps");
+    assert!(
+        server_covered > 0.6 * covered && server_covered < 1.4 * covered,
+        "{paced}"
+    );
+    let assignments = num(&paced, "assignments_per_s");
+    assert!(assignments > 0.0, "{paced}");
+    let server_assignments = num(&paced, "server.assignments_per_s");
+    assert!(
+        server_assignments > 0.6 * assignments && server_assignments < 1.4 * assignments,
+        "{paced}"
+    );
+    assert_eq!(num(&paced, "server.ignored"), 0.0, "{paced}");
+    assert!(paced["cpu"]["sluice"]["cores"].is_number(), "{paced}");
+
+    // Back to back, each stream with its own bucket ids.
+    let flood = rlqs(&["--distinct-buckets"], "flood.json");
+    assert_eq!(flood["stream_errors"], serde_json::json!({}), "{flood}");
+    assert!(flood["interval_s"].is_null(), "{flood}");
+    assert_eq!(num(&flood, "distinct_bucket_ids"), 12.0);
+    assert!(num(&flood, "reports_per_s") > reports, "{flood}");
+    assert!(num(&flood, "server.covered_rps") > 0.0, "{flood}");
+    assert_eq!(num(&flood, "unassigned"), 0.0, "{flood}");
 }
