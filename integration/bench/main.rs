@@ -200,7 +200,7 @@ struct RlqsArgs {
     /// Redis to read INFO commandstats / cpu from.
     #[arg(long)]
     redis_url: Option<String>,
-    /// host:port of sluice's admin listener: its sluice_quota_* counters are read around the
+    /// host:port of sluice's admin listener: its sluice_rlqs_* counters are read around the
     /// measured window.
     #[arg(long)]
     admin: Option<String>,

@@ -6,7 +6,7 @@
 //! RLQS has no answer per report, so a report counts when the stream took it: in flood mode that
 //! is when the transport pulled it under the server's flow-control window, so the count runs at
 //! most one window ahead of what the server read. The server's own count of reported requests
-//! (`sluice_quota_reported_requests_total`, read from its admin port with `--admin`) is printed
+//! (`sluice_rlqs_reported_requests_total`, read from its admin port with `--admin`) is printed
 //! beside the generator's to show the two agree.
 //!
 //! A message is encoded once per stream and re-sent as bytes: the generator shares the machine
@@ -111,7 +111,7 @@ pub struct RlqsReport {
     pub cpu_pressure_avg10: Option<f64>,
 }
 
-/// `sluice_quota_*` counters over the measured window, per second.
+/// `sluice_rlqs_*` counters over the measured window, per second.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ServerCounts {
     pub covered_rps: f64,
@@ -367,7 +367,7 @@ async fn connect(target: &str, n: usize) -> Result<Vec<Channel>, String> {
     Ok(channels)
 }
 
-/// The server's `sluice_quota_*` counters: covered requests, assignments sent, slack, ignored.
+/// The server's `sluice_rlqs_*` counters: covered requests, assignments sent, slack, ignored.
 #[derive(Clone, Copy, Default)]
 struct ServerSnapshot {
     reported: f64,
@@ -412,10 +412,10 @@ fn parse_metrics(text: &str) -> ServerSnapshot {
             continue;
         };
         match name {
-            "sluice_quota_reported_requests_total" => s.reported += value,
-            "sluice_quota_assignments_sent_total" => s.sent += value,
-            "sluice_quota_grant_slack_total" => s.slack += value,
-            "sluice_quota_reports_ignored_total" => s.ignored += value,
+            "sluice_rlqs_reported_requests_total" => s.reported += value,
+            "sluice_rlqs_assignments_sent_total" => s.sent += value,
+            "sluice_rlqs_grant_slack_total" => s.slack += value,
+            "sluice_rlqs_reports_ignored_total" => s.ignored += value,
             _ => {}
         }
     }
@@ -694,7 +694,7 @@ mod tests {
 
     #[test]
     fn counters_are_summed_over_label_sets() {
-        let text = "# HELP x\nsluice_quota_reported_requests_total{result=\"allowed\",otel_scope_name=\"sluice\"} 1500\nsluice_quota_reported_requests_total{result=\"denied\"} 500\nsluice_quota_assignments_sent_total{kind=\"token_bucket\"} 7\nsluice_quota_assignments_sent_total{kind=\"abandon\"} 1\nsluice_quota_grant_slack_total 3\nsluice_quota_streams_open 2\n";
+        let text = "# HELP x\nsluice_rlqs_reported_requests_total{result=\"allowed\",otel_scope_name=\"sluice\"} 1500\nsluice_rlqs_reported_requests_total{result=\"denied\"} 500\nsluice_rlqs_assignments_sent_total{kind=\"token_bucket\"} 7\nsluice_rlqs_assignments_sent_total{kind=\"abandon\"} 1\nsluice_rlqs_grant_slack_total 3\nsluice_rlqs_streams_open 2\n";
         let s = parse_metrics(text);
         assert_eq!(s.reported, 2000.0);
         assert_eq!(s.sent, 8.0);
