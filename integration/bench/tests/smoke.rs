@@ -326,7 +326,7 @@ fn sweep_writes_points_and_a_plot() {
 #[test]
 fn rlqs_generator_reports_usage_and_counts_assignments_on_sluice_memory() {
     let dir = tempfile::tempdir().unwrap();
-    let sluice = Server::sluice(&["--backend", "memory", "--quota-push-interval", "100ms"]);
+    let sluice = Server::sluice(&["--backend", "memory", "--rlqs-push-interval", "100ms"]);
     let pid = format!("sluice={}", sluice.pid());
     let rlqs = |extra: &[&str], name: &str| {
         let mut args = vec![
