@@ -76,6 +76,14 @@ impl Default for QuotaOptions {
     }
 }
 
+/// One bucket's usage in a report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Usage {
+    pub bucket: BucketId,
+    pub allowed: u64,
+    pub denied: u64,
+}
+
 /// One instruction for one bucket of a stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
@@ -337,10 +345,18 @@ impl<B: Backend> Quotas<B> {
 
     /// One bucket's usage report on `stream`; the first one subscribes the bucket.
     pub fn report(&self, stream: StreamId, bucket: BucketId, allowed: u64, denied: u64) {
-        if allowed > ABSURD_COUNT || denied > ABSURD_COUNT {
-            self.stats.count_ignored(Ignored::AbsurdCount);
-            return;
-        }
+        self.report_all(
+            stream,
+            vec![Usage {
+                bucket,
+                allowed,
+                denied,
+            }],
+        );
+    }
+
+    /// The usage reports of one message, in order, under one lock.
+    pub fn report_all(&self, stream: StreamId, usages: Vec<Usage>) {
         let now = self.now_ms();
         let config = self.limiter.config().load_full();
         let mut guard = self.lock();
@@ -348,6 +364,28 @@ impl<B: Backend> Quotas<B> {
         if state.config.is_none() {
             state.config = Some(config.clone());
         }
+        for usage in usages {
+            if usage.allowed > ABSURD_COUNT || usage.denied > ABSURD_COUNT {
+                self.stats.count_ignored(Ignored::AbsurdCount);
+                continue;
+            }
+            self.apply_usage(state, &config, stream, usage, now);
+        }
+    }
+
+    fn apply_usage(
+        &self,
+        state: &mut State,
+        config: &Arc<Config>,
+        stream: StreamId,
+        usage: Usage,
+        now: u64,
+    ) {
+        let Usage {
+            bucket,
+            allowed,
+            denied,
+        } = usage;
         let Some(s) = state.streams.get_mut(&stream) else {
             return;
         };
@@ -358,7 +396,7 @@ impl<B: Backend> Quotas<B> {
             }
             state.next_id += 1;
             let member = state.next_id;
-            let binding = self.bind(&config, &s.domain, &bucket);
+            let binding = self.bind(config, &s.domain, &bucket);
             let sub = Subscription {
                 member,
                 binding,

@@ -24,7 +24,7 @@ use futures::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{Action, BucketId, Ignored, Quotas};
+use super::{Action, BucketId, Ignored, Quotas, Usage};
 use crate::backend::Backend;
 use sluice_core::quota::Strategy;
 
@@ -124,6 +124,9 @@ impl<B: Backend> RateLimitQuotaService for QuotaHandler<B> {
                     }
                     break;
                 }
+                // A data plane with messages queued would otherwise keep this worker: h2's
+                // stream is always ready, and its reads do not count against tokio's budget.
+                tokio::task::consume_budget().await;
                 // Stop reading when the assignments end (the request body must be let go of
                 // for the call to finish while the data plane keeps its side open).
                 next = tokio::select! {
@@ -155,22 +158,22 @@ fn apply<B: Backend>(
         )));
     }
     let max_entries = quotas.options().max_bucket_entries;
+    let mut usages = Vec::with_capacity(message.bucket_quota_usages.len());
     for usage in &message.bucket_quota_usages {
-        let Some(bucket) = usage
+        match usage
             .bucket_id
             .as_ref()
             .and_then(|id| bucket_id(id, max_entries))
-        else {
-            quotas.stats().count_ignored(Ignored::InvalidBucket);
-            continue;
-        };
-        quotas.report(
-            stream,
-            bucket,
-            usage.num_requests_allowed,
-            usage.num_requests_denied,
-        );
+        {
+            Some(bucket) => usages.push(Usage {
+                bucket,
+                allowed: usage.num_requests_allowed,
+                denied: usage.num_requests_denied,
+            }),
+            None => quotas.stats().count_ignored(Ignored::InvalidBucket),
+        }
     }
+    quotas.report_all(stream, usages);
     Ok(())
 }
 
