@@ -7,12 +7,12 @@
 //! `NOSCRIPT` reply (restart, failover, `SCRIPT FLUSH`) costs one `EVAL`, which re-caches it.
 //!
 //! Connections are multiplexed: a [`ConnectionManager`] that reconnects on its own
-//! (standalone), a cluster connection that follows MOVED/ASK/TRYAGAIN (Cluster), or a master
-//! resolved through the sentinels and re-resolved after errors so a failover is followed
-//! (Sentinel). Every call is bounded by [`RedisOptions::command_timeout`] and goes through the
-//! circuit breaker of its endpoint ([`crate::backend::breaker`]): the server in standalone
-//! mode, the current master in Sentinel mode, the node owning the slot in Cluster mode (from
-//! sluice's own view of the slot map, since the cluster connection hides its routing). An open
+//! (standalone), one connection per master routed by sluice's own view of the slot map, which
+//! follows MOVED, ASK and TRYAGAIN itself (Cluster, `cluster.rs`), or a master resolved through
+//! the sentinels and re-resolved after errors so a failover is followed (Sentinel). Every call is
+//! bounded by [`RedisOptions::command_timeout`] and goes through the circuit breaker of its
+//! endpoint ([`crate::backend::breaker`]): the server in standalone mode, the current master in
+//! Sentinel mode, the node owning the slot in Cluster mode. An open
 //! breaker fails the call at once with [`BackendError::CircuitOpen`].
 //!
 //! In Cluster mode the hits of one slot are decided atomically together; hits in different
