@@ -119,6 +119,26 @@ impl DataPlane {
     }
 }
 
+/// One push: the pool plans, the shared bucket answers, the data planes get their assignments.
+/// Returns the tokens the pool took (negative: gave back).
+fn push(now: u64, pool: &mut Pool, shared: &mut Shared, planes: &mut [DataPlane]) -> i64 {
+    let (answer, taken) = match pool.plan(now, &OPTIONS) {
+        Ask::Take(n) => {
+            let got = shared.take(now, n);
+            (Answer::Granted(got), got as i64)
+        }
+        Ask::Refund(n) => {
+            shared.give(now, n);
+            (Answer::Refunded(n), -(n as i64))
+        }
+        Ask::Nothing => (Answer::Granted(0), 0),
+    };
+    for (id, strategy) in pool.settle(now, &OPTIONS, answer) {
+        planes[id as usize].assign(now, strategy);
+    }
+    taken
+}
+
 struct Run {
     admitted: u64,
     taken_net: i64,
@@ -148,22 +168,7 @@ fn run(params: BucketParams, planes: &mut [DataPlane], report_ms: u64, ms: u64) 
             }
         }
         if now % PUSH_MS == 0 {
-            let answer = match pool.plan(now, &OPTIONS) {
-                Ask::Take(n) => {
-                    let got = shared.take(now, n);
-                    taken_net += got as i64;
-                    Answer::Granted(got)
-                }
-                Ask::Refund(n) => {
-                    shared.give(now, n);
-                    taken_net -= n as i64;
-                    Answer::Refunded(n)
-                }
-                Ask::Nothing => Answer::Granted(0),
-            };
-            for (id, strategy) in pool.settle(now, &OPTIONS, answer) {
-                planes[id as usize].assign(now, strategy);
-            }
+            taken_net += push(now, &mut pool, &mut shared, planes);
         }
         let admitted: u64 = planes.iter().map(|d| d.admitted_total).sum();
         assert!(
@@ -386,7 +391,7 @@ fn placing_a_bucket_id_visits_each_tree_node_at_most_once() {
 mod generated {
     use proptest::prelude::{ProptestConfig, Strategy as Gen, prop, prop_assert, proptest};
 
-    use super::{Answer, Ask, BucketParams, DataPlane, MemberId, OPTIONS, PUSH_MS, Pool, Shared};
+    use super::{BucketParams, DataPlane, MemberId, PUSH_MS, Pool, Shared, push};
 
     /// One data plane of a generated run.
     #[derive(Clone, Debug)]
@@ -467,22 +472,7 @@ mod generated {
                     }
                 }
                 if now % PUSH_MS == 0 {
-                    let answer = match pool.plan(now, &OPTIONS) {
-                        Ask::Take(n) => {
-                            let got = shared.take(now, n);
-                            taken_net += got as i64;
-                            Answer::Granted(got)
-                        }
-                        Ask::Refund(n) => {
-                            shared.give(now, n);
-                            taken_net -= n as i64;
-                            Answer::Refunded(n)
-                        }
-                        Ask::Nothing => Answer::Granted(0),
-                    };
-                    for (id, strategy) in pool.settle(now, &OPTIONS, answer) {
-                        planes[id as usize].assign(now, strategy);
-                    }
+                    taken_net += push(now, &mut pool, &mut shared, &mut planes);
                 }
                 let admitted: u64 = planes.iter().map(|d| d.admitted_total).sum();
                 prop_assert!(
