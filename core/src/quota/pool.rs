@@ -344,30 +344,44 @@ impl Pool {
         planned
     }
 
-    /// The plan cut down to what the pool holds: what is left after every member's exposure is
-    /// split in proportion to the planned rates, each member's bucket sized to fit its part.
+    /// The plan cut down to what the pool holds, split as the rate is: max-min fairly. What is
+    /// left after every member's exposure is shared out by water-filling over what each planned
+    /// assignment costs, so a member that planned little keeps its plan and the large ones share
+    /// the rest evenly; a member short of its plan gets the largest bucket its part pays for.
     fn shrink(
         &self,
         now_ms: u64,
         options: &PoolOptions,
         planned: &[(MemberId, Strategy)],
     ) -> Vec<(MemberId, Strategy)> {
-        let available = self.held - self.fixed;
-        let total_rate: f64 = planned.iter().map(|(_, s)| s.rate_per_ms()).sum();
+        let ttl = options.ttl_ms as f64;
         let window = (options.burst_ms + options.ttl_ms).max(1) as f64;
+        let mut costs: Vec<(usize, f64)> = planned
+            .iter()
+            .enumerate()
+            .map(|(i, (id, strategy))| (i, cost(&self.members[id], *strategy, now_ms, ttl)))
+            .collect();
+        costs.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+        let mut left = (self.held - self.fixed).max(0.0);
+        let mut parts = vec![0.0; planned.len()];
+        for (n, (i, cost)) in costs.iter().enumerate() {
+            let part = cost.min(left / (costs.len() - n) as f64);
+            parts[*i] = part;
+            left -= part;
+        }
         planned
             .iter()
-            .map(|(id, planned)| {
-                if available < 1.0 || total_rate <= 0.0 {
-                    return (*id, Strategy::DenyAll);
+            .zip(parts)
+            .map(|((id, planned), part)| {
+                let member = &self.members[id];
+                if cost(member, *planned, now_ms, ttl) <= part {
+                    return (*id, *planned);
                 }
-                let part = available * planned.rate_per_ms() / total_rate;
                 // A fresh bucket costs max_tokens (≤ rate·burst + 1) plus rate·ttl.
                 let rate_per_s = (part - 1.0).max(0.0) * 1000.0 / window;
                 let strategy = TokenBucket::for_rate(rate_per_s, options.burst_ms)
                     .map_or(Strategy::DenyAll, Strategy::TokenBucket);
-                let member = &self.members[id];
-                debug_assert!(cost(member, strategy, now_ms, options.ttl_ms as f64) <= part + 1e-6);
+                debug_assert!(cost(member, strategy, now_ms, ttl) <= part + 1e-6);
                 (*id, strategy)
             })
             .collect()

@@ -483,3 +483,33 @@ mod generated {
         }
     }
 }
+
+#[test]
+fn a_short_pool_keeps_the_small_plans_whole() {
+    let params = per_second(100);
+    let mut pool = Pool::new(params);
+    for id in [1, 2] {
+        pool.join(id);
+    }
+    // Two reports a second apart give demands: member 1 busy (300/s), member 2 quiet (5/s).
+    for (id, n) in [(1, 300), (2, 5)] {
+        pool.report(id, 0, 0, 0);
+        pool.report(id, 1000, 0, n);
+    }
+    let Ask::Take(n) = pool.plan(1000, &OPTIONS) else {
+        panic!("an unassigned pool takes")
+    };
+    // The shared bucket gives a third of what the plan needs.
+    let assigned = pool.settle(1000, &OPTIONS, Answer::Granted(n / 3));
+    let rate = |id| {
+        assigned
+            .iter()
+            .find(|(m, _)| *m == id)
+            .map(|(_, s)| s.rate_per_ms() * 1000.0)
+            .unwrap()
+    };
+    // The quiet member planned 2 × 5/s and keeps it; the busy one takes the cut.
+    assert_eq!(rate(2), 10.0, "{assigned:?}");
+    assert!(rate(1) < 90.0, "{assigned:?}");
+    assert!(pool.held() >= 0.0);
+}
