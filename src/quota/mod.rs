@@ -329,8 +329,11 @@ impl<B: Backend> Quotas<B> {
             return;
         };
         self.stats.streams.fetch_sub(1, Ordering::Relaxed);
+        self.stats
+            .subscriptions
+            .fetch_sub(s.buckets.len() as u64, Ordering::Relaxed);
         for sub in s.buckets.into_values() {
-            leave(&mut state.pools, &sub, &self.stats);
+            leave(&mut state.pools, &sub);
         }
     }
 
@@ -343,19 +346,8 @@ impl<B: Backend> Quotas<B> {
         }
     }
 
-    /// One bucket's usage report on `stream`; the first one subscribes the bucket.
-    pub fn report(&self, stream: StreamId, bucket: BucketId, allowed: u64, denied: u64) {
-        self.report_all(
-            stream,
-            vec![Usage {
-                bucket,
-                allowed,
-                denied,
-            }],
-        );
-    }
-
-    /// The usage reports of one message, in order, under one lock.
+    /// The usage reports of one message, in order, under one lock; a bucket's first report
+    /// subscribes it.
     pub fn report_all(&self, stream: StreamId, usages: Vec<Usage>) {
         let now = self.now_ms();
         let config = self.limiter.config().load_full();
@@ -460,9 +452,9 @@ impl<B: Backend> Quotas<B> {
                     RuleTag::Configured,
                     rule.algorithm,
                 );
+                // A compiled rule's failure mode already falls back to its domain's.
                 let failure_mode = rule
                     .failure_mode
-                    .or(config.domain(domain).and_then(|d| d.failure_mode))
                     .unwrap_or(self.limiter.options().default_failure_mode);
                 Binding::Pool(PoolBinding {
                     key,
@@ -609,7 +601,7 @@ impl<B: Backend> Quotas<B> {
                     sub.binding = binding;
                     continue;
                 }
-                leave(pools, sub, &self.stats);
+                leave(pools, sub);
                 let actions = outgoing.entry(*stream_id).or_default();
                 match &binding {
                     Binding::Standing(Strategy::AllowAll)
@@ -619,6 +611,7 @@ impl<B: Backend> Quotas<B> {
                         actions.push(Action::Abandon {
                             bucket: bucket.clone(),
                         });
+                        self.stats.subscriptions.fetch_sub(1, Ordering::Relaxed);
                         gone.push(bucket.clone());
                         continue;
                     }
@@ -631,7 +624,6 @@ impl<B: Backend> Quotas<B> {
                         join(pools, binding, bucket, sub.member, *stream_id);
                     }
                 }
-                self.stats.subscriptions.fetch_add(1, Ordering::Relaxed);
                 sub.binding = binding;
             }
             for bucket in gone {
@@ -654,7 +646,8 @@ impl<B: Backend> Quotas<B> {
                 if now.saturating_sub(sub.last_report_ms) < idle_ms {
                     return true;
                 }
-                leave(pools, sub, &self.stats);
+                leave(pools, sub);
+                self.stats.subscriptions.fetch_sub(1, Ordering::Relaxed);
                 outgoing
                     .entry(*stream_id)
                     .or_default()
@@ -691,9 +684,8 @@ fn join(
     entry.members.insert(member, (stream, bucket.clone()));
 }
 
-/// Takes `sub` out of its pool (if it is in one) and out of the subscription count.
-fn leave(pools: &mut HashMap<String, PoolEntry>, sub: &Subscription, stats: &QuotaStats) {
-    stats.subscriptions.fetch_sub(1, Ordering::Relaxed);
+/// Takes `sub` out of its pool, if it is in one.
+fn leave(pools: &mut HashMap<String, PoolEntry>, sub: &Subscription) {
     if let Binding::Pool(binding) = &sub.binding
         && let Some(entry) = pools.get_mut(&binding.key)
     {

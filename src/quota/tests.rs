@@ -59,7 +59,14 @@ async fn a_refused_take_on_a_token_bucket_asks_again_and_assigns_after_the_refil
     let clock = ManualClock::new(1_000_000);
     let quotas = quotas(&clock);
     let (stream, mut inbox) = quotas.open("mesh");
-    quotas.report(stream, acme(), 1, 0);
+    quotas.report_all(
+        stream,
+        vec![Usage {
+            bucket: acme(),
+            allowed: 1,
+            denied: 0,
+        }],
+    );
     quotas.push().await;
     let first = match assigned(&mut inbox)[..] {
         [strategy @ Strategy::TokenBucket(_)] => strategy,
@@ -75,7 +82,14 @@ async fn a_refused_take_on_a_token_bucket_asks_again_and_assigns_after_the_refil
     // The data plane spent part of its assignment: the next push takes more, and is refused;
     // so is the one after it, at the same instant. The pool assigns only what it still holds.
     clock.advance(200);
-    quotas.report(stream, acme(), 3, 0);
+    quotas.report_all(
+        stream,
+        vec![Usage {
+            bucket: acme(),
+            allowed: 3,
+            denied: 0,
+        }],
+    );
     drain().await;
     for _ in 0..2 {
         quotas.push().await;

@@ -118,7 +118,6 @@ pub fn explain_bucket(
                 rate.requests_per_unit,
                 rate.unit,
                 rule.failure_mode
-                    .or(found.failure_mode)
                     .unwrap_or(options.default_failure_mode)
                     .as_str(),
             );

@@ -356,25 +356,24 @@ impl Pool {
     ) -> Vec<(MemberId, Strategy)> {
         let ttl = options.ttl_ms as f64;
         let window = (options.burst_ms + options.ttl_ms).max(1) as f64;
-        let mut costs: Vec<(usize, f64)> = planned
+        let costs: Vec<f64> = planned
             .iter()
-            .enumerate()
-            .map(|(i, (id, strategy))| (i, cost(&self.members[id], *strategy, now_ms, ttl)))
+            .map(|(id, strategy)| cost(&self.members[id], *strategy, now_ms, ttl))
             .collect();
-        costs.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+        let mut order: Vec<usize> = (0..planned.len()).collect();
+        order.sort_by(|&a, &b| costs[a].total_cmp(&costs[b]).then(a.cmp(&b)));
         let mut left = (self.held - self.fixed).max(0.0);
         let mut parts = vec![0.0; planned.len()];
-        for (n, (i, cost)) in costs.iter().enumerate() {
-            let part = cost.min(left / (costs.len() - n) as f64);
-            parts[*i] = part;
-            left -= part;
+        for (n, &i) in order.iter().enumerate() {
+            parts[i] = costs[i].min(left / (order.len() - n) as f64);
+            left -= parts[i];
         }
         planned
             .iter()
-            .zip(parts)
-            .map(|((id, planned), part)| {
+            .zip(costs.iter().zip(parts))
+            .map(|((id, planned), (&planned_cost, part))| {
                 let member = &self.members[id];
-                if cost(member, *planned, now_ms, ttl) <= part {
+                if planned_cost <= part {
                     return (*id, *planned);
                 }
                 // A fresh bucket costs max_tokens (≤ rate·burst + 1) plus rate·ttl.
