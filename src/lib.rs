@@ -39,7 +39,9 @@
 //! - [`xds`]: config pushed by an xDS management server (ADS), validated like files.
 
 // The pure core, re-exported so `sluice::rule`, `crate::key`, ... name one module wherever used.
-pub use sluice_core::{algorithm, clock, decision, descriptor, explain, key, request, rule};
+pub use sluice_core::{
+    advertised, algorithm, clock, decision, descriptor, explain, key, request, rule,
+};
 
 pub mod admin;
 pub mod backend;

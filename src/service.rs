@@ -38,14 +38,15 @@ use tonic::codegen::{BoxFuture, StdError};
 use tonic::{Request, Response, Status as GrpcStatus};
 use tracing::Instrument as _;
 
+use crate::advertised::{Advertised, advertise};
 use crate::backend::{Backend, BackendError};
 use crate::dynamic_metadata;
-use crate::limiter::{Code, Decision, LimitError, Limiter, Status};
+use crate::limiter::{AppliedLimit, Code, Decision, LimitError, Limiter, Status};
 use crate::request::{Entry, LimitOverride, LimitRequest, RequestDescriptor};
 use crate::rule::Unit;
 use crate::security::CallerPolicy;
 use crate::security::wire::{self, SHOULD_RATE_LIMIT_PATH};
-use crate::settings::Settings;
+use crate::settings::{ResponseHeaders, Settings};
 use crate::telemetry::{Metrics, Outcome, traces};
 
 /// Size bounds on incoming requests; anything larger is `INVALID_ARGUMENT`.
@@ -87,7 +88,7 @@ impl Default for RequestBounds {
 /// Which rate-limit headers to add to the response, and their names.
 #[derive(Clone, Debug)]
 pub struct HeaderOptions {
-    pub enabled: bool,
+    pub mode: ResponseHeaders,
     pub limit: String,
     pub remaining: String,
     pub reset: String,
@@ -102,7 +103,7 @@ pub struct HeaderOptions {
 impl From<&Settings> for HeaderOptions {
     fn from(settings: &Settings) -> Self {
         HeaderOptions {
-            enabled: settings.response_headers,
+            mode: settings.response_headers,
             limit: settings.header_limit.clone(),
             remaining: settings.header_remaining.clone(),
             reset: settings.header_reset.clone(),
@@ -460,7 +461,7 @@ pub fn to_grpc_status(error: LimitError) -> GrpcStatus {
 /// Converts a decision to Envoy's response, with rate-limit headers when enabled.
 pub fn to_response(decision: &Decision, headers: &HeaderOptions) -> RateLimitResponse {
     let statuses = decision.statuses.iter().map(to_descriptor_status).collect();
-    let response_headers_to_add = if headers.enabled {
+    let response_headers_to_add = if headers.mode != ResponseHeaders::None {
         rate_limit_headers(decision, headers)
     } else {
         Vec::new()
@@ -481,17 +482,31 @@ fn to_code(code: Code) -> PbCode {
 }
 
 fn to_descriptor_status(status: &Status) -> DescriptorStatus {
+    let Some(limit) = &status.limit else {
+        return DescriptorStatus {
+            code: to_code(status.code) as i32,
+            limit_remaining: status.remaining.min(u32::MAX as u64) as u32,
+            ..Default::default()
+        };
+    };
+    let shown = advertised(status, limit);
     DescriptorStatus {
         code: to_code(status.code) as i32,
-        current_limit: status.limit.as_ref().map(|l| PbRateLimit {
-            name: l.name.as_deref().unwrap_or_default().to_string(),
-            requests_per_unit: l.requests_per_unit,
-            unit: l.unit.to_proto(),
+        current_limit: Some(PbRateLimit {
+            name: limit.name.as_deref().unwrap_or_default().to_string(),
+            requests_per_unit: shown.per_unit.0,
+            unit: shown.per_unit.1.to_proto(),
         }),
-        limit_remaining: status.remaining.min(u32::MAX as u64) as u32,
-        duration_until_reset: status.limit.as_ref().map(|_| duration_ms(status.reset_ms)),
+        limit_remaining: shown.remaining.min(u32::MAX as u64) as u32,
+        duration_until_reset: Some(duration_ms(status.reset_ms)),
         ..Default::default()
     }
+}
+
+/// `status` as a client reads it: in hits at its rule's cost ([`advertise`]).
+fn advertised(status: &Status, limit: &AppliedLimit) -> Advertised {
+    let cost = status.rule.as_ref().map_or(1, |rule| rule.cost);
+    advertise(limit, status.remaining, cost)
 }
 
 fn duration_ms(ms: u64) -> PbDuration {
@@ -521,8 +536,15 @@ fn most_constrained(decision: &Decision) -> Option<&Status> {
     } else {
         limited
             .filter(|s| !s.shadow && !over(s))
-            .min_by_key(|s| (s.remaining, std::cmp::Reverse(s.reset_ms)))
+            .min_by_key(|s| (hits_left(s), std::cmp::Reverse(s.reset_ms)))
     }
+}
+
+/// Hits that would still pass on a limited status.
+fn hits_left(status: &Status) -> u64 {
+    status.limit.as_ref().map_or(status.remaining, |limit| {
+        advertised(status, limit).remaining
+    })
 }
 
 fn wait_ms(status: &Status) -> u64 {
@@ -537,8 +559,10 @@ fn ceil_secs(ms: u64) -> u64 {
     ms.div_ceil(1000)
 }
 
-/// Headers in the IETF draft's shape that Envoy itself emits (`x-ratelimit-limit: 10, 10;w=60`).
-/// `retry-after` is omitted when no wait helps (the hit costs more than the bucket holds).
+/// Headers in the IETF draft's shape (`x-ratelimit-limit: 5, 5;w=10`), counted in hits
+/// ([`advertise`]). `retry-after` is omitted when no wait helps (the hit costs more than the
+/// bucket holds). [`ResponseHeaders::RetryAfter`] writes only `retry-after` (and the degraded
+/// header): Envoy's `enable_x_ratelimit_headers` writes the rest from the statuses.
 fn rate_limit_headers(decision: &Decision, options: &HeaderOptions) -> Vec<HeaderValue> {
     let mut out = Vec::with_capacity(5);
     let mut push = |key: &str, value: String| {
@@ -562,21 +586,24 @@ fn rate_limit_headers(decision: &Decision, options: &HeaderOptions) -> Vec<Heade
     // Numbers written with itoa into one sized buffer each: `format!` was a tenth of sluice's
     // own instructions per request (callgrind).
     let mut digits = itoa::Buffer::new();
-    let mut limit_value = String::with_capacity(48);
-    limit_value.push_str(digits.format(limit.capacity));
-    limit_value.push_str(", ");
-    limit_value.push_str(digits.format(limit.requests_per_unit));
-    limit_value.push_str(";w=");
-    limit_value.push_str(digits.format(limit.unit.seconds()));
-    push(&options.limit, limit_value);
-    push(
-        &options.remaining,
-        digits.format(status.remaining).to_owned(),
-    );
-    push(
-        &options.reset,
-        digits.format(ceil_secs(status.reset_ms)).to_owned(),
-    );
+    if options.mode == ResponseHeaders::All {
+        let shown = advertised(status, limit);
+        let mut limit_value = String::with_capacity(48);
+        limit_value.push_str(digits.format(shown.limit));
+        limit_value.push_str(", ");
+        limit_value.push_str(digits.format(shown.limit));
+        limit_value.push_str(";w=");
+        limit_value.push_str(digits.format(shown.window_secs));
+        push(&options.limit, limit_value);
+        push(
+            &options.remaining,
+            digits.format(shown.remaining).to_owned(),
+        );
+        push(
+            &options.reset,
+            digits.format(ceil_secs(status.reset_ms)).to_owned(),
+        );
+    }
     if decision.overall == Code::OverLimit
         && let Some(Some(ms)) = status.retry_after_ms
     {

@@ -17,9 +17,11 @@
 //!   directory into a compiled [`config::Config`].
 //! - [`explain`]: which rule a descriptor reaches (or why none), its bucket and storage key.
 //! - [`decision`]: what a decision says — per-descriptor statuses and the overall code.
+//! - [`advertised`]: a status as a client reads it (hits, not tokens; remaining ≤ limit).
 //! - [`quota`]: RLQS — a replica's prepaid pool per bucket, the data planes' shares, Envoy's
 //!   token-bucket strategies.
 
+pub mod advertised;
 pub mod algorithm;
 pub mod clock;
 pub mod config;

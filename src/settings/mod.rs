@@ -29,7 +29,7 @@ pub use self::commands::{CheckConfigArgs, ExplainArgs};
 pub use self::config::{ConfigOpsArgs, LoadArgs};
 pub use self::flags::{
     BackendKind, ConfigSourceArg, FailureModeArg, LogFormat, OutputFormat, RedisModeArg,
-    parse_duration,
+    ResponseHeaders, parse_duration,
 };
 pub use self::per_second::PerSecondRedisArgs;
 pub use self::security::{CallerArgs, Http2Args, ListenerArgs, SecurityArgs, TlsArgs};
@@ -137,10 +137,17 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_FAILURE_MODE", value_enum, default_value = "error")]
     pub failure_mode: FailureModeArg,
 
-    /// Add x-ratelimit-* and retry-after headers to responses (switch off when Envoy's
-    /// `enable_x_ratelimit_headers` adds its own).
-    #[arg(long, env = "SLUICE_RESPONSE_HEADERS", default_value_t = true, action = clap::ArgAction::Set)]
-    pub response_headers: bool,
+    /// Rate-limit headers added to answers: `all` (x-ratelimit-limit, -remaining, -reset, and
+    /// retry-after on OVER_LIMIT), `retry-after` (only that: for an Envoy whose
+    /// `enable_x_ratelimit_headers` writes the others, which it never does for retry-after), or
+    /// `none`. `true`/`false` mean `all`/`none`.
+    #[arg(
+        long,
+        env = "SLUICE_RESPONSE_HEADERS",
+        value_enum,
+        default_value = "all"
+    )]
+    pub response_headers: ResponseHeaders,
 
     /// Fill `RateLimitResponse.dynamic_metadata` as envoyproxy/ratelimit's
     /// `RESPONSE_DYNAMIC_METADATA` does: the domain, each descriptor, and the `metadata` of the
@@ -347,7 +354,7 @@ mod tests {
         assert_eq!(s.grpc_addr.to_string(), "0.0.0.0:8081");
         assert_eq!(s.admin_addr.to_string(), "127.0.0.1:6070");
         assert_eq!(s.backend, BackendKind::Memory);
-        assert!(s.response_headers);
+        assert_eq!(s.response_headers, ResponseHeaders::All);
         assert!(s.redis_timeout < Duration::from_millis(20));
         assert_eq!(s.breaker_failures, 5);
         assert_eq!(s.breaker_cooldown, Duration::from_secs(1));
