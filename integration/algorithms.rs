@@ -77,6 +77,7 @@ impl Sluice {
             // integration/resilience.rs).
             settings.over_limit_cache = false;
         }
+        settings.drain_delay = Duration::ZERO;
         tweak(&mut settings);
         let running = server::start(settings).await.expect("server starts");
         let client = RateLimitServiceClient::connect(format!("http://{}", running.grpc_addr))

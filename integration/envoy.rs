@@ -544,3 +544,58 @@ fn two_replicas_behind_one_cluster_hold_one_limit() {
     );
     assert_eq!(envoy.ratelimit_stat("app", "error"), 0);
 }
+
+/// A rolling restart behind Envoy costs no error: two replicas in one cluster that Envoy
+/// health-checks every 200 ms; one gets SIGTERM under load, reports NOT_SERVING (and `/readyz`
+/// 503) while it keeps answering for its drain delay, leaves Envoy's rotation, then exits.
+#[test]
+fn a_rolling_restart_behind_envoy_costs_no_error() {
+    let rules = r#"
+domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 100000}
+"#;
+    let args = ["--drain-delay", "1s"];
+    let mut leaving = SluiceProcess::start(&[("edge.yaml", rules)], &args);
+    let staying = SluiceProcess::start(&[("edge.yaml", rules)], &args);
+    let mut bootstrap = Bootstrap::rls("edge", &[leaving.grpc, staying.grpc]);
+    bootstrap.virtual_host()["rate_limits"] = user_limit();
+    bootstrap.filter("envoy.filters.http.ratelimit")["timeout"] = json!("0.5s");
+    bootstrap.set_grpc_health_check("rls", Duration::from_millis(200));
+    let envoy = Envoy::start(&bootstrap);
+    let healthy = "cluster.rls.membership_healthy";
+    sluice_harness::wait_until("both replicas healthy", Duration::from_secs(10), || {
+        envoy.stat(healthy) == 2
+    });
+    let mut client = envoy.client();
+    let user: &[(&str, &[u8])] = &[("x-user", b"steady")];
+    let mut sent = statuses(&mut client, "/", user, 50);
+    leaving.signal(libc::SIGTERM);
+    let mut saw_not_ready = false;
+    let started = now();
+    while started.elapsed() < Duration::from_millis(2_500) {
+        sent.extend(statuses(&mut client, "/", user, 10));
+        if !saw_not_ready && started.elapsed() < Duration::from_millis(700) {
+            saw_not_ready = leaving.readyz() == Some(503);
+        }
+    }
+    let status = leaving.wait_exit(Duration::from_secs(15));
+    assert!(status.success(), "clean exit: {status:?}");
+    sent.extend(statuses(&mut client, "/", user, 50));
+    let errors = envoy.ratelimit_stat("app", "error");
+    let ok = envoy.ratelimit_stat("app", "ok");
+    println!(
+        "rolling restart: {} requests, {ok} RLS OK, {errors} errors",
+        sent.len()
+    );
+    assert!(saw_not_ready, "/readyz answered 503 while leaving");
+    assert_eq!(
+        envoy.stat(healthy),
+        1,
+        "the leaving replica is out of rotation"
+    );
+    assert!(sent.iter().all(|s| *s == 200), "every request decided OK");
+    assert_eq!(errors, 0, "no call failed: none was let through unlimited");
+    assert_eq!(ok as usize, sent.len());
+}

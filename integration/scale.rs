@@ -499,6 +499,8 @@ impl Replica {
             .arg(dir.path())
             .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
             .args(["--backend", "redis", "--redis-url", redis_url])
+            // The test takes a replica out of rotation itself before its SIGTERM.
+            .args(["--drain-delay", "0s"])
             // Generous: this test checks sharing and counting, not latency, on 2 busy cores.
             .args(["--redis-timeout", "500ms", "--redis-connect-timeout", "2s"])
             // Leases outlive the test: only a shutdown hands tokens back.

@@ -427,6 +427,8 @@ impl Replica {
             .arg(config_dir)
             .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
             .args(["--backend", "redis", "--redis-url", redis_url])
+            // The test takes a replica out of rotation itself before its SIGTERM.
+            .args(["--drain-delay", "0s"])
             // Generous: this run checks resources and invariants, not latency, on 2 busy cores.
             .args(["--redis-timeout", "250ms", "--redis-connect-timeout", "2s"])
             .args(["--watch-debounce", "100ms", "--drain-timeout", "2s"])

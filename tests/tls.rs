@@ -112,6 +112,7 @@ async fn start(files: &Files, tweak: impl FnOnce(&mut Settings)) -> Running {
     settings.admin_addr = "127.0.0.1:0".parse().unwrap();
     settings.security.tls.tls_cert = Some(files.cert.clone());
     settings.security.tls.tls_key = Some(files.key.clone());
+    settings.drain_delay = std::time::Duration::ZERO;
     tweak(&mut settings);
     server::start(settings).await.expect("server starts")
 }

@@ -322,6 +322,8 @@ impl Sluice {
             "127.0.0.1:0",
             "--admin-addr",
             "127.0.0.1:0",
+            "--drain-delay",
+            "0s",
         ];
         argv.extend_from_slice(extra);
         let Command::Serve(settings) = Cli::try_parse_from(argv).unwrap().command else {

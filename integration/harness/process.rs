@@ -105,6 +105,12 @@ impl SluiceProcess {
         http_get(self.admin, path)
     }
 
+    /// `/readyz`'s status, or `None` when the admin listener is closed.
+    pub fn readyz(&self) -> Option<u16> {
+        std::net::TcpStream::connect(self.admin).ok()?;
+        Some(self.admin_get("/readyz").0)
+    }
+
     /// The `/metrics` text.
     pub fn metrics(&self) -> String {
         let (status, body) = self.admin_get("/metrics");

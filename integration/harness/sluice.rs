@@ -45,6 +45,8 @@ impl Sluice {
         settings.redis_timeout = Duration::from_millis(50);
         settings.redis_connect_timeout = Duration::from_secs(2);
         settings.drain_timeout = Duration::from_millis(200);
+        // Tests stop servers with clients connected; nobody health-checks them.
+        settings.drain_delay = Duration::ZERO;
         tweak(&mut settings);
         let running = server::start(settings).await.expect("sluice starts");
         Sluice {
@@ -142,6 +144,7 @@ impl TestServer {
         let mut settings = Settings::with_config(dir.path());
         settings.grpc_addr = "127.0.0.1:0".parse().unwrap();
         settings.admin_addr = "127.0.0.1:0".parse().unwrap();
+        settings.drain_delay = Duration::ZERO;
         tweak(&mut settings);
         let running = server::start(settings).await.expect("server starts");
         let client = RateLimitServiceClient::connect(format!("http://{}", running.grpc_addr))

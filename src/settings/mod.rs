@@ -270,7 +270,14 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_MEMORY_MAX_BUCKETS", default_value_t = 1_000_000)]
     pub memory_max_buckets: usize,
 
-    /// How long in-flight calls may finish after SIGTERM/SIGINT.
+    /// After SIGTERM/SIGINT, how long sluice keeps answering while reporting NOT_SERVING (gRPC
+    /// health, `/readyz`) before it closes its gRPC listener, so health-checking callers (Envoy,
+    /// Kubernetes) take it out of rotation first; skipped when no gRPC connection is open. Keep
+    /// it above the caller's health-check interval × unhealthy threshold + timeout.
+    #[arg(long, env = "SLUICE_DRAIN_DELAY", value_parser = parse_duration, default_value = "3s")]
+    pub drain_delay: Duration,
+
+    /// How long in-flight calls may finish once the gRPC listener has closed.
     #[arg(long, env = "SLUICE_DRAIN_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
     pub drain_timeout: Duration,
 

@@ -1,4 +1,7 @@
-//! Wiring: settings → config, backend, limiter, gRPC and admin listeners → serve until shutdown.
+//! Wiring: settings → config, backend, limiter, gRPC and admin listeners → serve until shutdown
+//! ([`drain`]: the way out).
+
+mod drain;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -36,6 +39,8 @@ use crate::service::{HeaderOptions, RateLimitHandler, RateLimitServer, RequestBo
 use crate::settings::{BackendKind, Settings};
 use crate::telemetry::{BreakerReading, Metrics, MetricsOptions};
 use crate::xds::{self, ConfigSource};
+
+use drain::{DrainTimes, GrpcHealth, WindDown};
 
 /// Smallest ceiling tonic enforces (OUT_OF_RANGE, before buffering the body); under it the strict
 /// codec holds `--max-message-bytes` against the encoded request and names the message. A larger
@@ -466,7 +471,8 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
         settings.failure_mode.into(),
         stop_rx.clone(),
     );
-    let admin_task = spawn_admin(admin_listener, built.admin, stop_rx.clone());
+    let (closing, closing_rx) = watch::channel(false);
+    let admin_task = spawn_admin(admin_listener, built.admin, closing_rx.clone());
     tokio::spawn(built.quotas.clone().run(stop_rx.clone()));
     let rlqs = QuotaHandler::new(built.quotas).into_server(settings.max_message_bytes);
 
@@ -481,8 +487,12 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
     built.metrics.observe_connections(connections.clone());
     let incoming = GrpcIncoming::new(grpc_listener, built.tls).with_limits(
         ConnectionLimits::from(&settings.security.listener),
-        connections,
+        connections.clone(),
     );
+    let times = DrainTimes {
+        delay: settings.drain_delay,
+        timeout: settings.drain_timeout,
+    };
     let grpc = security::grpc_server(&settings.security.http2)
         .layer(AuthorizeLayer::new(enforces_allow_list))
         .add_service(health_service)
@@ -490,9 +500,15 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
         .add_service(rlqs)
         .serve_with_incoming_shutdown(
             incoming,
-            stopped(stop_rx.clone(), built.readiness.clone(), grpc_health),
+            drain::leaving(
+                stop_rx,
+                built.readiness.clone(),
+                grpc_health,
+                connections,
+                times.delay,
+                closing,
+            ),
         );
-    let drain = settings.drain_timeout;
     let wind_down = WindDown {
         admin_task,
         local_sweeper: built.local_sweeper,
@@ -501,7 +517,7 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
         metrics: built.metrics.clone(),
     };
     let task = tokio::spawn(async move {
-        let result = drained(grpc, stop_rx, drain).await;
+        let result = drain::drained(grpc, closing_rx, times.timeout).await;
         wind_down.run().await;
         result
     });
@@ -521,7 +537,8 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
     })
 }
 
-/// Serves the admin router until the stop signal.
+/// Serves the admin router until the gRPC listener closes (it answers `/readyz` 503 while
+/// leaving).
 fn spawn_admin(
     listener: TcpListener,
     router: axum::Router,
@@ -538,69 +555,6 @@ fn spawn_admin(
         }
     })
 }
-
-/// Resolves at the stop signal, once readiness and gRPC health say NOT_SERVING: the gRPC server
-/// then stops accepting and lets in-flight calls finish.
-async fn stopped(mut stop: watch::Receiver<bool>, readiness: Arc<Readiness>, health: GrpcHealth) {
-    let _ = stop.wait_for(|s| *s).await;
-    readiness.set_draining(true);
-    health.set(false).await;
-    tracing::info!("shutting down: no new connections, draining in-flight calls");
-}
-
-/// Runs the gRPC server until it has drained after the stop signal, or until `drain` has passed
-/// since the signal (the remaining calls are then closed).
-async fn drained(
-    server: impl Future<Output = Result<(), tonic::transport::Error>>,
-    mut stop: watch::Receiver<bool>,
-    drain: Duration,
-) -> Result<(), ServeError> {
-    tokio::select! {
-        r = server => r.map_err(ServeError::from),
-        () = async move {
-            let _ = stop.wait_for(|s| *s).await;
-            tokio::time::sleep(drain).await;
-        } => {
-            tracing::warn!(?drain, "drain timeout reached; closing remaining calls");
-            Ok(())
-        }
-    }
-}
-
-/// What is left to stop once the gRPC server has: the admin listener, the sweepers, the leases
-/// and the metric exporter.
-struct WindDown<B> {
-    admin_task: JoinHandle<()>,
-    local_sweeper: Option<JoinHandle<()>>,
-    lease_sweeper: JoinHandle<()>,
-    limiter: Arc<Limiter<B>>,
-    metrics: Metrics,
-}
-
-impl<B: Backend> WindDown<B> {
-    async fn run(self) {
-        let _ = self.admin_task.await;
-        if let Some(sweeper) = self.local_sweeper {
-            sweeper.abort();
-        }
-        // Calls have drained: no lease is spent any more, so every leased token goes back.
-        let _ = self.lease_sweeper.await;
-        match tokio::time::timeout(LEASE_RETURN_DEADLINE, self.limiter.return_all_leases()).await {
-            Ok(0) => {}
-            Ok(tokens) => tracing::info!(tokens, "leased tokens handed back"),
-            Err(_) => tracing::warn!(
-                deadline = ?LEASE_RETURN_DEADLINE,
-                "leased tokens not handed back in time; the buckets refill them"
-            ),
-        }
-        // Pushes the last OTLP batch; blocks on the exporter, so off the async workers.
-        let metrics = self.metrics;
-        let _ = tokio::task::spawn_blocking(move || metrics.shutdown()).await;
-    }
-}
-
-/// How long shutdown waits for the backend to take the unused leased tokens back.
-const LEASE_RETURN_DEADLINE: Duration = Duration::from_secs(2);
 
 /// `--lease-lifetime` in whole ms, at least one (a lease that can never be spent is an error).
 fn lease_lifetime_ms(settings: &Settings) -> Result<u64, ServeError> {
@@ -637,26 +591,6 @@ async fn sweep_leases<B: Backend>(
                     return;
                 }
             }
-        }
-    }
-}
-
-/// The statuses gRPC health reports for the service names sluice serves.
-#[derive(Clone)]
-struct GrpcHealth {
-    reporter: tonic_health::server::HealthReporter,
-    names: [&'static str; 3],
-}
-
-impl GrpcHealth {
-    async fn set(&self, ready: bool) {
-        let status = if ready {
-            tonic_health::ServingStatus::Serving
-        } else {
-            tonic_health::ServingStatus::NotServing
-        };
-        for name in self.names {
-            self.reporter.set_service_status(name, status).await;
         }
     }
 }
