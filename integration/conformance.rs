@@ -630,6 +630,60 @@ async fn lease_takes<B: Backend>(s: &Subject<B>) {
     .await;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Descriptor values are bytes (Envoy copies header values unchanged): each value, UTF-8 or not,
+// short or 60 KB, is its own bucket under the key the key module writes for it.
+
+async fn byte_values_have_their_own_buckets<B: Backend>(s: &Subject<B>) {
+    use sluice::key::{RuleTag, bucket_key};
+    use sluice::request::{Entry, Value};
+    let long = [vec![b'u'; 60_000], vec![0xff]].concat();
+    let mut long_other = long.clone();
+    long_other[0] = 0xfe;
+    let values: Vec<Value> = vec![
+        b"ab\xff".as_slice().into(),
+        "ab\u{FFFD}".into(),
+        "ab\\xFF".into(),
+        "ab%FF".into(),
+        b"\xc3\x28".as_slice().into(),
+        "".into(),
+        long.into(),
+        long_other.into(),
+    ];
+    let p = params(1, 1, 86_400_000);
+    let keys: Vec<String> = values
+        .into_iter()
+        .map(|value| {
+            // One hash tag (the first entry) for all: one Cluster slot, one script call.
+            let entries = [
+                Entry::new("scenario", "byte_values"),
+                Entry::new("user", value),
+            ];
+            bucket_key(
+                "",
+                "conformance",
+                &entries,
+                RuleTag::Configured,
+                Algorithm::TokenBucket,
+            )
+        })
+        .collect();
+    for k in &keys {
+        assert!(k.is_ascii() && k.len() < 200, "{k}");
+    }
+    let hits: Vec<Hit> = keys.iter().map(|k| take(k, p, 1)).collect();
+    s.clock.set(T0);
+    let full = v(true, 0, Some(0), 86_400_000);
+    s.expect(&hits, &vec![full; hits.len()]).await;
+    for hit in &hits {
+        s.expect(
+            std::slice::from_ref(hit),
+            &[v(false, 0, Some(86_400_000), 86_400_000)],
+        )
+        .await;
+    }
+}
+
 /// Runs every scenario, each isolated so one failure does not hide the others.
 async fn suite<B: Backend>(subject: &Subject<B>) {
     macro_rules! scenarios {
@@ -666,6 +720,7 @@ async fn suite<B: Backend>(subject: &Subject<B>) {
         gcra_fractional_interval,
         mixed_algorithms_all_or_nothing,
         lease_takes,
+        byte_values_have_their_own_buckets,
     );
 }
 

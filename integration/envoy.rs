@@ -25,6 +25,17 @@ descriptors:
 const BURST: f64 = 10.0;
 const RATE: f64 = 5.0;
 
+/// `request_headers` actions for `x-user` → `user` and `x-tenant` → `tenant`, one descriptor
+/// each, sent even when the header is absent (then with no entries).
+fn skip_if_absent_limits() -> serde_json::Value {
+    json!([
+        {"actions": [{"request_headers": {
+            "header_name": "x-user", "descriptor_key": "user", "skip_if_absent": true}}]},
+        {"actions": [{"request_headers": {
+            "header_name": "x-tenant", "descriptor_key": "tenant", "skip_if_absent": true}}]}
+    ])
+}
+
 /// Test time: a burst's span measures wall time; no decision reads it.
 #[allow(clippy::disallowed_methods)]
 fn now() -> Instant {
@@ -100,6 +111,51 @@ fn shipped_bootstrap(sluice: &[SocketAddr]) -> Bootstrap {
     bootstrap.set_endpoints("rls", sluice);
     bootstrap.filter("envoy.filters.http.ratelimit")["timeout"] = json!("1s");
     bootstrap
+}
+
+#[test]
+fn empty_descriptors_from_skip_if_absent_do_not_switch_limits_off() {
+    let sluice = memory_sluice(&[]);
+    let envoy = envoy_for(&[sluice.grpc], skip_if_absent_limits());
+    let mut client = envoy.client();
+    // Only x-user: Envoy sends [user=alice] and an empty descriptor for the absent x-tenant.
+    let burst = Burst::send(&mut client, 40, &[("x-user", b"alice")]);
+    burst.assert_limited("x-user only");
+    // Only x-tenant: the empty descriptor comes first.
+    let burst = Burst::send(&mut client, 40, &[("x-tenant", b"acme")]);
+    burst.assert_limited("x-tenant only");
+    // Neither: two empty descriptors, nothing to limit; answered, not refused.
+    let burst = Burst::send(&mut client, 20, &[]);
+    assert_eq!(burst.admitted(), 20);
+    assert_eq!(envoy.ratelimit_stat("app", "error"), 0);
+    assert_eq!(envoy.ratelimit_stat("app", "failure_mode_allowed"), 0);
+}
+
+#[test]
+fn header_values_are_limited_whatever_their_bytes() {
+    let sluice = memory_sluice(&[]);
+    let envoy = envoy_for(&[sluice.grpc], skip_if_absent_limits());
+    let mut client = envoy.client();
+    let long = vec![b'a'; 5_000];
+    let very_long = vec![b'b'; 50_000];
+    let obs_text = b"mall\xffory".to_vec();
+    for (what, value) in [
+        ("a 5,000-byte value", &long),
+        ("a 50,000-byte value", &very_long),
+        ("obs-text (0xFF)", &obs_text),
+    ] {
+        let burst = Burst::send(&mut client, 40, &[("x-user", value)]);
+        burst.assert_limited(what);
+    }
+    // The obs-text user has a bucket of its own, not the one of its lossy UTF-8 lookalike.
+    let lookalike = "mall\u{fffd}ory".as_bytes();
+    let burst = Burst::send(&mut client, 5, &[("x-user", lookalike)]);
+    assert_eq!(
+        burst.admitted(),
+        5,
+        "the lookalike starts with a full bucket"
+    );
+    assert_eq!(envoy.ratelimit_stat("app", "error"), 0);
 }
 
 /// Each `x-ratelimit-*` at most once, `retry-after` once on every 429, remaining ≤ limit.

@@ -39,6 +39,12 @@ async fn serve_on_runtime(mut settings: Settings, compat: compat::Translation) -
              flushed one write each (see src/runtime.rs)"
         );
     }
+    if settings.max_value_bytes.is_some() {
+        tracing::warn!(
+            "--max-value-bytes (SLUICE_MAX_VALUE_BYTES) is deprecated and has no effect: every \
+             descriptor value is decided whatever its length; --max-message-bytes bounds requests"
+        );
+    }
     let result = server::run(settings, server::shutdown_signal()).await;
     telemetry.shutdown().await;
     match result {

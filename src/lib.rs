@@ -26,6 +26,8 @@
 //! - [`dynamic_metadata`]: envoyproxy/ratelimit's `RateLimitResponse.dynamic_metadata`.
 //! - [`service`]: the gRPC entry point (`ShouldRateLimit`): protobuf in, decide, protobuf +
 //!   headers out.
+//! - [`validate`]: what a decoded request must be to be decided (bounds, fields), and which
+//!   refusals a real Envoy can meet.
 //! - [`quota`]: the Rate Limit Quota Service (RLQS, `StreamRateLimitQuotas`): prepaid
 //!   assignments per data plane over the same rules and buckets.
 //! - [`admin`]: HTTP admin — health, readiness, active config, metrics.
@@ -59,4 +61,5 @@ pub mod server;
 pub mod service;
 pub mod settings;
 pub mod telemetry;
+pub mod validate;
 pub mod xds;

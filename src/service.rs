@@ -6,25 +6,24 @@
 //!    [`crate::security::tls::AuthorizeLayer`] (a client outside `--tls-allowed-sans` gets
 //!    PERMISSION_DENIED) and tonic's message ceiling (OUT_OF_RANGE before any decoding).
 //! 2. [`RateLimitServer`] (here): routes the one method and decodes its bytes with
-//!    [`wire::StrictCodec`] (INVALID_ARGUMENT naming a string field that is not UTF-8, or saying
-//!    why the bytes are no `RateLimitRequest`).
-//! 3. [`RateLimitHandler`]'s `should_rate_limit` (here): [`to_limit_request`] checks the size
-//!    bounds, applies the [`CallerPolicy`] and validates each field into a [`LimitRequest`]
-//!    (INVALID_ARGUMENT naming the field); [`Limiter::decide`] decides; [`to_response`] converts
-//!    the [`Decision`] to Envoy's response with rate-limit headers. Metrics and the trace span
-//!    record the outcome.
+//!    [`wire::StrictCodec`] into a [`WireRequest`] (entry values are bytes; INVALID_ARGUMENT
+//!    naming a domain or key that is not UTF-8, or saying why the bytes are no
+//!    `RateLimitRequest`).
+//! 3. [`RateLimitHandler::serve`] (here): [`validate::check_request`] checks the size bounds,
+//!    applies the caller policy and validates each field into a [`LimitRequest`]
+//!    (INVALID_ARGUMENT naming the field; a refusal a real Envoy can meet is logged once and
+//!    counted as a [`Problem`]); [`Limiter::decide`] decides; [`to_response`] converts the
+//!    [`Decision`] to Envoy's response with rate-limit headers. Metrics and the trace span record
+//!    the outcome.
 //!
 //! No decisions are made here; this module only translates.
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
-    Entry as PbEntry, RateLimitOverride,
-};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code as PbCode, DescriptorStatus, RateLimit as PbRateLimit,
 };
@@ -33,7 +32,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
-use prost::Message;
 use tonic::codegen::{BoxFuture, StdError};
 use tonic::{Request, Response, Status as GrpcStatus};
 use tracing::Instrument as _;
@@ -42,48 +40,13 @@ use crate::advertised::{Advertised, advertise};
 use crate::backend::{Backend, BackendError};
 use crate::dynamic_metadata;
 use crate::limiter::{AppliedLimit, Code, Decision, LimitError, Limiter, Status};
-use crate::request::{Entry, LimitOverride, LimitRequest, RequestDescriptor};
-use crate::rule::Unit;
-use crate::security::CallerPolicy;
-use crate::security::wire::{self, SHOULD_RATE_LIMIT_PATH};
+use crate::request::LimitRequest;
+use crate::security::wire::{self, SHOULD_RATE_LIMIT_PATH, WireRequest};
 use crate::settings::{ResponseHeaders, Settings};
 use crate::telemetry::{Metrics, Outcome, traces};
+use crate::validate::{self, Checked, Problem, RequestError};
 
-/// Size bounds on incoming requests; anything larger is `INVALID_ARGUMENT`.
-#[derive(Clone, Debug)]
-pub struct RequestBounds {
-    pub max_message_bytes: usize,
-    pub max_descriptors: usize,
-    pub max_entries: usize,
-    pub max_key_bytes: usize,
-    pub max_value_bytes: usize,
-    /// Largest `hits_addend` honoured, request- or descriptor-level (`--max-hits-addend`); a
-    /// larger one counts as this.
-    pub max_hits_addend: u64,
-    /// What untrusted callers may not decide (applied before validation).
-    pub policy: CallerPolicy,
-}
-
-impl From<&Settings> for RequestBounds {
-    fn from(settings: &Settings) -> Self {
-        RequestBounds {
-            max_message_bytes: settings.max_message_bytes,
-            max_descriptors: settings.max_descriptors,
-            max_entries: settings.max_entries,
-            max_key_bytes: settings.max_key_bytes,
-            max_value_bytes: settings.max_value_bytes,
-            max_hits_addend: settings.security.callers.max_hits_addend,
-            policy: CallerPolicy::from(&settings.security.callers),
-        }
-    }
-}
-
-impl Default for RequestBounds {
-    /// Every bound at its flag's default; callers trusted.
-    fn default() -> Self {
-        RequestBounds::from(&Settings::defaults())
-    }
-}
+pub use crate::validate::RequestBounds;
 
 /// Which rate-limit headers to add to the response, and their names.
 #[derive(Clone, Debug)]
@@ -127,30 +90,87 @@ pub struct RateLimitHandler<B> {
     bounds: RequestBounds,
     headers: HeaderOptions,
     metrics: Metrics,
+    problems: Arc<Problems>,
+    /// Notes [`Problem::MessageBytes`] in `problems` for the codec.
+    on_oversize: wire::OversizeHook,
 }
 
 impl<B> RateLimitHandler<B> {
     pub fn new(limiter: Arc<Limiter<B>>, bounds: RequestBounds, headers: HeaderOptions) -> Self {
+        let problems = Arc::new(Problems::new(Metrics::off()));
         RateLimitHandler {
             limiter,
             bounds,
             headers,
             metrics: Metrics::off(),
+            on_oversize: Problems::oversize_hook(&problems),
+            problems,
         }
     }
 
     /// Counts every call into `metrics` (off by default).
     pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.problems = Arc::new(Problems::new(metrics.clone()));
+        self.on_oversize = Problems::oversize_hook(&self.problems);
         self.metrics = metrics;
         self
     }
 }
 
+/// The [`Problem`]s one server met: counted, and each logged at WARN the first time. A problem
+/// comes from Envoy's route configuration, so it recurs on every request of the route.
+struct Problems {
+    metrics: Metrics,
+    warned: [AtomicBool; Problem::ALL.len()],
+}
+
+impl Problems {
+    fn new(metrics: Metrics) -> Self {
+        Problems {
+            metrics,
+            warned: Default::default(),
+        }
+    }
+
+    fn oversize_hook(problems: &Arc<Problems>) -> wire::OversizeHook {
+        let problems = Arc::clone(problems);
+        Arc::new(move |len, max| {
+            problems.note(
+                Problem::MessageBytes,
+                &RequestError::MessageBytes { len, max },
+            );
+        })
+    }
+
+    fn note(&self, problem: Problem, detail: &dyn std::fmt::Display) {
+        self.metrics.record_problem(problem);
+        if !self.warned[problem.index()].swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                problem = problem.as_str(),
+                "a request Envoy can send is not decided as sent ({detail}); check the route's \
+                 rate limits against sluice's bounds (logged once; counted in \
+                 sluice_request_problems_total)"
+            );
+        }
+    }
+}
+
+/// For callers holding envoy-types' message (its string values are UTF-8 bytes, unchanged).
 #[tonic::async_trait]
 impl<B: Backend> RateLimitService for RateLimitHandler<B> {
     async fn should_rate_limit(
         &self,
         request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, GrpcStatus> {
+        self.serve(request.map(WireRequest::from)).await
+    }
+}
+
+impl<B: Backend> RateLimitHandler<B> {
+    /// Answers one `ShouldRateLimit` as decoded by [`wire::StrictCodec`].
+    pub async fn serve(
+        &self,
+        request: Request<WireRequest>,
     ) -> Result<Response<RateLimitResponse>, GrpcStatus> {
         let span = traces::rpc_span();
         let response = if span.is_disabled() {
@@ -163,19 +183,22 @@ impl<B: Backend> RateLimitService for RateLimitHandler<B> {
         };
         response.map(Response::new)
     }
-}
 
-impl<B: Backend> RateLimitHandler<B> {
-    /// Decode, decide, encode; metrics and the span record the outcome.
+    /// Validate, decide, encode; metrics and the span record the outcome.
     async fn answer(
         &self,
-        request: RateLimitRequest,
+        request: WireRequest,
         span: &tracing::Span,
     ) -> Result<RateLimitResponse, GrpcStatus> {
         let started = self.metrics.start();
-        let request = match to_limit_request(request, &self.bounds) {
-            Ok(request) => request,
-            Err(status) => return Err(self.failed(started, span, status)),
+        let request = match validate::check_request(request, &self.bounds) {
+            Ok(checked) => self.checked(checked),
+            Err(error) => {
+                if let Some(problem) = error.problem() {
+                    self.problems.note(problem, &error);
+                }
+                return Err(self.failed(started, span, to_invalid_argument(error)));
+            }
         };
         traces::record_request(span, &request);
         match self.limiter.decide(&request).await {
@@ -190,6 +213,19 @@ impl<B: Backend> RateLimitHandler<B> {
             }
             Err(error) => Err(self.failed(started, span, to_grpc_status(error))),
         }
+    }
+
+    /// The request of `checked`, its dropped overrides noted.
+    fn checked(&self, checked: Checked) -> LimitRequest {
+        for (i, unit) in &checked.dropped_overrides {
+            let domain = &checked.request.domain;
+            let why = format!(
+                "domain `{domain}`: descriptors[{i}].limit.unit {unit} is UNKNOWN or \
+                 unrecognised; the descriptor is decided by its configured rule"
+            );
+            self.problems.note(Problem::OverrideUnit, &why);
+        }
+        checked.request
     }
 
     fn failed(
@@ -272,19 +308,19 @@ impl<T> tonic::server::NamedService for RateLimitServer<T> {
 /// The one method, as tonic's unary-call adapter wants it.
 struct ShouldRateLimit<T>(Arc<T>);
 
-impl<T: RateLimitService> tonic::server::UnaryService<RateLimitRequest> for ShouldRateLimit<T> {
+impl<B: Backend> tonic::server::UnaryService<WireRequest> for ShouldRateLimit<RateLimitHandler<B>> {
     type Response = RateLimitResponse;
     type Future = BoxFuture<Response<RateLimitResponse>, GrpcStatus>;
 
-    fn call(&mut self, request: Request<RateLimitRequest>) -> Self::Future {
+    fn call(&mut self, request: Request<WireRequest>) -> Self::Future {
         let inner = Arc::clone(&self.0);
-        Box::pin(async move { inner.should_rate_limit(request).await })
+        Box::pin(async move { inner.serve(request).await })
     }
 }
 
-impl<T, B> tower_service::Service<http::Request<B>> for RateLimitServer<T>
+impl<Bk, B> tower_service::Service<http::Request<B>> for RateLimitServer<RateLimitHandler<Bk>>
 where
-    T: RateLimitService,
+    Bk: Backend,
     B: tonic::codegen::Body + Send + 'static,
     B::Error: Into<StdError> + Send + 'static,
 {
@@ -305,6 +341,7 @@ where
         let method = ShouldRateLimit(Arc::clone(&self.inner));
         let codec = wire::StrictCodec {
             max_message_bytes: self.max_request_bytes,
+            on_oversize: Some(Arc::clone(&self.inner.on_oversize)),
         };
         let (max_decoding, max_encoding) = (
             self.max_decoding_message_size,
@@ -318,130 +355,22 @@ where
     }
 }
 
-/// Validates a protobuf request and converts it: the size bound, the caller policy, then each
-/// field. Every error is INVALID_ARGUMENT naming the offending field.
+/// Validates a protobuf request and converts it ([`validate::check_request`]); an override
+/// dropped for its unit is dropped silently here.
 pub fn to_limit_request(
-    mut request: RateLimitRequest,
+    request: impl Into<WireRequest>,
     bounds: &RequestBounds,
 ) -> Result<LimitRequest, GrpcStatus> {
-    check_message_size(&request, bounds)?;
-    bounds.policy.apply(&mut request);
-    if request.domain.is_empty() {
-        return Err(invalid("domain: must not be empty".into()));
-    }
-    check_descriptor_count(request.descriptors.len(), bounds)?;
-    let mut descriptors = Vec::with_capacity(request.descriptors.len());
-    for (i, d) in request.descriptors.into_iter().enumerate() {
-        descriptors.push(to_descriptor(i, d, bounds)?);
-    }
-    Ok(LimitRequest {
-        domain: request.domain,
-        descriptors,
-        hits_addend: u64::from(request.hits_addend).min(bounds.max_hits_addend),
-    })
+    validate::check_request(request.into(), bounds)
+        .map(|checked| checked.request)
+        .map_err(to_invalid_argument)
 }
 
-fn check_message_size(
-    request: &RateLimitRequest,
-    bounds: &RequestBounds,
-) -> Result<(), GrpcStatus> {
-    wire::check_encoded_len(request.encoded_len(), bounds.max_message_bytes)
-}
-
-fn check_descriptor_count(count: usize, bounds: &RequestBounds) -> Result<(), GrpcStatus> {
-    if count == 0 {
-        return Err(invalid(
-            "descriptors: at least one descriptor is required".into(),
-        ));
-    }
-    if count > bounds.max_descriptors {
-        return Err(invalid(format!(
-            "descriptors: {count} descriptors exceed the limit of {}",
-            bounds.max_descriptors
-        )));
-    }
-    Ok(())
-}
-
-/// `descriptors[i]`: its entries, its `limit` override and its hits.
-fn to_descriptor(
-    i: usize,
-    d: RateLimitDescriptor,
-    bounds: &RequestBounds,
-) -> Result<RequestDescriptor, GrpcStatus> {
-    if d.entries.is_empty() {
-        return Err(invalid(format!(
-            "descriptors[{i}].entries: at least one entry is required"
-        )));
-    }
-    if d.entries.len() > bounds.max_entries {
-        return Err(invalid(format!(
-            "descriptors[{i}].entries: {} entries exceed the limit of {}",
-            d.entries.len(),
-            bounds.max_entries
-        )));
-    }
-    let mut entries = Vec::with_capacity(d.entries.len());
-    for (j, e) in d.entries.into_iter().enumerate() {
-        entries.push(to_entry(i, j, e, bounds)?);
-    }
-    let limit_override = match d.limit {
-        None => None,
-        Some(l) => Some(to_limit_override(i, l)?),
-    };
-    Ok(RequestDescriptor {
-        entries,
-        limit_override,
-        // Clamped, not refused: a refusal is an error Envoy lets through by default
-        // (`failure_mode_deny: false`), so a huge count must stay a decision (OVER_LIMIT).
-        hits_addend: d.hits_addend.map(|h| h.value.min(bounds.max_hits_addend)),
-        is_negative_hits: d.is_negative_hits,
-    })
-}
-
-/// `descriptors[i].entries[j]`: a non-empty key and a value within their byte bounds.
-fn to_entry(i: usize, j: usize, e: PbEntry, bounds: &RequestBounds) -> Result<Entry, GrpcStatus> {
-    if e.key.is_empty() {
-        return Err(invalid(format!(
-            "descriptors[{i}].entries[{j}].key: must not be empty"
-        )));
-    }
-    if e.key.len() > bounds.max_key_bytes {
-        return Err(invalid(format!(
-            "descriptors[{i}].entries[{j}].key: {} bytes exceed the limit of {}",
-            e.key.len(),
-            bounds.max_key_bytes
-        )));
-    }
-    if e.value.len() > bounds.max_value_bytes {
-        return Err(invalid(format!(
-            "descriptors[{i}].entries[{j}].value: {} bytes exceed the limit of {}",
-            e.value.len(),
-            bounds.max_value_bytes
-        )));
-    }
-    Ok(Entry {
-        key: e.key,
-        value: e.value,
-    })
-}
-
-/// `descriptors[i].limit`: a known unit (0 requests per unit blocks, as in envoyproxy/ratelimit).
-fn to_limit_override(i: usize, l: RateLimitOverride) -> Result<LimitOverride, GrpcStatus> {
-    let unit = Unit::from_proto(l.unit).ok_or_else(|| {
-        invalid(format!(
-            "descriptors[{i}].limit.unit: {} is not a valid unit (UNKNOWN or unrecognised)",
-            l.unit
-        ))
-    })?;
-    Ok(LimitOverride {
-        requests_per_unit: l.requests_per_unit,
-        unit,
-    })
-}
-
-fn invalid(message: String) -> GrpcStatus {
-    GrpcStatus::invalid_argument(message)
+/// INVALID_ARGUMENT naming the field. Envoy treats it as any failed call: with
+/// `failure_mode_deny: false` (its default) the request goes through unlimited, so only what no
+/// Envoy request contains, or what the operator's route config causes ([`Problem`]), gets here.
+fn to_invalid_argument(error: RequestError) -> GrpcStatus {
+    GrpcStatus::invalid_argument(error.to_string())
 }
 
 /// UNAVAILABLE, not UNKNOWN or INTERNAL: Envoy's ratelimit filter treats any error as a failed

@@ -362,12 +362,6 @@ async fn bad_requests_are_invalid_argument_naming_the_field() {
     invalid(&mut s, req("edge", vec![]), "descriptors").await;
     invalid(
         &mut s,
-        req("edge", vec![desc(&[])]),
-        "descriptors[0].entries",
-    )
-    .await;
-    invalid(
-        &mut s,
         req("edge", vec![desc(&[("tenant", "a")]), desc(&[("", "v")])]),
         "descriptors[1].entries[0].key",
     )
@@ -391,23 +385,31 @@ async fn bad_requests_are_invalid_argument_naming_the_field() {
         "descriptors[0].entries[0].key",
     )
     .await;
-    let long_value = "v".repeat(4097);
-    invalid(
-        &mut s,
-        req("edge", vec![desc(&[("tenant", long_value.as_str())])]),
-        "descriptors[0].entries[0].value",
-    )
-    .await;
-    let big: Vec<_> = (0..40)
-        .map(|i| desc(&[("tenant", &format!("{i}{}", "x".repeat(4000)))]))
+    // 64 descriptors of 66 KB: over the 4 MiB message bound.
+    let big: Vec<_> = (0..64)
+        .map(|i| desc(&[("tenant", &format!("{i}{}", "x".repeat(66_000)))]))
         .collect();
     invalid(&mut s, req("edge", big), "message").await;
-    let mut d = desc(&[("tenant", "a")]);
+    // Decided, not refused: no entries (Envoy's `skip_if_absent`), a long value, and an override
+    // of unit UNKNOWN (dropped: the configured rule decides).
+    let r = s.ok(req("edge", vec![desc(&[])])).await;
+    assert!(r.statuses[0].current_limit.is_none());
+    let long_value = "v".repeat(70_000);
+    let r = s
+        .ok(req("edge", vec![desc(&[("tenant", &long_value)])]))
+        .await;
+    assert_eq!(r.statuses[0].limit_remaining, 2);
+    let mut d = desc(&[("tenant", "unknown-unit")]);
     d.limit = Some(RateLimitOverride {
         requests_per_unit: 5,
         unit: 0,
     });
-    invalid(&mut s, req("edge", vec![d]), "descriptors[0].limit.unit").await;
+    let r = s.ok(req("edge", vec![d])).await;
+    let limit = r.statuses[0].current_limit.as_ref().expect("the rule's");
+    assert_eq!(
+        (limit.name.as_str(), limit.requests_per_unit),
+        ("tenant-default", 3)
+    );
     // The server keeps serving valid requests.
     assert_eq!(
         s.ok(req("edge", vec![desc(&[("tenant", "a")])]))

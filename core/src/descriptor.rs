@@ -1,7 +1,9 @@
 //! The compiled descriptor tree of one domain: request entries → the rule they reach.
 //!
 //! Built once per config load. A lookup walks one level per request entry with hash lookups keyed
-//! by the request's own `&str`s, so it allocates nothing.
+//! by the request's own `&str`s, so it allocates nothing. Configured values are UTF-8; request
+//! values are bytes and match byte-wise: a value that is not UTF-8 equals no exact value and may
+//! match a wildcard (`abc\xff` matches `abc*`).
 //!
 //! Matching is envoyproxy/ratelimit's: at each level try the exact `key`+`value` node, else the
 //! first wildcard node of that key (config order) whose pattern matches the value, else the
@@ -79,9 +81,10 @@ impl Wildcard {
         }
     }
 
-    fn matches(&self, value: &str) -> bool {
+    /// Byte-wise: a value need not be UTF-8 (`abc\xff` matches `abc*`).
+    fn matches(&self, value: &[u8]) -> bool {
         match self {
-            Wildcard::Prefix(prefix) => value.starts_with(&**prefix),
+            Wildcard::Prefix(prefix) => value.starts_with(prefix.as_bytes()),
             Wildcard::Glob { parts, .. } => glob_matches(parts, value),
         }
     }
@@ -91,25 +94,36 @@ impl Wildcard {
 /// it starts with the first, ends with the last, and holds the middle ones in order, none of them
 /// overlapping another. Greedy leftmost placement of each middle part is enough: placing a part
 /// earlier never leaves less room for the parts after it.
-fn glob_matches(parts: &[Box<str>], value: &str) -> bool {
+fn glob_matches(parts: &[Box<str>], value: &[u8]) -> bool {
     let (Some((first, rest)), Some(last)) = (parts.split_first(), parts.last()) else {
         return false;
     };
     let Some(middle) = rest.split_last().map(|(_, middle)| middle) else {
-        return &**first == value;
+        return first.as_bytes() == value;
     };
     let fixed: usize = parts.iter().map(|p| p.len()).sum();
-    if value.len() < fixed || !value.starts_with(&**first) || !value.ends_with(&**last) {
+    if value.len() < fixed
+        || !value.starts_with(first.as_bytes())
+        || !value.ends_with(last.as_bytes())
+    {
         return false;
     }
     let mut inner = &value[first.len()..value.len() - last.len()];
     for part in middle {
-        match inner.find(&**part) {
+        match find(inner, part.as_bytes()) {
             Some(at) => inner = &inner[at + part.len()..],
             None => return false,
         }
     }
     true
+}
+
+/// Where `needle` first occurs in `haystack` (an empty needle: at 0).
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() {
+        return Some(0);
+    }
+    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 /// The sibling descriptors under one parent (or at the top of a domain).
@@ -182,14 +196,16 @@ impl Level {
     /// The node one entry selects at this level.
     pub fn select(&self, entry: &Entry) -> Option<&Node> {
         let nodes = self.keys.get(entry.key.as_str())?;
-        nodes
-            .exact
-            .get(entry.value.as_str())
+        // Configured values are UTF-8: a value that is not equals none of them.
+        let value = &entry.value;
+        value
+            .as_str()
+            .and_then(|v| nodes.exact.get(v))
             .or_else(|| {
                 nodes
                     .wildcards
                     .iter()
-                    .find(|(wildcard, _)| wildcard.matches(&entry.value))
+                    .find(|(wildcard, _)| wildcard.matches(value.as_bytes()))
                     .map(|(_, node)| node)
             })
             .or(nodes.bare.as_ref())
@@ -268,13 +284,13 @@ impl Level {
     /// [`Level::select`], also saying how the node was chosen.
     fn select_explained(&self, entry: &Entry) -> Option<(&Node, Selected)> {
         let nodes = self.keys.get(entry.key.as_str())?;
-        if let Some(node) = nodes.exact.get(entry.value.as_str()) {
+        if let Some(node) = entry.value.as_str().and_then(|v| nodes.exact.get(v)) {
             return Some((node, Selected::Exact));
         }
         if let Some((wildcard, node)) = nodes
             .wildcards
             .iter()
-            .find(|(wildcard, _)| wildcard.matches(&entry.value))
+            .find(|(wildcard, _)| wildcard.matches(entry.value.as_bytes()))
         {
             return Some((node, Selected::Wildcard(wildcard.text())));
         }
@@ -453,7 +469,7 @@ mod tests {
         let Some(w) = Wildcard::new(Pattern::parse(Some(pattern))) else {
             return pattern == value;
         };
-        w.matches(value)
+        w.matches(value.as_bytes())
     }
 
     #[test]
@@ -501,6 +517,41 @@ mod tests {
         assert_eq!(found(&top, &[("k", "zz")]).as_deref(), Some("bare"));
         assert_eq!(found(&top, &[("other", "abc")]), None);
         assert_eq!(found(&top, &[]), None);
+    }
+
+    #[test]
+    fn values_that_are_not_utf8_match_byte_wise() {
+        let mut top = Level::default();
+        top.insert("k", Pattern::Any, leaf(0, "bare")).unwrap();
+        top.insert("k", Pattern::Exact("abc\u{FFFD}"), leaf(1, "exact"))
+            .unwrap();
+        top.insert("k", Pattern::Glob("*\u{FFFD}*z"), leaf(2, "glob"))
+            .unwrap();
+        top.insert("k", Pattern::Prefix("abc"), leaf(3, "abc*"))
+            .unwrap();
+        let find = |value: &[u8]| {
+            top.find(&[Entry::new("k", value)])
+                .map(|r| r.path.to_string())
+        };
+        assert_eq!(
+            find(b"abc\xff").as_deref(),
+            Some("abc*"),
+            "not the lossy exact value"
+        );
+        assert_eq!(find("abc\u{FFFD}".as_bytes()).as_deref(), Some("exact"));
+        assert_eq!(
+            find(b"x\xffz").as_deref(),
+            Some("bare"),
+            "0xFF is not U+FFFD"
+        );
+        assert_eq!(find("x\u{FFFD}yz".as_bytes()).as_deref(), Some("glob"));
+        assert_eq!(find(b"ab\xffc").as_deref(), Some("bare"));
+        let e_acute = Wildcard::new(Pattern::Glob("a*\u{e9}")).unwrap();
+        assert!(e_acute.matches("ab\u{e9}".as_bytes()));
+        assert!(
+            !e_acute.matches(b"ab\xc3"),
+            "half of a character is not the character"
+        );
     }
 
     #[test]
@@ -725,7 +776,7 @@ mod tests {
             ) {
                 let expected = model(pattern.as_bytes(), value.as_bytes());
                 let got = match Wildcard::new(Pattern::parse(Some(&pattern))) {
-                    Some(w) => w.matches(&value),
+                    Some(w) => w.matches(value.as_bytes()),
                     None => pattern == value,
                 };
                 prop_assert_eq!(got, expected);

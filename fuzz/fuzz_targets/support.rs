@@ -17,6 +17,7 @@ use sluice::clock::ManualClock;
 use sluice::config::{Config, load_sources};
 use sluice::limiter::{Code, Limiter, LimiterOptions};
 use sluice::security::CallerPolicy;
+use sluice::security::wire::WireRequest;
 use sluice::service::{HeaderOptions, RequestBounds, to_limit_request, to_response};
 
 const MAX_BUCKETS: usize = 64;
@@ -174,7 +175,7 @@ impl Harness {
     }
 
     /// One request end to end, with every invariant checked.
-    pub fn run(&self, request: RateLimitRequest) {
+    pub fn run(&self, request: impl Into<WireRequest>) {
         let limit_request = match to_limit_request(request, &self.bounds) {
             Err(status) => {
                 assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
@@ -195,10 +196,9 @@ impl Harness {
         assert!(!limit_request.descriptors.is_empty());
         assert!(limit_request.descriptors.len() <= b.max_descriptors);
         for d in &limit_request.descriptors {
-            assert!(!d.entries.is_empty() && d.entries.len() <= b.max_entries);
+            assert!(d.entries.len() <= b.max_entries);
             for e in &d.entries {
                 assert!(!e.key.is_empty() && e.key.len() <= b.max_key_bytes);
-                assert!(e.value.len() <= b.max_value_bytes);
             }
             if b.policy.ignore_limit_override {
                 assert!(d.limit_override.is_none());
@@ -215,7 +215,10 @@ impl Harness {
         assert_eq!(decision.statuses.len(), limit_request.descriptors.len());
         let any_over = decision.statuses.iter().any(|s| s.code == Code::OverLimit);
         assert_eq!(decision.overall == Code::OverLimit, any_over);
-        for status in &decision.statuses {
+        for (status, d) in decision.statuses.iter().zip(&limit_request.descriptors) {
+            if d.entries.is_empty() {
+                assert!(status.code == Code::Ok && status.limit.is_none(), "{status:?}");
+            }
             if let Some(limit) = &status.limit {
                 assert!(status.remaining <= limit.capacity, "{status:?}");
                 if !status.over {

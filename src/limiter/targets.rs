@@ -88,6 +88,13 @@ impl<'a> Resolver<'a> {
         descriptor: &RequestDescriptor,
         rule: Option<Arc<Rule>>,
     ) -> Result<Target, Status> {
+        // No entries: Envoy sends this when `skip_if_absent` dropped every action of a rate
+        // limit. It names nothing, so it is answered OK with no limit whatever override it
+        // carries (as envoyproxy/ratelimit answers it), and it is no quota descriptor, so the
+        // request's other descriptors are decided as if it were absent.
+        if descriptor.entries.is_empty() {
+            return Err(Status::unlimited(Basis::NoRule, None));
+        }
         let failure_mode = rule
             .as_ref()
             .and_then(|r| r.failure_mode)

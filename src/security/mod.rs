@@ -17,10 +17,10 @@ pub mod listener;
 pub mod tls;
 pub mod wire;
 
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::google::protobuf::UInt64Value;
 
 use crate::settings::{CallerArgs, Http2Args};
+use wire::WireRequest;
 
 impl From<&CallerArgs> for CallerPolicy {
     fn from(args: &CallerArgs) -> Self {
@@ -46,7 +46,7 @@ pub struct CallerPolicy {
 impl CallerPolicy {
     /// Rewrites the fields this policy overrules, before validation: an ignored override is
     /// neither validated nor applied.
-    pub fn apply(&self, request: &mut RateLimitRequest) {
+    pub fn apply(&self, request: &mut WireRequest) {
         for d in &mut request.descriptors {
             if self.ignore_limit_override {
                 d.limit = None;
@@ -78,21 +78,19 @@ pub fn grpc_server(limits: &Http2Args) -> tonic::transport::Server {
 
 #[cfg(test)]
 mod tests {
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
-        Entry, RateLimitOverride,
-    };
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 
     use clap::Parser;
 
     use super::*;
+    use crate::security::wire::{WireDescriptor, WireEntry};
     use crate::settings::{Cli, Command, SecurityArgs};
 
-    fn descriptor(hits: Option<u64>, negative: bool, limit: bool) -> RateLimitDescriptor {
-        RateLimitDescriptor {
-            entries: vec![Entry {
+    fn descriptor(hits: Option<u64>, negative: bool, limit: bool) -> WireDescriptor {
+        WireDescriptor {
+            entries: vec![WireEntry {
                 key: "k".into(),
-                value: "v".into(),
+                value: b"v".to_vec(),
             }],
             limit: limit.then_some(RateLimitOverride {
                 requests_per_unit: 1_000_000,
@@ -103,8 +101,8 @@ mod tests {
         }
     }
 
-    fn request(hits_addend: u32, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
-        RateLimitRequest {
+    fn request(hits_addend: u32, descriptors: Vec<WireDescriptor>) -> WireRequest {
+        WireRequest {
             domain: "d".into(),
             descriptors,
             hits_addend,

@@ -1,30 +1,104 @@
 //! The strict wire decoding of `RateLimitRequest`: the codec [`crate::service::RateLimitServer`]
 //! serves `ShouldRateLimit` with.
 //!
-//! tonic's prost codec answers any decode failure with INTERNAL, which blames the server for the
-//! caller's bytes — typically invalid UTF-8 in a string field, since Envoy copies header values
-//! into descriptor values. [`StrictCodec`] answers INVALID_ARGUMENT and names the field the way
-//! [`crate::service::to_limit_request`] does (`descriptors[2].entries[0].value: not valid
-//! UTF-8`). Encoding is prost's.
+//! Envoy copies header values unchanged into descriptor values, and a header value may hold
+//! obs-text (0x80–0xFF), which is not UTF-8: envoy-types' `RateLimitRequest` (prost `String`
+//! fields) cannot carry such a request. [`StrictCodec`] decodes into [`WireRequest`] instead, the
+//! same message on the wire with entry values as `bytes`, so such a value is decided like any
+//! other. The domain and entry keys come from Envoy's configuration, which is UTF-8: one that is
+//! not is INVALID_ARGUMENT naming the field the way [`crate::service::to_limit_request`] does
+//! (`descriptors[2].entries[0].key: not valid UTF-8`), where tonic's prost codec would answer
+//! INTERNAL, blaming the server for the caller's bytes. Encoding is prost's.
 //!
 //! The codec also holds `--max-message-bytes` against the encoded message as it arrived, before
 //! decoding: unknown fields are bytes too, and prost skips them, so the decoded request's size
 //! says nothing about what the caller sent.
 
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
 use prost::Message;
 use prost::bytes::Buf;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::{Code, Status};
 
+/// `envoy.service.ratelimit.v3.RateLimitRequest` field for field (same tags, same wire format),
+/// with descriptor entry values as `bytes`: what [`StrictCodec`] decodes.
+#[derive(Clone, PartialEq, Message)]
+pub struct WireRequest {
+    #[prost(string, tag = "1")]
+    pub domain: String,
+    #[prost(message, repeated, tag = "2")]
+    pub descriptors: Vec<WireDescriptor>,
+    #[prost(uint32, tag = "3")]
+    pub hits_addend: u32,
+}
+
+/// `envoy.extensions.common.ratelimit.v3.RateLimitDescriptor`, entry values as `bytes`.
+#[derive(Clone, PartialEq, Message)]
+pub struct WireDescriptor {
+    #[prost(message, repeated, tag = "1")]
+    pub entries: Vec<WireEntry>,
+    #[prost(message, optional, tag = "2")]
+    pub limit: Option<RateLimitOverride>,
+    #[prost(message, optional, tag = "3")]
+    pub hits_addend: Option<UInt64Value>,
+    #[prost(bool, tag = "4")]
+    pub is_negative_hits: bool,
+}
+
+/// `RateLimitDescriptor.Entry` with its `value` as `bytes`.
+#[derive(Clone, PartialEq, Message)]
+pub struct WireEntry {
+    #[prost(string, tag = "1")]
+    pub key: String,
+    #[prost(bytes = "vec", tag = "2")]
+    pub value: Vec<u8>,
+}
+
+impl From<RateLimitRequest> for WireRequest {
+    /// No copy: each string's buffer becomes the bytes.
+    fn from(request: RateLimitRequest) -> Self {
+        WireRequest {
+            domain: request.domain,
+            descriptors: request
+                .descriptors
+                .into_iter()
+                .map(WireDescriptor::from)
+                .collect(),
+            hits_addend: request.hits_addend,
+        }
+    }
+}
+
+impl From<RateLimitDescriptor> for WireDescriptor {
+    fn from(d: RateLimitDescriptor) -> Self {
+        WireDescriptor {
+            entries: d
+                .entries
+                .into_iter()
+                .map(|e| WireEntry {
+                    key: e.key,
+                    value: e.value.into_bytes(),
+                })
+                .collect(),
+            limit: d.limit,
+            hits_addend: d.hits_addend,
+            is_negative_hits: d.is_negative_hits,
+        }
+    }
+}
+
 /// gRPC path of the one method.
 pub const SHOULD_RATE_LIMIT_PATH: &str =
     "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
-/// Decodes a `RateLimitRequest`; a malformed one is INVALID_ARGUMENT naming the first field that
-/// is not valid UTF-8, or saying why the bytes are not a `RateLimitRequest` at all.
-pub fn decode_request(bytes: &[u8]) -> Result<RateLimitRequest, Status> {
-    RateLimitRequest::decode(bytes).map_err(|error| explain(bytes, error))
+/// Decodes a `RateLimitRequest` (entry values may be any bytes); a malformed one is
+/// INVALID_ARGUMENT naming the first domain or key that is not valid UTF-8, or saying why the
+/// bytes are not a `RateLimitRequest` at all.
+pub fn decode_request(bytes: &[u8]) -> Result<WireRequest, Status> {
+    WireRequest::decode(bytes).map_err(|error| explain(bytes, error))
 }
 
 fn explain(bytes: &[u8], error: prost::DecodeError) -> Status {
@@ -39,7 +113,7 @@ fn explain(bytes: &[u8], error: prost::DecodeError) -> Status {
 }
 
 /// `RateLimitRequest` with its string fields as bytes and every other field skipped, so it
-/// decodes wherever the real message fails on UTF-8 alone and shows where.
+/// decodes wherever [`WireRequest`] fails on UTF-8 alone and shows where.
 #[derive(Clone, PartialEq, Message)]
 struct RawRequest {
     #[prost(bytes = "vec", tag = "1")]
@@ -58,8 +132,6 @@ struct RawDescriptor {
 struct RawEntry {
     #[prost(bytes = "vec", tag = "1")]
     key: Vec<u8>,
-    #[prost(bytes = "vec", tag = "2")]
-    value: Vec<u8>,
 }
 
 impl RawRequest {
@@ -72,9 +144,6 @@ impl RawRequest {
             for (j, e) in d.entries.iter().enumerate() {
                 if bad(&e.key) {
                     return Some(format!("descriptors[{i}].entries[{j}].key"));
-                }
-                if bad(&e.value) {
-                    return Some(format!("descriptors[{i}].entries[{j}].value"));
                 }
             }
         }
@@ -93,24 +162,30 @@ pub fn check_encoded_len(len: usize, max: usize) -> Result<(), Status> {
     Ok(())
 }
 
+/// Told of each message refused for its size, before decoding: (encoded length, bound).
+pub type OversizeHook = std::sync::Arc<dyn Fn(usize, usize) + Send + Sync>;
+
 /// The codec of `ShouldRateLimit`: prost encoding; decoding refuses a message over
-/// `max_message_bytes` (encoded, unknown fields included), then [`decode_request`].
-#[derive(Clone, Copy, Debug)]
+/// `max_message_bytes` (encoded, unknown fields included), telling `on_oversize`, then
+/// [`decode_request`].
+#[derive(Clone)]
 pub struct StrictCodec {
     pub max_message_bytes: usize,
+    pub on_oversize: Option<OversizeHook>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ResponseEncoder;
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone)]
 pub struct RequestDecoder {
     max_message_bytes: usize,
+    on_oversize: Option<OversizeHook>,
 }
 
 impl Codec for StrictCodec {
     type Encode = RateLimitResponse;
-    type Decode = RateLimitRequest;
+    type Decode = WireRequest;
     type Encoder = ResponseEncoder;
     type Decoder = RequestDecoder;
 
@@ -121,6 +196,7 @@ impl Codec for StrictCodec {
     fn decoder(&mut self) -> RequestDecoder {
         RequestDecoder {
             max_message_bytes: self.max_message_bytes,
+            on_oversize: self.on_oversize.clone(),
         }
     }
 }
@@ -136,13 +212,16 @@ impl Encoder for ResponseEncoder {
 }
 
 impl Decoder for RequestDecoder {
-    type Item = RateLimitRequest;
+    type Item = WireRequest;
     type Error = Status;
 
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<RateLimitRequest>, Status> {
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<WireRequest>, Status> {
         let len = src.remaining();
         if let Err(status) = check_encoded_len(len, self.max_message_bytes) {
             src.advance(len);
+            if let Some(hook) = &self.on_oversize {
+                hook(len, self.max_message_bytes);
+            }
             return Err(status);
         }
         // tonic hands over one message in one contiguous buffer; copy only if it ever does not.
@@ -158,7 +237,6 @@ impl Decoder for RequestDecoder {
 
 #[cfg(test)]
 mod tests {
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 
     use super::*;
@@ -177,7 +255,7 @@ mod tests {
                 },
                 RateLimitDescriptor {
                     entries: vec![entry("tenant", "globex"), entry("route", "VALUE")],
-                    hits_addend: Some(envoy_types::pb::google::protobuf::UInt64Value { value: 3 }),
+                    hits_addend: Some(UInt64Value { value: 3 }),
                     is_negative_hits: true,
                     ..Default::default()
                 },
@@ -208,20 +286,35 @@ mod tests {
     fn valid_requests_decode_unchanged() {
         assert_eq!(
             decode_request(&request().encode_to_vec()).unwrap(),
-            request()
+            WireRequest::from(request())
         );
-        assert_eq!(decode_request(&[]).unwrap(), RateLimitRequest::default());
+        assert_eq!(decode_request(&[]).unwrap(), WireRequest::default());
+        assert_eq!(
+            WireRequest::from(request()).encode_to_vec(),
+            request().encode_to_vec(),
+            "the same message on the wire"
+        );
     }
 
     #[test]
-    fn invalid_utf8_names_the_field() {
+    fn values_are_bytes() {
+        let decoded = decode_request(&patched(b"acme", b"\xc3\x28m\xff")).unwrap();
+        assert_eq!(decoded.descriptors[0].entries[0].value, b"\xc3\x28m\xff");
+        let decoded = decode_request(&patched(b"VALUE", b"VAL\xf8\x88")).unwrap();
+        assert_eq!(decoded.descriptors[1].entries[1].value, b"VAL\xf8\x88");
+        assert_eq!(
+            decoded.descriptors[1].hits_addend,
+            Some(UInt64Value { value: 3 })
+        );
+        assert!(decoded.descriptors[1].is_negative_hits);
+        assert_eq!(decoded.hits_addend, 7);
+    }
+
+    #[test]
+    fn a_domain_or_key_that_is_not_utf8_names_the_field() {
         assert_eq!(
             message_of(&patched(b"edge", b"ed\xffe")),
             "domain: not valid UTF-8"
-        );
-        assert_eq!(
-            message_of(&patched(b"acme", b"\xc3\x28me")),
-            "descriptors[0].entries[0].value: not valid UTF-8"
         );
         assert_eq!(
             message_of(&patched(b"route", b"ro\xed\xa0\x80")),
@@ -229,8 +322,8 @@ mod tests {
             "an encoded surrogate is not UTF-8"
         );
         assert_eq!(
-            message_of(&patched(b"VALUE", b"VAL\xf8\x88")),
-            "descriptors[1].entries[1].value: not valid UTF-8"
+            message_of(&patched(b"tenant", b"te\xffant")),
+            "descriptors[0].entries[0].key: not valid UTF-8"
         );
     }
 

@@ -245,8 +245,11 @@ pub struct Settings {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_in_flight: u64,
 
-    /// Largest accepted request message, in bytes.
-    #[arg(long, env = "SLUICE_MAX_MESSAGE_BYTES", default_value_t = 64 * 1024)]
+    /// Largest accepted request message, in bytes (as encoded; a larger one is INVALID_ARGUMENT).
+    /// The default, 4 MiB, holds `--max-descriptors` (64) descriptors each carrying Envoy's
+    /// whole default request-header block (60 KiB) once: Envoy copies header values into
+    /// descriptors unchanged and may copy one header into several.
+    #[arg(long, env = "SLUICE_MAX_MESSAGE_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_message_bytes: usize,
 
     /// Most descriptors in one request.
@@ -261,9 +264,11 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_MAX_KEY_BYTES", default_value_t = 256)]
     pub max_key_bytes: usize,
 
-    /// Longest descriptor entry value, in bytes.
-    #[arg(long, env = "SLUICE_MAX_VALUE_BYTES", default_value_t = 4096)]
-    pub max_value_bytes: usize,
+    /// Deprecated, no effect: a descriptor value of any length is decided (refusing one let the
+    /// request through Envoy unlimited); `--max-message-bytes` bounds values with the rest of the
+    /// request. Accepted so existing deployments start; a warning is logged when it is set.
+    #[arg(long, env = "SLUICE_MAX_VALUE_BYTES", hide = true)]
+    pub max_value_bytes: Option<usize>,
 
     /// Most live buckets the memory backend keeps (and, separately, the `local` failure
     /// policy's buckets).

@@ -34,6 +34,7 @@ use crate::request::LimitRequest;
 use crate::resilience::local::Replicas;
 use crate::security::listener::{ConnectionStats, Refusal};
 use crate::settings::{BackendKind, OtlpSettings, Settings};
+use crate::validate::Problem;
 
 /// Upper bounds (seconds) of the latency histograms: sub-millisecond steps, then up to and past
 /// Envoy's 20 ms filter timeout.
@@ -159,6 +160,7 @@ struct Shared {
     rules: RuleMetrics,
     outcomes: [AtomicU64; 6],
     unknown_domain: AtomicU64,
+    problems: [AtomicU64; Problem::ALL.len()],
     redis_errors: [AtomicU64; 5],
     redis_keys_repaired: AtomicU64,
     config: Arc<ConfigStore>,
@@ -250,6 +252,7 @@ impl Metrics {
             ),
             outcomes: Default::default(),
             unknown_domain: AtomicU64::new(0),
+            problems: Default::default(),
             redis_errors: Default::default(),
             redis_keys_repaired: AtomicU64::new(0),
             config: store,
@@ -318,6 +321,13 @@ impl Metrics {
             inner.shared.rules.record(request, decision);
         }
         inner.finish(started, outcome);
+    }
+
+    /// Counts a request Envoy can send that was not decided as sent ([`Problem`]).
+    pub fn record_problem(&self, problem: Problem) {
+        if let Some(inner) = &self.0 {
+            inner.shared.problems[problem.index()].fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Counts a request answered with a gRPC error.
@@ -573,6 +583,18 @@ const OBSERVABLES: &[Observable] = &[
                     KeyValue::new("rules", active.rule_count() as i64),
                 ],
             );
+        }),
+    },
+    Observable {
+        name: "sluice_request_problems_total",
+        description: "Requests Envoy can send that were not decided as sent, by problem: refused past a bound its route config reaches (message_bytes, descriptors, entries, key_bytes: INVALID_ARGUMENT, which Envoy lets through by default) or decided without their limit override (override_unit)",
+        reading: Reading::Counter(|s, points| {
+            for problem in Problem::ALL {
+                points(
+                    s.problems[problem.index()].load(Ordering::Relaxed),
+                    &[KeyValue::new("problem", problem.as_str())],
+                );
+            }
         }),
     },
     Observable {

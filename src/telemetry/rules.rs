@@ -322,16 +322,17 @@ fn runtime_key(rule: &Rule, entries: &[Entry]) -> String {
         let level = rule.metric_levels.get(i);
         // A detailed key always joins key and value with `_`, even an empty value (`key_`), as
         // envoyproxy/ratelimit's detailed stats do; the other shapes drop the `_` with no value.
+        // A request value that is not UTF-8 is written as `Value`'s `Display` writes it (`\xFF`).
         let (value, joined) = match (shared, level) {
-            (Some(pattern), _) => (pattern, false),
-            _ if rule.detailed_metric => (entry.value.as_str(), true),
-            (None, Some(level)) if level.value_to_metric => (entry.value.as_str(), false),
-            (None, Some(level)) => (level.value.as_deref().unwrap_or(""), false),
-            (None, None) => (entry.value.as_str(), false),
+            (Some(pattern), _) => (pattern.into(), false),
+            _ if rule.detailed_metric => (entry.value.to_text(), true),
+            (None, Some(level)) if level.value_to_metric => (entry.value.to_text(), false),
+            (None, Some(level)) => (level.value.as_deref().unwrap_or("").into(), false),
+            (None, None) => (entry.value.to_text(), false),
         };
         if joined || !value.is_empty() {
             key.push('_');
-            key.push_str(value);
+            key.push_str(&value);
         }
         if key.len() > MAX_DETAILED_KEY_BYTES {
             let mut end = MAX_DETAILED_KEY_BYTES;

@@ -47,7 +47,7 @@ pub fn explain_bucket(
         .iter()
         .map(|e| EntryView {
             key: e.key.clone(),
-            value: e.value.clone(),
+            value: e.value.to_string(),
         })
         .collect();
     let Some(found) = config.domain(domain) else {

@@ -39,13 +39,15 @@ pub enum DescriptorArgError {
     NotAPair { index: usize, text: String },
     #[error("entry {index} has an empty key")]
     EmptyKey { index: usize },
-    #[error("entry {index}: percent-encoding does not decode to UTF-8")]
+    /// A key is UTF-8 (Envoy's descriptor keys come from its config); a value may be any bytes.
+    #[error("entry {index}: the key's percent-encoding does not decode to UTF-8")]
     NotUtf8 { index: usize },
 }
 
 /// Reads `key=value,key2=value2`. `,` separates entries and the first `=` of an entry separates
 /// key from value; a key or value holding `,`, `=` or `%` writes them percent-encoded (`%2C`,
-/// `%3D`, `%25`). Entries are numbered from 1 in errors.
+/// `%3D`, `%25`). A value is bytes, so `%FF` explains a header value holding byte 0xFF. Entries
+/// are numbered from 1 in errors.
 pub fn parse_descriptor(text: &str) -> Result<Vec<Entry>, DescriptorArgError> {
     if text.is_empty() {
         return Err(DescriptorArgError::Empty);
@@ -58,17 +60,14 @@ pub fn parse_descriptor(text: &str) -> Result<Vec<Entry>, DescriptorArgError> {
                 index,
                 text: pair.to_owned(),
             })?;
-            let decode = |s: &str| {
-                percent_decode_str(s)
-                    .decode_utf8()
-                    .map(|c| c.into_owned())
-                    .map_err(|_| DescriptorArgError::NotUtf8 { index })
-            };
-            let key = decode(key)?;
+            let key = percent_decode_str(key)
+                .decode_utf8()
+                .map_err(|_| DescriptorArgError::NotUtf8 { index })?;
             if key.is_empty() {
                 return Err(DescriptorArgError::EmptyKey { index });
             }
-            Ok(Entry::new(key, decode(value)?))
+            let value: Vec<u8> = percent_decode_str(value).collect();
+            Ok(Entry::new(key, value))
         })
         .collect()
 }
@@ -92,6 +91,8 @@ pub struct Report {
     pub outcome: String,
 }
 
+/// An entry as shown to operators: a value that is not UTF-8 is written as `Value`'s `Display`
+/// writes it (UTF-8 text as is, other bytes as `\xNN`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct EntryView {
     pub key: String,
@@ -189,7 +190,7 @@ pub fn explain(
         .iter()
         .map(|e| EntryView {
             key: e.key.clone(),
-            value: e.value.clone(),
+            value: e.value.to_string(),
         })
         .collect();
     let Some(found) = config.domain(domain) else {
@@ -256,14 +257,14 @@ fn unknown_domain(config: &Config, domain: &str, descriptor: Vec<EntryView>) -> 
 fn step_view(step: &Step, entries: &[Entry]) -> StepView {
     let entry = &entries[step.index];
     let (matched_by, configured_value) = match &step.selected {
-        Selected::Exact => ("exact", Some(entry.value.clone())),
+        Selected::Exact => ("exact", Some(entry.value.to_string())),
         Selected::Wildcard(pattern) => ("wildcard", Some(pattern.clone())),
         Selected::AnyValue => ("any value", None),
     };
     StepView {
         entry: step.index + 1,
         key: entry.key.clone(),
-        value: entry.value.clone(),
+        value: entry.value.to_string(),
         matched_by,
         configured_value,
     }

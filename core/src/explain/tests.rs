@@ -67,8 +67,13 @@ fn descriptors_parse_with_percent_encoding() {
         Err(DescriptorArgError::EmptyKey { index: 1 })
     );
     assert_eq!(
-        parse_descriptor("a=%FF"),
+        parse_descriptor("%FF=a"),
         Err(DescriptorArgError::NotUtf8 { index: 1 })
+    );
+    assert_eq!(
+        parse_descriptor("a=x%FF").unwrap(),
+        [Entry::new("a", b"x\xff".as_slice())],
+        "a value is bytes"
     );
 }
 

@@ -1,6 +1,7 @@
 //! Storage keys: `<prefix>{<domain>|<k1>=<v1>}|<k2>=<v2>...<tags>`, injective and hash-tagged.
 //!
-//! Every user-supplied component (domain, entry keys and values) is escaped: bytes outside
+//! Every user-supplied component (domain, entry keys and values) is escaped byte by byte (a value
+//! is bytes and need not be UTF-8; a UTF-8 value's key is its text's): bytes outside
 //! `[A-Za-z0-9._:/@+*-]` become `%XX`, so input can never open or close the hash tag or fake a
 //! separator (`{ } | = ~ #` are always escaped). A component whose escaped form is longer than
 //! [`MAX_COMPONENT`] bytes becomes `#` + the 40-hex SHA-1 of its raw bytes; `#` never appears in
@@ -111,13 +112,13 @@ fn write_key(
         "a key prefix with braces would move the hash tag"
     );
     // "{" "|" "}" plus, per entry, "=" and (after the first) "|".
-    let mut len = prefix.len() + 3 + component_len(domain);
+    let mut len = prefix.len() + 3 + component_len(domain.as_bytes());
     for (i, entry) in entries.iter().enumerate() {
         let value_len = match shared_at(i) {
-            Some(pattern) => 2 + component_len(pattern),
-            None => component_len(&entry.value),
+            Some(pattern) => 2 + component_len(pattern.as_bytes()),
+            None => component_len(entry.value.as_bytes()),
         };
-        len += usize::from(i > 0) + 1 + component_len(&entry.key) + value_len;
+        len += usize::from(i > 0) + 1 + component_len(entry.key.as_bytes()) + value_len;
     }
     match tag {
         RuleTag::Configured => {}
@@ -134,7 +135,7 @@ fn write_key(
 
     out.push_str(prefix);
     out.push('{');
-    write_component(out, domain);
+    write_component(out, domain.as_bytes());
     out.push('|');
     for (i, entry) in entries.iter().enumerate() {
         if i == 1 {
@@ -143,14 +144,14 @@ fn write_key(
         if i >= 1 {
             out.push('|');
         }
-        write_component(out, &entry.key);
+        write_component(out, entry.key.as_bytes());
         out.push('=');
         match shared_at(i) {
             Some(pattern) => {
                 out.push_str("#*");
-                write_component(out, pattern);
+                write_component(out, pattern.as_bytes());
             }
-            None => write_component(out, &entry.value),
+            None => write_component(out, entry.value.as_bytes()),
         }
     }
     if entries.len() <= 1 {
@@ -225,11 +226,11 @@ const fn is_plain(b: u8) -> bool {
     matches!(b, b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'.' | b'_' | b':' | b'/' | b'@' | b'+' | b'*' | b'-')
 }
 
-fn escaped_len(s: &str) -> usize {
-    s.bytes().map(|b| if is_plain(b) { 1 } else { 3 }).sum()
+fn escaped_len(s: &[u8]) -> usize {
+    s.iter().map(|&b| if is_plain(b) { 1 } else { 3 }).sum()
 }
 
-fn component_len(s: &str) -> usize {
+fn component_len(s: &[u8]) -> usize {
     match escaped_len(s) {
         n if n > MAX_COMPONENT => HASHED_LEN,
         n => n,
@@ -238,17 +239,18 @@ fn component_len(s: &str) -> usize {
 
 const LOWER_HEX: &[u8; 16] = b"0123456789abcdef";
 
-fn write_component(out: &mut String, s: &str) {
+/// Writes one component from its bytes (a value need not be UTF-8; the key is ASCII either way).
+fn write_component(out: &mut String, s: &[u8]) {
     if escaped_len(s) > MAX_COMPONENT {
         out.push('#');
-        for b in sha1_smol::Sha1::from(s.as_bytes()).digest().bytes() {
+        for b in sha1_smol::Sha1::from(s).digest().bytes() {
             out.push(char::from(LOWER_HEX[usize::from(b >> 4)]));
             out.push(char::from(LOWER_HEX[usize::from(b & 0xF)]));
         }
         return;
     }
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    for b in s.bytes() {
+    for &b in s {
         if is_plain(b) {
             out.push(char::from(b));
         } else {

@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use proptest::prelude::*;
 
 use super::*;
+use crate::request::Value;
 use crate::rule::Unit;
 
 /// A token bucket's key: the layout every release wrote.
@@ -300,7 +301,7 @@ fn hash_tag_follows_redis_cluster_rules() {
 }
 
 /// Inverse of the escaping, for the tests' parser: `None` for a hashed component.
-fn unescape(s: &str) -> Option<String> {
+fn unescape(s: &str) -> Option<Vec<u8>> {
     if s.starts_with('#') {
         return None;
     }
@@ -317,14 +318,14 @@ fn unescape(s: &str) -> Option<String> {
             i += 1;
         }
     }
-    Some(String::from_utf8(out).expect("escapes whole UTF-8 sequences"))
+    Some(out)
 }
 
-/// A component as it must appear: its raw text, or the digest of the raw text when hashed.
-fn decoded_matches(encoded: &str, raw: &str) -> bool {
+/// A component as it must appear: its raw bytes, or the digest of the raw bytes when hashed.
+fn decoded_matches(encoded: &str, raw: &[u8]) -> bool {
     match unescape(encoded) {
-        Some(text) => text == raw,
-        None => encoded[1..] == sha1_smol::Sha1::from(raw.as_bytes()).digest().to_string(),
+        Some(bytes) => bytes == raw,
+        None => encoded[1..] == sha1_smol::Sha1::from(raw).digest().to_string(),
     }
 }
 
@@ -372,11 +373,39 @@ fn component() -> impl Strategy<Value = String> {
     ]
 }
 
+/// Bytes that are mostly not UTF-8: obs-text, stray continuation bytes, and the escaped and
+/// lossy spellings of those bytes (`%FF`, `\xFF`, U+FFFD) as lookalikes.
+fn raw_bytes() -> impl Strategy<Value = Vec<u8>> {
+    let piece = prop_oneof![
+        4 => prop::sample::select(vec![
+            &b"\xff"[..], b"\x80", b"\xc3", b"\xc3\x28", b"\xed\xa0\x80", b"%FF", b"\\xFF",
+            "\u{FFFD}".as_bytes(), b"a", b"|", b"=", b"~", b"#", b"{",
+        ])
+        .prop_map(<[u8]>::to_vec),
+        1 => any::<u8>().prop_map(|b| vec![b]),
+    ];
+    prop::collection::vec(piece, 0..12).prop_map(|parts| parts.concat())
+}
+
+/// A request value: text (as [`component`]) or bytes that are mostly not UTF-8.
+fn value() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        3 => component().prop_map(Value::from),
+        2 => raw_bytes().prop_map(Value::from),
+        1 => prop::collection::vec(any::<u8>(), 120..140).prop_map(Value::from),
+    ]
+}
+
 fn entry_list() -> impl Strategy<Value = Vec<Entry>> {
     prop::collection::vec(
-        (component(), component()).prop_map(|(k, v)| Entry::new(k, v)),
+        (component(), value()).prop_map(|(k, v)| Entry::new(k, v)),
         0..4,
     )
+}
+
+/// `value` with `suffix` appended, bytes and all.
+fn appended(value: &Value, suffix: &str) -> Value {
+    [value.as_bytes(), suffix.as_bytes()].concat().into()
 }
 
 fn rule_tag() -> impl Strategy<Value = RuleTag> {
@@ -425,23 +454,34 @@ fn near_miss(a: &Input) -> Vec<Input> {
             al,
         ));
         let mut merged = e.clone();
-        merged[0].value.push('|');
+        merged[0].value = appended(&merged[0].value, "|");
         out.push((d.clone(), merged, t, al));
         let mut moved = e.clone();
         moved[0].key = format!("{}={}", first.key, first.value);
-        moved[0].value.clear();
+        moved[0].value = Value::from("");
         out.push((d.clone(), moved, t, al));
         out.push((d.clone(), e[..e.len() - 1].to_vec(), t, al));
         // An algorithm's tag spelled into the last value.
         let mut spelled = e.clone();
         if let Some(last) = spelled.last_mut() {
-            last.value.push_str("~fw");
+            last.value = appended(&last.value, "~fw");
         }
         out.push((d.clone(), spelled, t, Algorithm::TokenBucket));
         // A shard's tag spelled into the first value, unsharded.
         let mut spelled = e.clone();
-        spelled[0].value.push_str("~s0");
+        spelled[0].value = appended(&spelled[0].value, "~s0");
         out.push((d.clone(), spelled, RuleTag::Configured, al));
+        // The first value's lossy and escaped renderings, when it is not UTF-8.
+        if first.value.as_str().is_none() {
+            for lookalike in [
+                String::from_utf8_lossy(first.value.as_bytes()).into_owned(),
+                first.value.to_string(),
+            ] {
+                let mut spelled = e.clone();
+                spelled[0].value = lookalike.into();
+                out.push((d.clone(), spelled, t, al));
+            }
+        }
     }
     out.into_iter().filter(|b| b != a).collect()
 }
@@ -450,8 +490,43 @@ fn key_of((d, e, t, a): &Input) -> String {
     bucket_key("sl:", d, e, *t, *a)
 }
 
+#[test]
+fn values_are_keyed_by_their_bytes() {
+    let key = |v: Value| tb_key("p:", "d", &[Entry::new("user", v)], RuleTag::Configured);
+    assert_eq!(key(b"ab\xff".as_slice().into()), "p:{d|user=ab%FF}");
+    assert_eq!(
+        key(b"\xc3\x28".as_slice().into()),
+        "p:{d|user=%C3(}".replace('(', "%28")
+    );
+    assert_eq!(
+        key(vec![0xc3, 0xa9].into()),
+        key("é".into()),
+        "UTF-8 bytes are the text's key"
+    );
+    assert_ne!(key(b"ab\xff".as_slice().into()), key("ab\u{FFFD}".into()));
+    assert_ne!(key(b"ab\xff".as_slice().into()), key("ab\\xFF".into()));
+    assert_ne!(key(b"ab\xff".as_slice().into()), key("ab%FF".into()));
+    let long = [b"x".repeat(200), vec![0xff]].concat();
+    assert_eq!(
+        key(long.clone().into()),
+        format!("p:{{d|user=#{}}}", sha1_smol::Sha1::from(&long).digest()),
+        "a long value is hashed from its raw bytes"
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(1_000))]
+
+    #[test]
+    fn non_utf8_values_never_share_a_key_with_text(bytes in raw_bytes(), text in component()) {
+        prop_assume!(std::str::from_utf8(&bytes).is_err());
+        let key = |v: Value| tb_key("sl:", "d", &[Entry::new("k", v)], RuleTag::Configured);
+        let raw = Value::from(bytes.clone());
+        let lossy = String::from_utf8_lossy(&bytes).into_owned();
+        for lookalike in [text, lossy, raw.to_string()] {
+            prop_assert_ne!(key(raw.clone()), key(lookalike.into()));
+        }
+    }
 
     #[test]
     fn key_parses_back_to_its_input((domain, entries, tag, algorithm) in input()) {
@@ -461,11 +536,11 @@ proptest! {
         prop_assert!(key.is_ascii());
         prop_assert!(!key.contains(['\0', '\r', '\n', ' ']));
         let (d, pairs, t) = parse(&key, "sl:");
-        prop_assert!(decoded_matches(&d, &domain), "{} vs {:?}", d, domain);
+        prop_assert!(decoded_matches(&d, domain.as_bytes()), "{} vs {:?}", d, domain);
         prop_assert_eq!(pairs.len(), entries.len());
         for ((k, v), entry) in pairs.iter().zip(&entries) {
-            prop_assert!(decoded_matches(k, &entry.key));
-            prop_assert!(decoded_matches(v, &entry.value));
+            prop_assert!(decoded_matches(k, entry.key.as_bytes()));
+            prop_assert!(decoded_matches(v, entry.value.as_bytes()));
         }
         let mut expected_tags: Vec<String> = match tag {
             RuleTag::Configured => Vec::new(),
@@ -497,7 +572,7 @@ proptest! {
     #[test]
     fn hash_tag_depends_only_on_domain_and_first_entry(
         domain in component(),
-        first in (component(), component()),
+        first in (component(), value()),
         rest_a in entry_list(),
         rest_b in entry_list(),
         tag_a in rule_tag(),
