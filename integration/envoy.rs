@@ -655,3 +655,35 @@ descriptors:
     assert_eq!(errors, 0, "no call failed: none was let through unlimited");
     assert_eq!(ok as usize, sent.len());
 }
+
+/// What Envoy counts and what sluice counts agree, call for call: Envoy's
+/// `ratelimit.ok`/`over_limit` are sluice's `ratelimit_service_total_requests` outcomes `ok` and
+/// `over_limit`, and a call Envoy gave up on (sluice stalled past the deadline) is an Envoy
+/// `error` that sluice answered late.
+#[test]
+fn envoy_stats_and_sluice_metrics_agree() {
+    let sluice = memory_sluice(&[]);
+    let envoy = envoy_for(&[sluice.grpc], user_limit());
+    let mut client = envoy.client();
+    for user in [&b"m1"[..], b"m2", b"m3"] {
+        statuses(&mut client, "/", &[("x-user", user)], 15);
+    }
+    let requests = "ratelimit_service_total_requests";
+    let sluice_ok = sluice.metric(requests, &[("outcome", "ok")]) as u64;
+    let sluice_over = sluice.metric(requests, &[("outcome", "over_limit")]) as u64;
+    let (envoy_ok, envoy_over) = (
+        envoy.ratelimit_stat("app", "ok"),
+        envoy.ratelimit_stat("app", "over_limit"),
+    );
+    println!(
+        "Envoy ok {envoy_ok} over_limit {envoy_over}; sluice ok {sluice_ok} over_limit {sluice_over}"
+    );
+    assert_eq!(envoy_ok + envoy_over, 45);
+    assert!(envoy_over >= 3 * 4, "each user is limited: {envoy_over}");
+    assert_eq!((sluice_ok, sluice_over), (envoy_ok, envoy_over));
+    assert_eq!(envoy.ratelimit_stat("app", "error"), 0);
+    assert_eq!(
+        sluice.metric(requests, &[("outcome", "invalid_argument")]),
+        0.0
+    );
+}
