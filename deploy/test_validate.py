@@ -125,7 +125,7 @@ def test_shipped_files_pass(repo: Path, capsys: pytest.CaptureFixture[str]) -> N
         # The Envoy bootstrap, against the Envoy v3 protos (also inside typed_config).
         ("deploy/envoy/envoy.yaml", "grpc_service:", "grpc_servce:", "Unknown field 'grpc_servce'"),
         ("deploy/envoy/envoy.yaml", "stat_prefix:", "stats_prefix:", "Unknown field 'stats_prefix'"),
-        ("deploy/envoy/envoy.yaml", "DRAFT_VERSION_03", "DRAFT_VERSION_3", "DRAFT_VERSION_3"),
+        ("deploy/envoy/envoy.yaml", "transport_api_version: V3", "transport_api_version: V4", "V4"),
         ("deploy/envoy/envoy.yaml", "timeout: 0.025s", "timeout: 25ms", "Invalid duration string: 25ms"),
         # The RLQS bootstrap: nested typed_configs (matcher input inside bucket settings inside the
         # filter inside the connection manager) are parsed too.
@@ -408,8 +408,21 @@ def test_rlqs_sub_second_fill_interval_fails(repo: Path, capsys: pytest.CaptureF
     edit(repo, RLQS, "fill_interval: 1s", "fill_interval: 0.5s")
     code, out = run(repo, capsys)
     assert code == 1
-    assert "no_assignment_behavior: token_bucket fill_interval 0.5s: Envoy truncates it" in out
-    assert "expired_assignment_behavior: token_bucket fill_interval 0.5s" in out
+    assert "expired_assignment_behavior: token_bucket fill_interval 0.5s: Envoy truncates it" in out
+
+
+def test_rlqs_token_bucket_before_the_first_assignment_fails(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def token_bucket_first(documents: list[Any]) -> None:
+        settings = rlqs_tenant_settings(documents)
+        settings["no_assignment_behavior"] = {"fallback_rate_limit": {"token_bucket": {
+            "max_tokens": 100, "tokens_per_fill": 10, "fill_interval": "1s"}}}
+
+    edit_yaml(repo, RLQS, token_bucket_first)
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert "no_assignment_behavior: a token_bucket crashes Envoy 1.36-1.40" in out
 
 
 def test_rlqs_reporting_interval_at_envoys_minimum_fails(

@@ -730,8 +730,18 @@ def bucket_of(action: Any, where: str, path: Path, failures: Failures) -> Bucket
         failures.add(path, f"{where}: reporting_interval must be set and above 100ms")
     no_assignment = settings.no_assignment_behavior
     expired = settings.expired_assignment_behavior
+    no_assignment_strategy = no_assignment.fallback_rate_limit if no_assignment else None
+    if no_assignment_strategy is not None and no_assignment_strategy.token_bucket is not None:
+        failures.add(
+            path,
+            f"{where}: no_assignment_behavior: a token_bucket crashes Envoy 1.36-1.40 (a null token "
+            "bucket is consumed between a bucket's first request and its first assignment, and "
+            "whenever an assignment expires with no expired_assignment_behavior left); use a "
+            "blanket_rule (ALLOW_ALL, the default, or DENY_ALL) and put the token bucket in "
+            "expired_assignment_behavior",
+        )
     for name, strategy in (
-        ("no_assignment_behavior", no_assignment.fallback_rate_limit if no_assignment else None),
+        ("no_assignment_behavior", no_assignment_strategy),
         ("expired_assignment_behavior", expired.fallback_rate_limit if expired else None),
     ):
         problem = fallback_problem(strategy)

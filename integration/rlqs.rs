@@ -46,10 +46,11 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 100}
 "#;
 
-/// `--rlqs-push-interval` and `--rlqs-assignment-ttl` the replicas run with (the defaults,
-/// stated so the slack below follows them).
+/// `--rlqs-push-interval` and `--rlqs-assignment-ttl` the replicas run with, stated so the slack
+/// below follows them: pushes faster than the default (1 s) so these 8 s runs see many, and the
+/// shortest TTL Envoy can read (whole seconds).
 const PUSH: Duration = Duration::from_millis(200);
-const TTL: Duration = Duration::from_millis(600);
+const TTL: Duration = Duration::from_secs(1);
 
 /// How long each load runs.
 const RUN: Duration = Duration::from_secs(8);
@@ -99,7 +100,7 @@ impl Replica {
             // Generous: a busy 2-core machine must not turn a slow reply into a failure policy.
             .args(["--redis-timeout", "500ms", "--redis-connect-timeout", "2s"])
             .args(["--rlqs-push-interval", &format!("{}ms", PUSH.as_millis())])
-            .args(["--rlqs-assignment-ttl", &format!("{}ms", TTL.as_millis())])
+            .args(["--rlqs-assignment-ttl", &format!("{}s", TTL.as_secs())])
             .args(["--watch-debounce", "50ms"])
             .env("SLUICE_LOG_FORMAT", "text")
             .stdout(Stdio::piped())

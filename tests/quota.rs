@@ -249,6 +249,12 @@ async fn settings_that_cannot_work_together_are_refused_at_start() {
         .expect("a ttl no longer than the push interval is refused")
         .to_string();
     assert!(error.contains("--rlqs-assignment-ttl"), "{error}");
+    let error = start(|s| s.rlqs_assignment_ttl = std::time::Duration::from_millis(1_500))
+        .await
+        .err()
+        .expect("a ttl Envoy would truncate is refused")
+        .to_string();
+    assert!(error.contains("whole number of seconds"), "{error}");
     let error = start(|s| s.redis_per_second.url = vec!["redis://127.0.0.1:1".into()])
         .await
         .err()

@@ -165,6 +165,14 @@ fn check_settings(settings: &Settings) -> Result<(), ServeError> {
     if settings.rlqs_push_interval.is_zero() {
         return fail("--rlqs-push-interval must be above 0".into());
     }
+    let ttl = settings.rlqs_assignment_ttl;
+    if ttl.subsec_nanos() != 0 || ttl.is_zero() {
+        // Envoy's rate_limit_quota filter reads only the seconds of assignment_time_to_live.
+        return fail(format!(
+            "--rlqs-assignment-ttl ({ttl:?}) must be a whole number of seconds, at least 1s: \
+             Envoy reads only its seconds"
+        ));
+    }
     if settings.rlqs_assignment_ttl <= settings.rlqs_push_interval {
         // An assignment must outlive the push that extends it, or every data plane falls to its
         // expired-assignment behaviour between pushes.

@@ -216,13 +216,15 @@ pub struct Settings {
 
     /// RLQS: how often each replica re-plans its data planes' shares, takes what they need from
     /// the shared buckets and pushes assignments (a token bucket holds this much of its rate).
-    #[arg(long, env = "SLUICE_RLQS_PUSH_INTERVAL", value_parser = parse_duration, default_value = "200ms")]
+    #[arg(long, env = "SLUICE_RLQS_PUSH_INTERVAL", value_parser = parse_duration, default_value = "1s")]
     pub rlqs_push_interval: Duration,
 
     /// RLQS: `assignment_time_to_live` of every assignment — longer than the push interval; a
     /// data plane whose sluice is gone falls back to its expired-assignment behaviour within it.
-    /// What a data plane may admit over it is paid ahead, so it bounds the grant slack.
-    #[arg(long, env = "SLUICE_RLQS_ASSIGNMENT_TTL", value_parser = parse_duration, default_value = "600ms")]
+    /// What a data plane may admit over it is paid ahead, so it bounds the grant slack. Whole
+    /// seconds: Envoy reads only the seconds of `assignment_time_to_live` (600 ms is 0 s to it:
+    /// the assignment expires as it arrives).
+    #[arg(long, env = "SLUICE_RLQS_ASSIGNMENT_TTL", value_parser = parse_duration, default_value = "3s")]
     pub rlqs_assignment_ttl: Duration,
 
     /// RLQS: a bucket a data plane has not reported for this long is abandoned.
