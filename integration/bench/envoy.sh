@@ -246,14 +246,14 @@ EOF
   wait_http "http://127.0.0.1:$ADMIN/ready"
 }
 
-# stat ADMIN NAME: one Envoy counter (created lazily: missing is 0).
-stat() {
+# envoy_counter ADMIN NAME: one Envoy counter (created lazily: missing is 0).
+envoy_counter() {
   curl -s "http://127.0.0.1:$1/stats?filter=^$2\$" | awk -F': ' '{ n += $2 } END { print n + 0 }'
 }
 RL_STATS="ok error over_limit failure_mode_allowed"
 rl_stats() { # rl_stats ADMIN: the four ratelimit counters of the route's cluster, space-separated
   local s out=
-  for s in $RL_STATS; do out+="$(stat "$1" "cluster.backend.ratelimit.$s") "; done
+  for s in $RL_STATS; do out+="$(envoy_counter "$1" "cluster.backend.ratelimit.$s") "; done
   echo "$out"
 }
 
@@ -267,8 +267,8 @@ check() {
     [ "$code" = 200 ] || { echo "error: $1: Envoy answered $code" >&2; exit 1; }
     case $2 in
       alone) return 0 ;;
-      rls) [ "$(stat "$ADMIN" cluster.backend.ratelimit.ok)" -ge 1 ] && return 0 ;;
-      rlqs) [ "$(stat "$ADMIN" cluster.rls.upstream_rq_total)" -ge 1 ] && return 0 ;;
+      rls) [ "$(envoy_counter "$ADMIN" cluster.backend.ratelimit.ok)" -ge 1 ] && return 0 ;;
+      rlqs) [ "$(envoy_counter "$ADMIN" cluster.rls.upstream_rq_total)" -ge 1 ] && return 0 ;;
     esac
     sleep 0.2
   done
