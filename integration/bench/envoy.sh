@@ -18,23 +18,24 @@
 # Every request takes the same path: wrk → Envoy listener → (filter → RPC) → the route's cluster,
 # a second listener of the same Envoy answering 200 by `direct_response` (no app process). The
 # route itself cannot be the direct_response: Envoy makes no RLS call for a route without a
-# route entry (docs/benchmarks.md, "Through Envoy"). Every RPC asks about one descriptor, `k=v1` (a generic_key
-# action), which the bench config's `k` rule answers OK (a roomy bucket, never exhausted);
-# RLQS reports one bucket `tenant=t1` (the config's 1,000,000/s rule: never denied). Each
-# variant has its own Envoy and server, started once and idle while the others are loaded.
+# route entry. Every RPC asks about one descriptor, `k=v1` (a generic_key action), which the
+# bench config's `k` rule answers OK (a roomy bucket, never exhausted); RLQS reports one bucket
+# `tenant=t1` (the config's 1,000,000/s rule: never denied). Each variant has its own Envoy and
+# server, started once and idle while the others are loaded.
 #
 # Per run: wrk's req/s and p50/p99 (`--latency`), the CPU seconds the server, Envoy and
 # redis-server used (/proc/PID/stat) per request, and the deltas of Envoy's
 # `cluster.backend.ratelimit.{ok,error,over_limit,failure_mode_allowed}` (RLQS has no filter
 # stats: its 429s are wrk's non-2xx count, which must be 0). Prints one table; every wrk output
 # and the per-run rows are kept in OUT, the whole output in OUT/run.txt
-# (integration/bench/results/envoy.txt is one). Only loopback addresses; redis-server on a free port
-# (never 6379); stops every process it started. Needs wrk, curl, redis-server, python3.
+# (integration/bench/results/envoy.txt is one; ~6 min with limitador at the defaults). Only
+# loopback addresses; redis-server on a free port (never 6379); stops every process it started.
+# Needs wrk, curl, redis-server, python3.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 OUT=${OUT:-target/bench/envoy}
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-4}
 DURATION=${DURATION:-10}    # seconds per wrk run
 WARMUP=${WARMUP:-3}         # seconds of wrk per variant before the first round (not measured)
 CONNECTIONS=${CONNECTIONS:-32}
