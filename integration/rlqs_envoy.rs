@@ -174,3 +174,31 @@ descriptors:
     );
     assert!(admitted > 0, "the limit is usable");
 }
+
+/// A slow rule (`20 per day`) still admits through Envoy: a token every 72 minutes, the bucket
+/// starting full, not DENY_ALL for a share below one token an hour.
+#[test]
+fn a_rule_of_twenty_a_day_admits_through_envoy() {
+    let rules = r#"
+domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: day, requests_per_unit: 20}
+"#;
+    let sluice = SluiceProcess::start(&[("edge.yaml", rules)], &[]);
+    let envoy = Envoy::start(&quota_bootstrap(&[sluice.grpc]));
+    let mut client = envoy.client();
+    let user: &[(&str, &[u8])] = &[("x-user", b"slow")];
+    // The first request is admitted by Envoy's default before any assignment.
+    assert_eq!(client.get("/", user).status, 200);
+    wait_for_assignment(&sluice);
+    let kinds = |kind: &str| sluice.metric("sluice_rlqs_assignments_sent_total", &[("kind", kind)]);
+    assert!(kinds("token_bucket") > 0.0, "a token bucket, not DENY_ALL");
+    assert_eq!(kinds("deny_all"), 0.0);
+    let statuses = get_all(&mut client, user, 3);
+    assert_eq!(
+        statuses[0], 200,
+        "the assigned bucket starts full: {statuses:?}"
+    );
+    assert_eq!(&statuses[1..], [429, 429], "then a token every 72 minutes");
+}

@@ -122,10 +122,16 @@ async fn a_limited_bucket_gets_a_prepaid_token_bucket_taken_from_the_rls_bucket(
     let per_fill = b.tokens_per_fill.unwrap().value;
     let interval = b.fill_interval.unwrap();
     assert!((1..=10).contains(&per_fill), "{b:?}");
-    assert_eq!((interval.seconds, interval.nanos), (1, 0));
+    // Whole seconds for Envoy's rate; the nanos repeat them so Envoy, which compares buckets by
+    // the nanos, tells intervals apart.
+    assert_eq!((interval.seconds, interval.nanos), (1, 1));
     assert!(b.max_tokens >= 1);
     let ttl = ttl.expect("prepaid assignments expire");
-    assert!(ttl.seconds > 0 || ttl.nanos > 0);
+    assert_eq!(
+        (ttl.seconds, ttl.nanos),
+        (3, 0),
+        "whole seconds: Envoy reads no more"
+    );
 
     // The tokens were taken from the bucket an RLS descriptor of the same entries charges: the
     // first report's admission, and what the assignment may admit before it expires.

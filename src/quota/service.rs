@@ -240,9 +240,13 @@ fn to_strategy(strategy: Strategy) -> RateLimitStrategy {
             tokens_per_fill: Some(UInt32Value {
                 value: b.tokens_per_fill,
             }),
+            // Envoy's filter compares token buckets by max_tokens, tokens_per_fill and
+            // fill_interval's nanos only, keeping the old bucket when they match, and computes the
+            // rate from the whole seconds. The nanos repeat the seconds (at most 86,400 ns, under
+            // a tenth of a millisecond) so intervals of different seconds are different to it.
             fill_interval: Some(PbDuration {
                 seconds: i64::from(b.fill_interval_s),
-                nanos: 0,
+                nanos: i32::try_from(b.fill_interval_s).unwrap_or(0),
             }),
         }),
     };

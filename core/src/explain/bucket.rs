@@ -114,7 +114,8 @@ pub fn explain_bucket(
             let text = format!(
                 "a prepaid token bucket: this bucket's data planes share {} per {} by their \
                  reported demand, each assignment taken from the pool key first and expiring \
-                 after --rlqs-assignment-ttl; on a backend failure `{}` assigns",
+                 after --rlqs-assignment-ttl (a data plane whose share is below one token a day \
+                 gets DENY_ALL until it earns one); on a backend failure `{}` assigns",
                 rate.requests_per_unit,
                 rate.unit,
                 rule.failure_mode

@@ -1,9 +1,10 @@
 //! What an RLQS assignment tells a data plane to do, in the terms Envoy's `rate_limit_quota`
 //! filter enforces.
 
-/// Longest `fill_interval` a share is quantized to; a share below one token per this many seconds
-/// is no share (the data plane is denied until it has one).
-pub const MAX_FILL_INTERVAL_S: u32 = 3600;
+/// Longest `fill_interval` a share is quantized to: a day, so a rule of `20 per day` shared by up
+/// to 20 data planes still gives each a token bucket. A share below one token per this many
+/// seconds is no share (the data plane is denied until its demand earns one).
+pub const MAX_FILL_INTERVAL_S: u32 = 86_400;
 
 /// A data plane's instruction for one bucket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,7 +108,13 @@ mod tests {
             (1, 4, 1)
         );
         assert!(b.rate_per_s() <= 0.3);
-        assert_eq!(TokenBucket::for_rate(1.0 / 7200.0, 200), None);
+        // `20 per day` for one data plane: a token every 72 minutes.
+        let b = TokenBucket::for_rate(20.0 / 86_400.0, 1_000).unwrap();
+        assert_eq!(
+            (b.tokens_per_fill, b.fill_interval_s, b.max_tokens),
+            (1, 4_320, 1)
+        );
+        assert_eq!(TokenBucket::for_rate(1.0 / 86_401.0, 200), None);
         assert_eq!(TokenBucket::for_rate(0.0, 200), None);
         assert_eq!(TokenBucket::for_rate(f64::NAN, 200), None);
     }
