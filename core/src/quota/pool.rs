@@ -1,16 +1,13 @@
 //! One bucket's quota on one replica: the tokens it took from the shared bucket ahead of the
 //! data planes that enforce them, and each data plane's share.
 //!
-//! The prepaid contract: while pushes keep coming, a data plane is never told it may admit a token
-//! that the pool has not already taken from the shared bucket. Each member's *exposure* is the
-//! worst case of what it may have admitted without reporting it, plus what its local bucket still
-//! holds: after a report at `t` it is at most the bucket's size, and it grows at the assigned rate
-//! until the assignment expires. A push (every push interval) re-plans every member's share, asks
-//! the shared bucket for what the plan needs beyond what the pool holds (or gives back what it
-//! holds beyond that), and only then assigns: `held >= Σ exposure until the next push` (the
-//! horizon, [`PoolOptions::horizon_ms`]) after every push. What a data plane admits past the
-//! horizon (a late push; sluice gone until the assignment expires) the next push pays first, or,
-//! with no push, is the `rate × ttl` of the slack below. A report
+//! The prepaid contract: a data plane is never told it may admit a token that the pool has not
+//! already taken from the shared bucket. Each member's *exposure* is the worst case of what it
+//! may have admitted without reporting it, plus what its local bucket still holds: after a report
+//! at `t` it is at most the bucket's size, and it grows at the assigned rate until the assignment
+//! expires. A push (every push interval) re-plans every member's share, asks the shared bucket for
+//! what the plan needs beyond what the pool holds (or gives back what it holds beyond that),
+//! and only then assigns: `held >= Σ exposure until each expiry` after every push. A report
 //! spends what it says was admitted (`held -= allowed`) and tightens the member's exposure to
 //! what its bucket can still hold. A new strategy starts a fresh, full local bucket in Envoy, so
 //! a change is paid its full size; an unchanged one re-sent only extends the expiry.
@@ -41,12 +38,6 @@ pub struct PoolOptions {
     /// A token bucket holds this much of its rate (`max_tokens`): the burst a data plane may admit
     /// at once.
     pub burst_ms: u64,
-    /// How far ahead a push pays each assignment's rate: the push interval, until the next push
-    /// pays again. Not the whole ttl: Envoy reads whole seconds only, so a ttl of seconds paid
-    /// ahead would cap a data plane's share at about C / (ttl + burst) where the rule's bucket is
-    /// small. What a data plane may admit past the horizon without a push (sluice gone) is at most
-    /// `rate × (ttl − horizon)`, inside the grant slack.
-    pub horizon_ms: u64,
 }
 
 /// A current strategy within this fraction of the planned rate is kept as it is: re-sent
@@ -280,7 +271,7 @@ impl Pool {
     /// Plans a push at `now_ms`: every member's strategy, and what the pool must take from (or may
     /// give back to) the shared bucket to pay for it. Follow with [`Pool::settle`].
     pub fn plan(&mut self, now_ms: u64, options: &PoolOptions) -> Ask {
-        let horizon = options.horizon_ms as f64;
+        let ttl = options.ttl_ms as f64;
         self.fixed = self.members.values().map(|m| m.exposure(now_ms)).sum();
         self.planned.clear();
         let mut future = 0.0;
@@ -297,7 +288,7 @@ impl Pool {
                 _ => TokenBucket::for_rate(share, options.burst_ms)
                     .map_or(Strategy::DenyAll, Strategy::TokenBucket),
             };
-            future += cost(member, strategy, now_ms, horizon);
+            future += cost(member, strategy, now_ms, ttl);
             self.planned.push((id, strategy));
         }
         self.need = self.fixed + future;
@@ -363,11 +354,11 @@ impl Pool {
         options: &PoolOptions,
         planned: &[(MemberId, Strategy)],
     ) -> Vec<(MemberId, Strategy)> {
-        let horizon = options.horizon_ms as f64;
-        let window = (options.burst_ms + options.horizon_ms).max(1) as f64;
+        let ttl = options.ttl_ms as f64;
+        let window = (options.burst_ms + options.ttl_ms).max(1) as f64;
         let costs: Vec<f64> = planned
             .iter()
-            .map(|(id, strategy)| cost(&self.members[id], *strategy, now_ms, horizon))
+            .map(|(id, strategy)| cost(&self.members[id], *strategy, now_ms, ttl))
             .collect();
         let mut order: Vec<usize> = (0..planned.len()).collect();
         order.sort_by(|&a, &b| costs[a].total_cmp(&costs[b]).then(a.cmp(&b)));
@@ -385,11 +376,11 @@ impl Pool {
                 if planned_cost <= part {
                     return (*id, *planned);
                 }
-                // A fresh bucket costs max_tokens (≤ rate·burst + 1) plus rate·horizon.
+                // A fresh bucket costs max_tokens (≤ rate·burst + 1) plus rate·ttl.
                 let rate_per_s = (part - 1.0).max(0.0) * 1000.0 / window;
                 let strategy = TokenBucket::for_rate(rate_per_s, options.burst_ms)
                     .map_or(Strategy::DenyAll, Strategy::TokenBucket);
-                debug_assert!(cost(member, strategy, now_ms, horizon) <= part + 1e-6);
+                debug_assert!(cost(member, strategy, now_ms, ttl) <= part + 1e-6);
                 (*id, strategy)
             })
             .collect()
@@ -442,13 +433,13 @@ impl Pool {
     }
 }
 
-/// What assigning `strategy` to `member` at `now_ms` adds to its exposure until the next push:
-/// the rate for the horizon, plus a full bucket when it is not the one the data plane already has.
-fn cost(member: &Member, strategy: Strategy, now_ms: u64, horizon_ms: f64) -> f64 {
+/// What assigning `strategy` to `member` at `now_ms` adds to its exposure over the ttl: the
+/// rate for the ttl, plus a full bucket when it is not the one the data plane already has.
+fn cost(member: &Member, strategy: Strategy, now_ms: u64, ttl_ms: f64) -> f64 {
     let fresh = if member.keeps(strategy, now_ms) {
         0.0
     } else {
         strategy.burst()
     };
-    fresh + strategy.rate_per_ms() * horizon_ms
+    fresh + strategy.rate_per_ms() * ttl_ms
 }

@@ -8,7 +8,6 @@ use crate::rule::FailureMode;
 const OPTIONS: PoolOptions = PoolOptions {
     ttl_ms: 600,
     burst_ms: 200,
-    horizon_ms: PUSH_MS,
 };
 const PUSH_MS: u64 = 200;
 
