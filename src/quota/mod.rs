@@ -15,16 +15,17 @@
 //!    where the backend failed); subscriptions that stopped reporting, or whose rule a reload
 //!    removed, are abandoned.
 
+mod outbox;
 mod service;
+mod stats;
 #[cfg(test)]
 mod tests;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Notify, watch};
 
 use crate::algorithm::{Demand, Verdict};
 use crate::backend::{Backend, BackendError, Hit};
@@ -36,7 +37,9 @@ use crate::rule::{FailureMode, Limit, Rule};
 use crate::settings::Settings;
 use sluice_core::quota::{Answer, Ask, MemberId, Pool, PoolOptions, Strategy};
 
+pub use outbox::{End, Next, Outbox};
 pub use service::QuotaHandler;
+pub use stats::{EndReason, Ignored, QuotaStats};
 
 /// A bucket id as the data plane sent it (sorted by key).
 pub type BucketId = Arc<BTreeMap<String, String>>;
@@ -50,6 +53,8 @@ pub struct QuotaOptions {
     pub idle_timeout: Duration,
     pub max_buckets_per_stream: usize,
     pub max_bucket_entries: usize,
+    /// A stream that sends no first report for this long is ended.
+    pub first_report_timeout: Duration,
 }
 
 impl From<&Settings> for QuotaOptions {
@@ -67,6 +72,7 @@ impl From<&Settings> for QuotaOptions {
                 .unwrap_or(usize::MAX),
             max_bucket_entries: usize::try_from(settings.rlqs_max_bucket_entries)
                 .unwrap_or(usize::MAX),
+            first_report_timeout: settings.rlqs_first_report_timeout,
         }
     }
 }
@@ -88,103 +94,16 @@ pub struct Usage {
 /// One instruction for one bucket of a stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
-    /// `ttl: None` — no expiry (standing assignments that only a reload changes).
+    /// `ttl` is `assignment_time_to_live`: every assignment expires (Envoy reads an unset one as
+    /// 0 s), so each is re-sent before it does.
     Assign {
         bucket: BucketId,
         strategy: Strategy,
-        ttl: Option<Duration>,
+        ttl: Duration,
     },
     Abandon {
         bucket: BucketId,
     },
-}
-
-/// Why a report (or one bucket of it) was not taken into account.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ignored {
-    /// The stream already has `--rlqs-max-buckets-per-stream` buckets.
-    TooManyBuckets,
-    /// More entries than `--rlqs-max-bucket-entries`, or an empty key or value.
-    InvalidBucket,
-    /// A count no data plane could have reached in one reporting interval.
-    AbsurdCount,
-}
-
-impl Ignored {
-    pub const ALL: [Ignored; 3] = [
-        Ignored::TooManyBuckets,
-        Ignored::InvalidBucket,
-        Ignored::AbsurdCount,
-    ];
-
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Ignored::TooManyBuckets => "too_many_buckets",
-            Ignored::InvalidBucket => "invalid_bucket",
-            Ignored::AbsurdCount => "absurd_count",
-        }
-    }
-}
-
-/// Counts read by the `sluice_rlqs_*` metrics.
-#[derive(Debug, Default)]
-pub struct QuotaStats {
-    streams: AtomicU64,
-    subscriptions: AtomicU64,
-    /// allow_all, deny_all, token_bucket, abandon.
-    sent: [AtomicU64; 4],
-    reported_allowed: AtomicU64,
-    reported_denied: AtomicU64,
-    slack: AtomicU64,
-    ignored: [AtomicU64; 3],
-}
-
-impl QuotaStats {
-    pub const ACTION_KINDS: [&'static str; 4] =
-        ["allow_all", "deny_all", "token_bucket", "abandon"];
-
-    pub fn streams(&self) -> u64 {
-        self.streams.load(Ordering::Relaxed)
-    }
-    pub fn subscriptions(&self) -> u64 {
-        self.subscriptions.load(Ordering::Relaxed)
-    }
-    /// Assignments sent of `kind` (one of [`QuotaStats::ACTION_KINDS`]).
-    pub fn sent(&self, kind: &str) -> u64 {
-        Self::ACTION_KINDS
-            .iter()
-            .position(|k| *k == kind)
-            .map_or(0, |i| self.sent[i].load(Ordering::Relaxed))
-    }
-    pub fn reported_allowed(&self) -> u64 {
-        self.reported_allowed.load(Ordering::Relaxed)
-    }
-    pub fn reported_denied(&self) -> u64 {
-        self.reported_denied.load(Ordering::Relaxed)
-    }
-    /// Tokens admitted beyond what was prepaid or could be charged.
-    pub fn slack(&self) -> u64 {
-        self.slack.load(Ordering::Relaxed)
-    }
-    pub fn ignored(&self, reason: Ignored) -> u64 {
-        self.ignored[reason as usize].load(Ordering::Relaxed)
-    }
-
-    fn count_sent(&self, action: &Action) {
-        let i = match action {
-            Action::Assign { strategy, .. } => match strategy {
-                Strategy::AllowAll => 0,
-                Strategy::DenyAll => 1,
-                Strategy::TokenBucket(_) => 2,
-            },
-            Action::Abandon { .. } => 3,
-        };
-        self.sent[i].fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn count_ignored(&self, reason: Ignored) {
-        self.ignored[reason as usize].fetch_add(1, Ordering::Relaxed);
-    }
 }
 
 type StreamId = u64;
@@ -218,12 +137,17 @@ struct Subscription {
     member: MemberId,
     binding: Binding,
     last_report_ms: u64,
+    /// When a standing assignment was last queued (a pool's are re-sent every push).
+    standing_sent_ms: u64,
 }
 
 struct Stream {
     domain: String,
-    outbox: mpsc::Sender<Vec<Action>>,
+    outbox: Arc<Outbox>,
     buckets: HashMap<BucketId, Subscription>,
+    /// The data plane half-closed during push number `n`: the first push that starts after it
+    /// answers its last report and ends the stream.
+    half_closed: Option<u64>,
 }
 
 /// One storage key's pool and who is in it.
@@ -254,13 +178,11 @@ struct State {
     streams: HashMap<StreamId, Stream>,
     pools: HashMap<String, PoolEntry>,
     next_id: u64,
+    /// Pushes started so far.
+    pushes: u64,
     /// The config the subscriptions were bound with (a reload rebinds them).
     config: Option<Arc<Config>>,
 }
-
-/// Messages a stream may have queued before pushes to it are skipped (the next push re-sends
-/// every assignment, so a slow reader loses nothing but time).
-const OUTBOX: usize = 16;
 
 /// How long shutdown waits for the pools' last refund.
 const GIVE_BACK_DEADLINE: Duration = Duration::from_secs(1);
@@ -305,8 +227,8 @@ impl<B: Backend> Quotas<B> {
     }
 
     /// Opens a stream for `domain`: its id, and where its assignments arrive.
-    pub fn open(&self, domain: &str) -> (StreamId, mpsc::Receiver<Vec<Action>>) {
-        let (outbox, inbox) = mpsc::channel(OUTBOX);
+    pub fn open(&self, domain: &str) -> (StreamId, Arc<Outbox>) {
+        let outbox = Arc::new(Outbox::new(domain, self.stats.clone()));
         let mut state = self.lock();
         state.next_id += 1;
         let id = state.next_id;
@@ -314,35 +236,56 @@ impl<B: Backend> Quotas<B> {
             id,
             Stream {
                 domain: domain.to_owned(),
-                outbox,
+                outbox: outbox.clone(),
                 buckets: HashMap::new(),
+                half_closed: None,
             },
         );
-        self.stats.streams.fetch_add(1, Ordering::Relaxed);
-        (id, inbox)
+        (id, outbox)
     }
 
     /// Closes a stream: its subscriptions leave their pools, what they may still admit counted
-    /// as spent.
+    /// as spent. Its outbox is left as it is (whoever closes it has ended it).
     pub fn close(&self, stream: StreamId) {
         let mut state = self.lock();
+        self.remove_stream(&mut state, stream);
+    }
+
+    fn remove_stream(&self, state: &mut State, stream: StreamId) {
         let Some(s) = state.streams.remove(&stream) else {
             return;
         };
-        self.stats.streams.fetch_sub(1, Ordering::Relaxed);
-        self.stats
-            .subscriptions
-            .fetch_sub(s.buckets.len() as u64, Ordering::Relaxed);
+        self.stats.unsubscribed(s.buckets.len() as u64);
         for sub in s.buckets.into_values() {
             leave(&mut state.pools, &sub);
+        }
+    }
+
+    /// The data plane half-closed `stream`: the next push answers its last report, then ends it
+    /// (status OK) and closes it.
+    pub fn half_close(&self, stream: StreamId) {
+        let mut state = self.lock();
+        let pushes = state.pushes;
+        if let Some(s) = state.streams.get_mut(&stream) {
+            s.half_closed = Some(pushes);
+            self.wake.notify_one();
         }
     }
 
     /// Ends every stream (the server is stopping): the data planes keep their assignments until
     /// they expire and reconnect to another replica.
     pub fn close_all(&self) {
-        let ids: Vec<StreamId> = self.lock().streams.keys().copied().collect();
-        for id in ids {
+        let streams: Vec<(StreamId, Arc<Outbox>)> = self
+            .lock()
+            .streams
+            .iter()
+            .map(|(id, s)| (*id, s.outbox.clone()))
+            .collect();
+        for (id, outbox) in streams {
+            outbox.end(
+                EndReason::Stopping,
+                "this sluice replica is stopping: reconnect to another".into(),
+            );
             self.close(id);
         }
     }
@@ -394,40 +337,30 @@ impl<B: Backend> Quotas<B> {
                 member,
                 binding,
                 last_report_ms: now,
+                standing_sent_ms: now,
             };
             match &sub.binding {
-                Binding::Standing(strategy) => {
-                    let action = Action::Assign {
-                        bucket: bucket.clone(),
-                        strategy: *strategy,
-                        ttl: None,
-                    };
-                    self.stats.count_sent(&action);
-                    let _ = s.outbox.try_send(vec![action]);
-                }
+                Binding::Standing(strategy) => s.outbox.push([Action::Assign {
+                    bucket: bucket.clone(),
+                    strategy: *strategy,
+                    ttl: self.standing_ttl(),
+                }]),
                 Binding::Pool(binding) => {
                     join(&mut state.pools, binding, &bucket, member, stream);
                     self.wake.notify_one();
                 }
             }
             s.buckets.insert(bucket.clone(), sub);
-            self.stats.subscriptions.fetch_add(1, Ordering::Relaxed);
+            self.stats.subscribed(1);
         }
         let sub = s.buckets.get_mut(&bucket).expect("subscribed above");
         sub.last_report_ms = now;
-        self.stats
-            .reported_allowed
-            .fetch_add(allowed, Ordering::Relaxed);
-        self.stats
-            .reported_denied
-            .fetch_add(denied, Ordering::Relaxed);
+        self.stats.count_reported(allowed, denied);
         if let Binding::Pool(binding) = &sub.binding
             && let Some(entry) = state.pools.get_mut(&binding.key)
         {
             let reported = entry.pool.report(sub.member, now, allowed, denied);
-            self.stats
-                .slack
-                .fetch_add(reported.slack, Ordering::Relaxed);
+            self.stats.count_slack(reported.slack);
         }
     }
 
@@ -489,16 +422,20 @@ impl<B: Backend> Quotas<B> {
         }
     }
 
-    /// One push: rebind after a reload, abandon idle subscriptions, plan every pool, one backend
-    /// call for all of them, settle, and send each stream its assignments.
+    /// One push: rebind after a reload, abandon idle subscriptions, re-send standing
+    /// assignments about to expire, plan every pool, one backend call for all of them, settle,
+    /// and queue each stream its assignments; then end the streams half-closed before it began.
     pub async fn push(&self) {
         let now = self.now_ms();
         let mut outgoing: HashMap<StreamId, Vec<Action>> = HashMap::new();
-        let (hits, asked) = {
+        let (hits, asked, number) = {
             let mut state = self.lock();
-            self.rebind(&mut state, &mut outgoing);
+            state.pushes += 1;
+            self.rebind(&mut state, now, &mut outgoing);
             self.abandon_idle(&mut state, now, &mut outgoing);
-            self.plan(&mut state, now, &mut outgoing)
+            self.resend_standing(&mut state, now, &mut outgoing);
+            let (hits, asked) = self.plan(&mut state, now, &mut outgoing);
+            (hits, asked, state.pushes)
         };
         let results = if hits.is_empty() {
             Vec::new()
@@ -518,12 +455,64 @@ impl<B: Backend> Quotas<B> {
         }
         for (stream, actions) in outgoing {
             if let Some(s) = state.streams.get(&stream) {
-                for action in &actions {
-                    self.stats.count_sent(action);
-                }
-                let _ = s.outbox.try_send(actions);
+                s.outbox.push(actions);
             }
         }
+        let answered: Vec<StreamId> = state
+            .streams
+            .iter()
+            .filter(|(_, s)| s.half_closed.is_some_and(|n| n < number))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in answered {
+            if let Some(s) = state.streams.get(&id) {
+                s.outbox.end(
+                    EndReason::HalfClosed,
+                    "the data plane closed its reports; the last one was answered".into(),
+                );
+            }
+            self.remove_stream(&mut state, id);
+        }
+    }
+
+    /// Queues again each standing assignment that would expire before the push after next
+    /// (one push interval of margin for its delivery).
+    fn resend_standing(
+        &self,
+        state: &mut State,
+        now: u64,
+        outgoing: &mut HashMap<StreamId, Vec<Action>>,
+    ) {
+        let ttl = self.standing_ttl();
+        let margin = 2 * self.options.push_interval;
+        let due_after = u64::try_from(ttl.saturating_sub(margin).as_millis()).unwrap_or(u64::MAX);
+        for (stream_id, stream) in &mut state.streams {
+            for (bucket, sub) in &mut stream.buckets {
+                let Binding::Standing(strategy) = sub.binding else {
+                    continue;
+                };
+                if now.saturating_sub(sub.standing_sent_ms) < due_after {
+                    continue;
+                }
+                sub.standing_sent_ms = now;
+                outgoing
+                    .entry(*stream_id)
+                    .or_default()
+                    .push(Action::Assign {
+                        bucket: bucket.clone(),
+                        strategy,
+                        ttl,
+                    });
+            }
+        }
+    }
+
+    /// `assignment_time_to_live` of a standing assignment: `--rlqs-assignment-ttl` rounded up to
+    /// whole seconds (Envoy reads only the seconds; nothing is prepaid, so longer costs nothing
+    /// and a reload's change is pushed at once).
+    fn standing_ttl(&self) -> Duration {
+        let ttl = self.options.pool.ttl_ms.max(1);
+        Duration::from_secs(ttl.div_ceil(1000))
     }
 
     /// Plans every pool; returns the backend hits and, for each, its pool and ask. A pool left
@@ -578,7 +567,7 @@ impl<B: Backend> Quotas<B> {
 
     /// After a reload, re-places every subscription: one whose rule is gone is abandoned; one
     /// whose rule or key changed moves.
-    fn rebind(&self, state: &mut State, outgoing: &mut HashMap<StreamId, Vec<Action>>) {
+    fn rebind(&self, state: &mut State, now: u64, outgoing: &mut HashMap<StreamId, Vec<Action>>) {
         let config = self.limiter.config().load_full();
         let same = state
             .config
@@ -612,15 +601,18 @@ impl<B: Backend> Quotas<B> {
                         actions.push(Action::Abandon {
                             bucket: bucket.clone(),
                         });
-                        self.stats.subscriptions.fetch_sub(1, Ordering::Relaxed);
+                        self.stats.unsubscribed(1);
                         gone.push(bucket.clone());
                         continue;
                     }
-                    Binding::Standing(strategy) => actions.push(Action::Assign {
-                        bucket: bucket.clone(),
-                        strategy: *strategy,
-                        ttl: None,
-                    }),
+                    Binding::Standing(strategy) => {
+                        sub.standing_sent_ms = now;
+                        actions.push(Action::Assign {
+                            bucket: bucket.clone(),
+                            strategy: *strategy,
+                            ttl: self.standing_ttl(),
+                        });
+                    }
                     Binding::Pool(binding) => {
                         join(pools, binding, bucket, sub.member, *stream_id);
                     }
@@ -648,7 +640,7 @@ impl<B: Backend> Quotas<B> {
                     return true;
                 }
                 leave(pools, sub);
-                self.stats.subscriptions.fetch_sub(1, Ordering::Relaxed);
+                self.stats.unsubscribed(1);
                 outgoing
                     .entry(*stream_id)
                     .or_default()
@@ -761,7 +753,7 @@ fn emit(
     options: &PoolOptions,
     outgoing: &mut HashMap<StreamId, Vec<Action>>,
 ) {
-    let ttl = Some(Duration::from_millis(options.ttl_ms));
+    let ttl = Duration::from_millis(options.ttl_ms);
     for (member, strategy) in assigned {
         if let Some((stream, bucket)) = entry.members.get(&member) {
             outgoing.entry(*stream).or_default().push(Action::Assign {

@@ -241,6 +241,11 @@ pub struct Settings {
           value_parser = clap::value_parser!(u64).range(1..=64))]
     pub rlqs_max_bucket_entries: u64,
 
+    /// RLQS: a stream that sends no usage report for this long after it opens is ended with
+    /// DEADLINE_EXCEEDED (Envoy opens a stream to send a report, and sends it at once).
+    #[arg(long, env = "SLUICE_RLQS_FIRST_REPORT_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
+    pub rlqs_first_report_timeout: Duration,
+
     /// Most ShouldRateLimit decisions in progress; past it a call is refused at once with
     /// RESOURCE_EXHAUSTED.
     #[arg(long, env = "SLUICE_MAX_IN_FLIGHT", default_value_t = 4096,
