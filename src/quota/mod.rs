@@ -16,6 +16,7 @@
 //!    removed, are abandoned.
 
 mod outbox;
+mod push;
 mod service;
 mod stats;
 #[cfg(test)]
@@ -27,15 +28,14 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 
-use crate::algorithm::{Demand, Verdict};
-use crate::backend::{Backend, BackendError, Hit};
+use crate::backend::Backend;
 use crate::config::Config;
 use crate::key::{RuleTag, write_shared_bucket_key};
 use crate::limiter::Limiter;
 use crate::request::Entry;
 use crate::rule::{FailureMode, Limit, Rule};
 use crate::settings::Settings;
-use sluice_core::quota::{Answer, Ask, MemberId, Pool, PoolOptions, Strategy};
+use sluice_core::quota::{MemberId, Pool, PoolOptions, Strategy};
 
 pub use outbox::{End, Next, Outbox};
 pub use service::QuotaHandler;
@@ -422,149 +422,6 @@ impl<B: Backend> Quotas<B> {
         }
     }
 
-    /// One push: rebind after a reload, abandon idle subscriptions, re-send standing
-    /// assignments about to expire, plan every pool, one backend call for all of them, settle,
-    /// and queue each stream its assignments; then end the streams half-closed before it began.
-    pub async fn push(&self) {
-        let now = self.now_ms();
-        let mut outgoing: HashMap<StreamId, Vec<Action>> = HashMap::new();
-        let (hits, asked, number) = {
-            let mut state = self.lock();
-            state.pushes += 1;
-            self.rebind(&mut state, now, &mut outgoing);
-            self.abandon_idle(&mut state, now, &mut outgoing);
-            self.resend_standing(&mut state, now, &mut outgoing);
-            let (hits, asked) = self.plan(&mut state, now, &mut outgoing);
-            (hits, asked, state.pushes)
-        };
-        let results = if hits.is_empty() {
-            Vec::new()
-        } else {
-            self.limiter.backend().check_each(&hits).await
-        };
-        let replicas = self.limiter.resilience().replicas().current();
-        let now = self.now_ms();
-        let mut state = self.lock();
-        for ((key, ask), result) in asked.into_iter().zip(results) {
-            let Some(entry) = state.pools.get_mut(&key) else {
-                continue;
-            };
-            let answer = answer(entry, ask, result, replicas);
-            let assigned = entry.pool.settle(now, &self.options.pool, answer);
-            emit(entry, assigned, &self.options.pool, &mut outgoing);
-        }
-        for (stream, actions) in outgoing {
-            if let Some(s) = state.streams.get(&stream) {
-                s.outbox.push(actions);
-            }
-        }
-        let answered: Vec<StreamId> = state
-            .streams
-            .iter()
-            .filter(|(_, s)| s.half_closed.is_some_and(|n| n < number))
-            .map(|(id, _)| *id)
-            .collect();
-        for id in answered {
-            if let Some(s) = state.streams.get(&id) {
-                s.outbox.end(
-                    EndReason::HalfClosed,
-                    "the data plane closed its reports; the last one was answered".into(),
-                );
-            }
-            self.remove_stream(&mut state, id);
-        }
-    }
-
-    /// Queues again each standing assignment that would expire before the push after next
-    /// (one push interval of margin for its delivery).
-    fn resend_standing(
-        &self,
-        state: &mut State,
-        now: u64,
-        outgoing: &mut HashMap<StreamId, Vec<Action>>,
-    ) {
-        let ttl = self.standing_ttl();
-        let margin = 2 * self.options.push_interval;
-        let due_after = u64::try_from(ttl.saturating_sub(margin).as_millis()).unwrap_or(u64::MAX);
-        for (stream_id, stream) in &mut state.streams {
-            for (bucket, sub) in &mut stream.buckets {
-                let Binding::Standing(strategy) = sub.binding else {
-                    continue;
-                };
-                if now.saturating_sub(sub.standing_sent_ms) < due_after {
-                    continue;
-                }
-                sub.standing_sent_ms = now;
-                outgoing
-                    .entry(*stream_id)
-                    .or_default()
-                    .push(Action::Assign {
-                        bucket: bucket.clone(),
-                        strategy,
-                        ttl,
-                    });
-            }
-        }
-    }
-
-    /// `assignment_time_to_live` of a standing assignment: `--rlqs-assignment-ttl` rounded up to
-    /// whole seconds (Envoy reads only the seconds; nothing is prepaid, so longer costs nothing
-    /// and a reload's change is pushed at once).
-    fn standing_ttl(&self) -> Duration {
-        let ttl = self.options.pool.ttl_ms.max(1);
-        Duration::from_secs(ttl.div_ceil(1000))
-    }
-
-    /// Plans every pool; returns the backend hits and, for each, its pool and ask. A pool left
-    /// without members gives back what it holds and is dropped.
-    fn plan(
-        &self,
-        state: &mut State,
-        now: u64,
-        outgoing: &mut HashMap<StreamId, Vec<Action>>,
-    ) -> (Vec<Hit>, Vec<(String, Ask)>) {
-        let mut hits = Vec::new();
-        let mut asked = Vec::new();
-        let mut empty = Vec::new();
-        for (key, entry) in &mut state.pools {
-            if entry.pool.is_empty() {
-                empty.push(key.clone());
-                continue;
-            }
-            let mut ask = entry.pool.plan(now, &self.options.pool);
-            if let (Ask::Take(n), Some(limit)) = (ask, entry.take_limit) {
-                ask = Ask::Take(n.min(limit));
-            }
-            let hit = match ask {
-                Ask::Nothing => None,
-                Ask::Take(n) => Some(take_hit(key, &entry.rule, entry.pool.params(), n)),
-                Ask::Refund(n) => Some(refund_hit(key, &entry.rule, entry.pool.params(), n)),
-            };
-            match hit {
-                Some(hit) => {
-                    hits.push(hit);
-                    asked.push((key.clone(), ask));
-                }
-                None => {
-                    let assigned = entry
-                        .pool
-                        .settle(now, &self.options.pool, Answer::Granted(0));
-                    emit(entry, assigned, &self.options.pool, outgoing);
-                }
-            }
-        }
-        for key in empty {
-            if let Some(mut entry) = state.pools.remove(&key)
-                && let Some(tokens) = entry.pool.drain()
-                && tokens > 0
-            {
-                hits.push(refund_hit(&key, &entry.rule, entry.pool.params(), tokens));
-                asked.push((key, Ask::Refund(tokens)));
-            }
-        }
-        (hits, asked)
-    }
-
     /// After a reload, re-places every subscription: one whose rule is gone is abandoned; one
     /// whose rule or key changed moves.
     fn rebind(&self, state: &mut State, now: u64, outgoing: &mut HashMap<StreamId, Vec<Action>>) {
@@ -684,83 +541,5 @@ fn leave(pools: &mut HashMap<String, PoolEntry>, sub: &Subscription) {
     {
         entry.pool.leave(sub.member);
         entry.members.remove(&sub.member);
-    }
-}
-
-/// The pool's answer from the backend's result for its hit.
-fn answer(
-    entry: &mut PoolEntry,
-    ask: Ask,
-    result: Result<Verdict, BackendError>,
-    replicas: u64,
-) -> Answer {
-    match (ask, result) {
-        (_, Err(_)) => Answer::Failed {
-            mode: entry.failure_mode,
-            replicas,
-        },
-        (Ask::Take(_), Ok(verdict)) => {
-            // Only a window's exact take needs a smaller ask after a refusal; a lease take already
-            // gives whatever the key holds (a limit of 0 made its next ask a lease of 0 - 1 tokens).
-            entry.take_limit = (!verdict.allowed && !entry.rule.algorithm.takes_lease())
-                .then_some(verdict.remaining);
-            Answer::Granted(verdict.granted)
-        }
-        (Ask::Refund(n), Ok(_)) => Answer::Refunded(n),
-        (Ask::Nothing, Ok(_)) => Answer::Granted(0),
-    }
-}
-
-/// A take of up to `n` tokens: a lease take (at least one token, then as many more as the key
-/// holds) where the algorithm leases; an exact take for a window, whose count cannot give part.
-fn take_hit(key: &str, rule: &Rule, params: crate::algorithm::BucketParams, n: u64) -> Hit {
-    let leases = rule.algorithm.takes_lease();
-    Hit {
-        key: key.to_owned(),
-        demand: Demand {
-            algorithm: rule.algorithm,
-            params,
-            tokens: if leases { 1 } else { n },
-            refund: false,
-            shadow: false,
-            quota: false,
-            lease: if leases { n - 1 } else { 0 },
-        },
-        rule: Some(rule.id),
-    }
-}
-
-fn refund_hit(key: &str, rule: &Rule, params: crate::algorithm::BucketParams, n: u64) -> Hit {
-    Hit {
-        key: key.to_owned(),
-        demand: Demand {
-            algorithm: rule.algorithm,
-            params,
-            tokens: n,
-            refund: true,
-            shadow: false,
-            quota: false,
-            lease: 0,
-        },
-        rule: Some(rule.id),
-    }
-}
-
-/// Queues a pool's assignments for their streams.
-fn emit(
-    entry: &PoolEntry,
-    assigned: Vec<(MemberId, Strategy)>,
-    options: &PoolOptions,
-    outgoing: &mut HashMap<StreamId, Vec<Action>>,
-) {
-    let ttl = Duration::from_millis(options.ttl_ms);
-    for (member, strategy) in assigned {
-        if let Some((stream, bucket)) = entry.members.get(&member) {
-            outgoing.entry(*stream).or_default().push(Action::Assign {
-                bucket: bucket.clone(),
-                strategy,
-                ttl,
-            });
-        }
     }
 }
