@@ -553,3 +553,42 @@ async fn a_stream_without_a_first_report_is_counted_open_and_timed_out() {
     );
     s.stop().await;
 }
+
+/// `--rlqs-max-subscriptions` bounds the replica's subscriptions over every stream: a new bucket
+/// past it is ignored and counted, and a closed stream's subscriptions make room again.
+#[tokio::test]
+async fn subscriptions_past_the_replica_bound_are_refused_and_freed_when_a_stream_closes() {
+    let s = TestServer::start_with(&[("mesh.yaml", CONFIG)], |settings| {
+        settings.rlqs_max_subscriptions = 10;
+    })
+    .await;
+    let first: Vec<_> = (0..8).map(|i| uuid_bucket("tenant", i)).collect();
+    let second: Vec<_> = (100..108).map(|i| uuid_bucket("tenant", i)).collect();
+    let mut one = open_with(&s, report_all("mesh", &first)).await;
+    let _ = next_message(&mut one).await.unwrap().expect("assigned");
+    let mut two = open_with(&s, report_all("mesh", &second)).await;
+    let _ = next_message(&mut two).await.unwrap().expect("assigned");
+    let subscribed = "sluice_rlqs_buckets_subscribed";
+    let refused = "sluice_rlqs_reports_ignored_total{reason=\"too_many_subscriptions\"}";
+    let metrics = reqwest_metrics(&s).await;
+    assert_eq!(metric_line(&metrics, subscribed), 10);
+    assert_eq!(metric_line(&metrics, refused), 6);
+
+    // The first stream closes: its 8 go, and the second's next report subscribes the rest.
+    drop(one);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while metric_line(&reqwest_metrics(&s).await, subscribed) != 2 {
+        assert!(tokio::time::Instant::now() < deadline, "never unsubscribed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    two.tx.send(report_all("", &second)).await.unwrap();
+    while metric_line(&reqwest_metrics(&s).await, subscribed) != 8 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never subscribed the rest"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(metric_line(&reqwest_metrics(&s).await, refused), 6);
+    s.stop().await;
+}

@@ -52,6 +52,8 @@ pub struct QuotaOptions {
     /// A subscription with no report for this long is abandoned.
     pub idle_timeout: Duration,
     pub max_buckets_per_stream: usize,
+    /// Most subscriptions on this replica, all streams together.
+    pub max_subscriptions: usize,
     pub max_bucket_entries: usize,
     /// A stream that sends no first report for this long is ended.
     pub first_report_timeout: Duration,
@@ -68,6 +70,8 @@ impl From<&Settings> for QuotaOptions {
                 horizon_ms: ms(settings.rlqs_push_interval),
             },
             idle_timeout: settings.rlqs_idle_timeout,
+            max_subscriptions: usize::try_from(settings.rlqs_max_subscriptions)
+                .unwrap_or(usize::MAX),
             max_buckets_per_stream: usize::try_from(settings.rlqs_max_buckets_per_stream)
                 .unwrap_or(usize::MAX),
             max_bucket_entries: usize::try_from(settings.rlqs_max_bucket_entries)
@@ -259,6 +263,7 @@ impl<B: Backend> Quotas<B> {
         for sub in s.buckets.into_values() {
             leave(&mut state.pools, &sub);
         }
+        shrink(&mut state.streams);
     }
 
     /// The data plane half-closed `stream`: the next push answers its last report, then ends it
@@ -328,6 +333,11 @@ impl<B: Backend> Quotas<B> {
         if !s.buckets.contains_key(&bucket) {
             if s.buckets.len() >= self.options.max_buckets_per_stream {
                 self.stats.count_ignored(Ignored::TooManyBuckets);
+                return;
+            }
+            // The gauge changes only under the state's lock: exact here.
+            if self.stats.subscriptions() >= self.options.max_subscriptions as u64 {
+                self.stats.count_ignored(Ignored::TooManySubscriptions);
                 return;
             }
             state.next_id += 1;
@@ -541,5 +551,14 @@ fn leave(pools: &mut HashMap<String, PoolEntry>, sub: &Subscription) {
     {
         entry.pool.leave(sub.member);
         entry.members.remove(&sub.member);
+        shrink(&mut entry.members);
+    }
+}
+
+/// Gives a map's memory back once it holds under a quarter of its capacity (the streams and
+/// pools of a burst of subscriptions are not kept allocated after they go).
+pub(super) fn shrink<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > 64 && map.len() < map.capacity() / 4 {
+        map.shrink_to(map.len() * 2);
     }
 }

@@ -187,6 +187,7 @@ impl<B: Backend> Quotas<B> {
                 asked.push((key, Ask::Refund(tokens)));
             }
         }
+        super::shrink(&mut state.pools);
         (hits, asked)
     }
 }

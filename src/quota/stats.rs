@@ -14,13 +14,16 @@ pub enum Ignored {
     InvalidBucket,
     /// A count no data plane could have reached in one reporting interval.
     AbsurdCount,
+    /// The replica already has `--rlqs-max-subscriptions` subscriptions.
+    TooManySubscriptions,
 }
 
 impl Ignored {
-    pub const ALL: [Ignored; 3] = [
+    pub const ALL: [Ignored; 4] = [
         Ignored::TooManyBuckets,
         Ignored::InvalidBucket,
         Ignored::AbsurdCount,
+        Ignored::TooManySubscriptions,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -28,6 +31,7 @@ impl Ignored {
             Ignored::TooManyBuckets => "too_many_buckets",
             Ignored::InvalidBucket => "invalid_bucket",
             Ignored::AbsurdCount => "absurd_count",
+            Ignored::TooManySubscriptions => "too_many_subscriptions",
         }
     }
 }
@@ -85,7 +89,7 @@ pub struct QuotaStats {
     reported_allowed: AtomicU64,
     reported_denied: AtomicU64,
     slack: AtomicU64,
-    ignored: [AtomicU64; 3],
+    ignored: [AtomicU64; 4],
     ends: [AtomicU64; 6],
 }
 

@@ -202,3 +202,26 @@ async fn a_refused_take_on_a_token_bucket_asks_again_and_assigns_after_the_refil
         "a token bucket once the shared bucket refilled"
     );
 }
+
+/// A burst of subscriptions does not stay allocated: once its stream closes and the push drops
+/// its pools, the replica's maps give their memory back.
+#[tokio::test]
+async fn a_closed_streams_subscriptions_give_their_memory_back() {
+    let clock = ManualClock::new(1_000_000);
+    let quotas = quotas(&clock);
+    let (stream, _outbox) = quotas.open("mesh");
+    let usages: Vec<Usage> = (0..5_000).map(|i| usage(bucket("tenant", i))).collect();
+    quotas.report_all(stream, usages);
+    quotas.push().await;
+    assert!(quotas.lock().pools.capacity() >= 5_000);
+    quotas.close(stream);
+    clock.advance(200);
+    quotas.push().await;
+    let state = quotas.lock();
+    assert!(state.pools.is_empty());
+    assert!(
+        state.pools.capacity() < 500,
+        "the pools' map kept {} slots",
+        state.pools.capacity()
+    );
+}

@@ -236,6 +236,12 @@ pub struct Settings {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub rlqs_max_buckets_per_stream: u64,
 
+    /// RLQS: most bucket subscriptions on this replica, every stream together (each costs about
+    /// 2 KB); a new bucket past it is ignored (counted) until others go.
+    #[arg(long, env = "SLUICE_RLQS_MAX_SUBSCRIPTIONS", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub rlqs_max_subscriptions: u64,
+
     /// RLQS: most entries in one bucket id; a bucket id with more is ignored (counted).
     #[arg(long, env = "SLUICE_RLQS_MAX_BUCKET_ENTRIES", default_value_t = 16,
           value_parser = clap::value_parser!(u64).range(1..=64))]

@@ -761,7 +761,7 @@ const OBSERVABLES: &[Observable] = &[
     },
     Observable {
         name: "sluice_rlqs_reports_ignored_total",
-        description: "RLQS bucket reports ignored, by reason: too_many_buckets (--rlqs-max-buckets-per-stream), invalid_bucket (empty, too many entries, empty or oversized key or value), absurd_count",
+        description: "RLQS bucket reports ignored, by reason: too_many_buckets (--rlqs-max-buckets-per-stream), too_many_subscriptions (--rlqs-max-subscriptions), invalid_bucket (empty, too many entries, empty or oversized key or value), absurd_count",
         reading: Reading::Counter(|s, points| {
             if let Some(stats) = lock(&s.quota).as_ref() {
                 for reason in Ignored::ALL {
