@@ -96,8 +96,8 @@ impl<B: Backend> Quotas<B> {
         }
     }
 
-    /// Queues again each standing assignment that would expire before the push after next
-    /// (one push interval of margin for its delivery).
+    /// Queues again each standing assignment that would expire less than half a push interval
+    /// after the next push (the margin for a late push and the delivery).
     fn resend_standing(
         &self,
         state: &mut State,
@@ -105,8 +105,9 @@ impl<B: Backend> Quotas<B> {
         outgoing: &mut HashMap<StreamId, Vec<Action>>,
     ) {
         let ttl = self.standing_ttl();
-        let margin = 2 * self.options.push_interval;
-        let due_after = u64::try_from(ttl.saturating_sub(margin).as_millis()).unwrap_or(u64::MAX);
+        let push = self.options.push_interval;
+        let due_after =
+            u64::try_from(ttl.saturating_sub(push + push / 2).as_millis()).unwrap_or(u64::MAX);
         for (stream_id, stream) in &mut state.streams {
             for (bucket, sub) in &mut stream.buckets {
                 let Binding::Standing(strategy) = sub.binding else {

@@ -107,8 +107,8 @@ async fn a_slow_reader_gets_every_buckets_newest_assignment_and_only_deliveries_
 }
 
 /// A standing assignment carries a ttl of whole seconds (`--rlqs-assignment-ttl` rounded up) and
-/// is queued again by the push after which the next one would come too late: one push interval
-/// of margin before it expires.
+/// is queued again by the last push before it expires that leaves the next push less than half a
+/// push interval of margin; never by a push whose next one still comes in time.
 #[tokio::test]
 async fn standing_assignments_are_re_sent_before_they_expire() {
     let clock = ManualClock::new(1_000_000);
@@ -136,9 +136,11 @@ async fn standing_assignments_are_re_sent_before_they_expire() {
                 "late at {now} (sent {sent_at})"
             );
         } else {
+            // Re-sent before it expired, and only when the next push would leave too little.
+            assert!(now < sent_at + ttl_ms, "expired at {now} (sent {sent_at})");
             assert!(
-                now + push_ms < sent_at + ttl_ms + push_ms,
-                "{now} {sent_at}"
+                now + push_ms + push_ms / 2 >= sent_at + ttl_ms,
+                "early at {now} (sent {sent_at})"
             );
             sent_at = now;
             resends += 1;
