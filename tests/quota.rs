@@ -262,6 +262,12 @@ async fn settings_that_cannot_work_together_are_refused_at_start() {
         .expect("a ttl Envoy would truncate is refused")
         .to_string();
     assert!(error.contains("whole number of seconds"), "{error}");
+    let error = start(|s| s.rlqs_first_report_timeout = std::time::Duration::ZERO)
+        .await
+        .err()
+        .expect("a stream must have time for its first report")
+        .to_string();
+    assert!(error.contains("--rlqs-first-report-timeout"), "{error}");
     let error = start(|s| s.redis_per_second.url = vec!["redis://127.0.0.1:1".into()])
         .await
         .err()
