@@ -15,28 +15,31 @@
 //!    where the backend failed); subscriptions that stopped reporting, or whose rule a reload
 //!    removed, are abandoned.
 
+mod outbox;
+mod push;
 mod service;
+mod stats;
 #[cfg(test)]
 mod tests;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Notify, watch};
 
-use crate::algorithm::{Demand, Verdict};
-use crate::backend::{Backend, BackendError, Hit};
+use crate::backend::Backend;
 use crate::config::Config;
 use crate::key::{RuleTag, write_shared_bucket_key};
 use crate::limiter::Limiter;
 use crate::request::Entry;
 use crate::rule::{FailureMode, Limit, Rule};
 use crate::settings::Settings;
-use sluice_core::quota::{Answer, Ask, MemberId, Pool, PoolOptions, Strategy};
+use sluice_core::quota::{MemberId, Pool, PoolOptions, Strategy};
 
+pub use outbox::{End, Next, Outbox};
 pub use service::QuotaHandler;
+pub use stats::{EndReason, Ignored, QuotaStats};
 
 /// A bucket id as the data plane sent it (sorted by key).
 pub type BucketId = Arc<BTreeMap<String, String>>;
@@ -49,7 +52,11 @@ pub struct QuotaOptions {
     /// A subscription with no report for this long is abandoned.
     pub idle_timeout: Duration,
     pub max_buckets_per_stream: usize,
+    /// Most subscriptions on this replica, all streams together.
+    pub max_subscriptions: usize,
     pub max_bucket_entries: usize,
+    /// A stream that sends no first report for this long is ended.
+    pub first_report_timeout: Duration,
 }
 
 impl From<&Settings> for QuotaOptions {
@@ -62,10 +69,13 @@ impl From<&Settings> for QuotaOptions {
                 burst_ms: ms(settings.rlqs_push_interval),
             },
             idle_timeout: settings.rlqs_idle_timeout,
+            max_subscriptions: usize::try_from(settings.rlqs_max_subscriptions)
+                .unwrap_or(usize::MAX),
             max_buckets_per_stream: usize::try_from(settings.rlqs_max_buckets_per_stream)
                 .unwrap_or(usize::MAX),
             max_bucket_entries: usize::try_from(settings.rlqs_max_bucket_entries)
                 .unwrap_or(usize::MAX),
+            first_report_timeout: settings.rlqs_first_report_timeout,
         }
     }
 }
@@ -87,103 +97,16 @@ pub struct Usage {
 /// One instruction for one bucket of a stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
-    /// `ttl: None` — no expiry (standing assignments that only a reload changes).
+    /// `ttl` is `assignment_time_to_live`: every assignment expires (Envoy reads an unset one as
+    /// 0 s), so each is re-sent before it does.
     Assign {
         bucket: BucketId,
         strategy: Strategy,
-        ttl: Option<Duration>,
+        ttl: Duration,
     },
     Abandon {
         bucket: BucketId,
     },
-}
-
-/// Why a report (or one bucket of it) was not taken into account.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ignored {
-    /// The stream already has `--rlqs-max-buckets-per-stream` buckets.
-    TooManyBuckets,
-    /// More entries than `--rlqs-max-bucket-entries`, or an empty key or value.
-    InvalidBucket,
-    /// A count no data plane could have reached in one reporting interval.
-    AbsurdCount,
-}
-
-impl Ignored {
-    pub const ALL: [Ignored; 3] = [
-        Ignored::TooManyBuckets,
-        Ignored::InvalidBucket,
-        Ignored::AbsurdCount,
-    ];
-
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Ignored::TooManyBuckets => "too_many_buckets",
-            Ignored::InvalidBucket => "invalid_bucket",
-            Ignored::AbsurdCount => "absurd_count",
-        }
-    }
-}
-
-/// Counts read by the `sluice_rlqs_*` metrics.
-#[derive(Debug, Default)]
-pub struct QuotaStats {
-    streams: AtomicU64,
-    subscriptions: AtomicU64,
-    /// allow_all, deny_all, token_bucket, abandon.
-    sent: [AtomicU64; 4],
-    reported_allowed: AtomicU64,
-    reported_denied: AtomicU64,
-    slack: AtomicU64,
-    ignored: [AtomicU64; 3],
-}
-
-impl QuotaStats {
-    pub const ACTION_KINDS: [&'static str; 4] =
-        ["allow_all", "deny_all", "token_bucket", "abandon"];
-
-    pub fn streams(&self) -> u64 {
-        self.streams.load(Ordering::Relaxed)
-    }
-    pub fn subscriptions(&self) -> u64 {
-        self.subscriptions.load(Ordering::Relaxed)
-    }
-    /// Assignments sent of `kind` (one of [`QuotaStats::ACTION_KINDS`]).
-    pub fn sent(&self, kind: &str) -> u64 {
-        Self::ACTION_KINDS
-            .iter()
-            .position(|k| *k == kind)
-            .map_or(0, |i| self.sent[i].load(Ordering::Relaxed))
-    }
-    pub fn reported_allowed(&self) -> u64 {
-        self.reported_allowed.load(Ordering::Relaxed)
-    }
-    pub fn reported_denied(&self) -> u64 {
-        self.reported_denied.load(Ordering::Relaxed)
-    }
-    /// Tokens admitted beyond what was prepaid or could be charged.
-    pub fn slack(&self) -> u64 {
-        self.slack.load(Ordering::Relaxed)
-    }
-    pub fn ignored(&self, reason: Ignored) -> u64 {
-        self.ignored[reason as usize].load(Ordering::Relaxed)
-    }
-
-    fn count_sent(&self, action: &Action) {
-        let i = match action {
-            Action::Assign { strategy, .. } => match strategy {
-                Strategy::AllowAll => 0,
-                Strategy::DenyAll => 1,
-                Strategy::TokenBucket(_) => 2,
-            },
-            Action::Abandon { .. } => 3,
-        };
-        self.sent[i].fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn count_ignored(&self, reason: Ignored) {
-        self.ignored[reason as usize].fetch_add(1, Ordering::Relaxed);
-    }
 }
 
 type StreamId = u64;
@@ -217,12 +140,17 @@ struct Subscription {
     member: MemberId,
     binding: Binding,
     last_report_ms: u64,
+    /// When a standing assignment was last queued (a pool's are re-sent every push).
+    standing_sent_ms: u64,
 }
 
 struct Stream {
     domain: String,
-    outbox: mpsc::Sender<Vec<Action>>,
+    outbox: Arc<Outbox>,
     buckets: HashMap<BucketId, Subscription>,
+    /// The data plane half-closed during push number `n`: the first push that starts after it
+    /// answers its last report and ends the stream.
+    half_closed: Option<u64>,
 }
 
 /// One storage key's pool and who is in it.
@@ -253,13 +181,11 @@ struct State {
     streams: HashMap<StreamId, Stream>,
     pools: HashMap<String, PoolEntry>,
     next_id: u64,
+    /// Pushes started so far.
+    pushes: u64,
     /// The config the subscriptions were bound with (a reload rebinds them).
     config: Option<Arc<Config>>,
 }
-
-/// Messages a stream may have queued before pushes to it are skipped (the next push re-sends
-/// every assignment, so a slow reader loses nothing but time).
-const OUTBOX: usize = 16;
 
 /// How long shutdown waits for the pools' last refund.
 const GIVE_BACK_DEADLINE: Duration = Duration::from_secs(1);
@@ -304,8 +230,8 @@ impl<B: Backend> Quotas<B> {
     }
 
     /// Opens a stream for `domain`: its id, and where its assignments arrive.
-    pub fn open(&self, domain: &str) -> (StreamId, mpsc::Receiver<Vec<Action>>) {
-        let (outbox, inbox) = mpsc::channel(OUTBOX);
+    pub fn open(&self, domain: &str) -> (StreamId, Arc<Outbox>) {
+        let outbox = Arc::new(Outbox::new(domain, self.stats.clone()));
         let mut state = self.lock();
         state.next_id += 1;
         let id = state.next_id;
@@ -313,35 +239,57 @@ impl<B: Backend> Quotas<B> {
             id,
             Stream {
                 domain: domain.to_owned(),
-                outbox,
+                outbox: outbox.clone(),
                 buckets: HashMap::new(),
+                half_closed: None,
             },
         );
-        self.stats.streams.fetch_add(1, Ordering::Relaxed);
-        (id, inbox)
+        (id, outbox)
     }
 
     /// Closes a stream: its subscriptions leave their pools, what they may still admit counted
-    /// as spent.
+    /// as spent. Its outbox is left as it is (whoever closes it has ended it).
     pub fn close(&self, stream: StreamId) {
         let mut state = self.lock();
+        self.remove_stream(&mut state, stream);
+    }
+
+    fn remove_stream(&self, state: &mut State, stream: StreamId) {
         let Some(s) = state.streams.remove(&stream) else {
             return;
         };
-        self.stats.streams.fetch_sub(1, Ordering::Relaxed);
-        self.stats
-            .subscriptions
-            .fetch_sub(s.buckets.len() as u64, Ordering::Relaxed);
+        self.stats.unsubscribed(s.buckets.len() as u64);
         for sub in s.buckets.into_values() {
             leave(&mut state.pools, &sub);
+        }
+        shrink(&mut state.streams);
+    }
+
+    /// The data plane half-closed `stream`: the next push answers its last report, then ends it
+    /// (status OK) and closes it.
+    pub fn half_close(&self, stream: StreamId) {
+        let mut state = self.lock();
+        let pushes = state.pushes;
+        if let Some(s) = state.streams.get_mut(&stream) {
+            s.half_closed = Some(pushes);
+            self.wake.notify_one();
         }
     }
 
     /// Ends every stream (the server is stopping): the data planes keep their assignments until
     /// they expire and reconnect to another replica.
     pub fn close_all(&self) {
-        let ids: Vec<StreamId> = self.lock().streams.keys().copied().collect();
-        for id in ids {
+        let streams: Vec<(StreamId, Arc<Outbox>)> = self
+            .lock()
+            .streams
+            .iter()
+            .map(|(id, s)| (*id, s.outbox.clone()))
+            .collect();
+        for (id, outbox) in streams {
+            outbox.end(
+                EndReason::Stopping,
+                "this sluice replica is stopping: reconnect to another".into(),
+            );
             self.close(id);
         }
     }
@@ -386,6 +334,11 @@ impl<B: Backend> Quotas<B> {
                 self.stats.count_ignored(Ignored::TooManyBuckets);
                 return;
             }
+            // The gauge changes only under the state's lock: exact here.
+            if self.stats.subscriptions() >= self.options.max_subscriptions as u64 {
+                self.stats.count_ignored(Ignored::TooManySubscriptions);
+                return;
+            }
             state.next_id += 1;
             let member = state.next_id;
             let binding = self.bind(config, &s.domain, &bucket);
@@ -393,40 +346,30 @@ impl<B: Backend> Quotas<B> {
                 member,
                 binding,
                 last_report_ms: now,
+                standing_sent_ms: now,
             };
             match &sub.binding {
-                Binding::Standing(strategy) => {
-                    let action = Action::Assign {
-                        bucket: bucket.clone(),
-                        strategy: *strategy,
-                        ttl: None,
-                    };
-                    self.stats.count_sent(&action);
-                    let _ = s.outbox.try_send(vec![action]);
-                }
+                Binding::Standing(strategy) => s.outbox.push([Action::Assign {
+                    bucket: bucket.clone(),
+                    strategy: *strategy,
+                    ttl: self.standing_ttl(),
+                }]),
                 Binding::Pool(binding) => {
                     join(&mut state.pools, binding, &bucket, member, stream);
                     self.wake.notify_one();
                 }
             }
             s.buckets.insert(bucket.clone(), sub);
-            self.stats.subscriptions.fetch_add(1, Ordering::Relaxed);
+            self.stats.subscribed(1);
         }
         let sub = s.buckets.get_mut(&bucket).expect("subscribed above");
         sub.last_report_ms = now;
-        self.stats
-            .reported_allowed
-            .fetch_add(allowed, Ordering::Relaxed);
-        self.stats
-            .reported_denied
-            .fetch_add(denied, Ordering::Relaxed);
+        self.stats.count_reported(allowed, denied);
         if let Binding::Pool(binding) = &sub.binding
             && let Some(entry) = state.pools.get_mut(&binding.key)
         {
             let reported = entry.pool.report(sub.member, now, allowed, denied);
-            self.stats
-                .slack
-                .fetch_add(reported.slack, Ordering::Relaxed);
+            self.stats.count_slack(reported.slack);
         }
     }
 
@@ -488,96 +431,9 @@ impl<B: Backend> Quotas<B> {
         }
     }
 
-    /// One push: rebind after a reload, abandon idle subscriptions, plan every pool, one backend
-    /// call for all of them, settle, and send each stream its assignments.
-    pub async fn push(&self) {
-        let now = self.now_ms();
-        let mut outgoing: HashMap<StreamId, Vec<Action>> = HashMap::new();
-        let (hits, asked) = {
-            let mut state = self.lock();
-            self.rebind(&mut state, &mut outgoing);
-            self.abandon_idle(&mut state, now, &mut outgoing);
-            self.plan(&mut state, now, &mut outgoing)
-        };
-        let results = if hits.is_empty() {
-            Vec::new()
-        } else {
-            self.limiter.backend().check_each(&hits).await
-        };
-        let replicas = self.limiter.resilience().replicas().current();
-        let now = self.now_ms();
-        let mut state = self.lock();
-        for ((key, ask), result) in asked.into_iter().zip(results) {
-            let Some(entry) = state.pools.get_mut(&key) else {
-                continue;
-            };
-            let answer = answer(entry, ask, result, replicas);
-            let assigned = entry.pool.settle(now, &self.options.pool, answer);
-            emit(entry, assigned, &self.options.pool, &mut outgoing);
-        }
-        for (stream, actions) in outgoing {
-            if let Some(s) = state.streams.get(&stream) {
-                for action in &actions {
-                    self.stats.count_sent(action);
-                }
-                let _ = s.outbox.try_send(actions);
-            }
-        }
-    }
-
-    /// Plans every pool; returns the backend hits and, for each, its pool and ask. A pool left
-    /// without members gives back what it holds and is dropped.
-    fn plan(
-        &self,
-        state: &mut State,
-        now: u64,
-        outgoing: &mut HashMap<StreamId, Vec<Action>>,
-    ) -> (Vec<Hit>, Vec<(String, Ask)>) {
-        let mut hits = Vec::new();
-        let mut asked = Vec::new();
-        let mut empty = Vec::new();
-        for (key, entry) in &mut state.pools {
-            if entry.pool.is_empty() {
-                empty.push(key.clone());
-                continue;
-            }
-            let mut ask = entry.pool.plan(now, &self.options.pool);
-            if let (Ask::Take(n), Some(limit)) = (ask, entry.take_limit) {
-                ask = Ask::Take(n.min(limit));
-            }
-            let hit = match ask {
-                Ask::Nothing => None,
-                Ask::Take(n) => Some(take_hit(key, &entry.rule, entry.pool.params(), n)),
-                Ask::Refund(n) => Some(refund_hit(key, &entry.rule, entry.pool.params(), n)),
-            };
-            match hit {
-                Some(hit) => {
-                    hits.push(hit);
-                    asked.push((key.clone(), ask));
-                }
-                None => {
-                    let assigned = entry
-                        .pool
-                        .settle(now, &self.options.pool, Answer::Granted(0));
-                    emit(entry, assigned, &self.options.pool, outgoing);
-                }
-            }
-        }
-        for key in empty {
-            if let Some(mut entry) = state.pools.remove(&key)
-                && let Some(tokens) = entry.pool.drain()
-                && tokens > 0
-            {
-                hits.push(refund_hit(&key, &entry.rule, entry.pool.params(), tokens));
-                asked.push((key, Ask::Refund(tokens)));
-            }
-        }
-        (hits, asked)
-    }
-
     /// After a reload, re-places every subscription: one whose rule is gone is abandoned; one
     /// whose rule or key changed moves.
-    fn rebind(&self, state: &mut State, outgoing: &mut HashMap<StreamId, Vec<Action>>) {
+    fn rebind(&self, state: &mut State, now: u64, outgoing: &mut HashMap<StreamId, Vec<Action>>) {
         let config = self.limiter.config().load_full();
         let same = state
             .config
@@ -611,15 +467,18 @@ impl<B: Backend> Quotas<B> {
                         actions.push(Action::Abandon {
                             bucket: bucket.clone(),
                         });
-                        self.stats.subscriptions.fetch_sub(1, Ordering::Relaxed);
+                        self.stats.unsubscribed(1);
                         gone.push(bucket.clone());
                         continue;
                     }
-                    Binding::Standing(strategy) => actions.push(Action::Assign {
-                        bucket: bucket.clone(),
-                        strategy: *strategy,
-                        ttl: None,
-                    }),
+                    Binding::Standing(strategy) => {
+                        sub.standing_sent_ms = now;
+                        actions.push(Action::Assign {
+                            bucket: bucket.clone(),
+                            strategy: *strategy,
+                            ttl: self.standing_ttl(),
+                        });
+                    }
                     Binding::Pool(binding) => {
                         join(pools, binding, bucket, sub.member, *stream_id);
                     }
@@ -647,7 +506,7 @@ impl<B: Backend> Quotas<B> {
                     return true;
                 }
                 leave(pools, sub);
-                self.stats.subscriptions.fetch_sub(1, Ordering::Relaxed);
+                self.stats.unsubscribed(1);
                 outgoing
                     .entry(*stream_id)
                     .or_default()
@@ -691,83 +550,14 @@ fn leave(pools: &mut HashMap<String, PoolEntry>, sub: &Subscription) {
     {
         entry.pool.leave(sub.member);
         entry.members.remove(&sub.member);
+        shrink(&mut entry.members);
     }
 }
 
-/// The pool's answer from the backend's result for its hit.
-fn answer(
-    entry: &mut PoolEntry,
-    ask: Ask,
-    result: Result<Verdict, BackendError>,
-    replicas: u64,
-) -> Answer {
-    match (ask, result) {
-        (_, Err(_)) => Answer::Failed {
-            mode: entry.failure_mode,
-            replicas,
-        },
-        (Ask::Take(_), Ok(verdict)) => {
-            // Only a window's exact take needs a smaller ask after a refusal; a lease take already
-            // gives whatever the key holds (a limit of 0 made its next ask a lease of 0 - 1 tokens).
-            entry.take_limit = (!verdict.allowed && !entry.rule.algorithm.takes_lease())
-                .then_some(verdict.remaining);
-            Answer::Granted(verdict.granted)
-        }
-        (Ask::Refund(n), Ok(_)) => Answer::Refunded(n),
-        (Ask::Nothing, Ok(_)) => Answer::Granted(0),
-    }
-}
-
-/// A take of up to `n` tokens: a lease take (at least one token, then as many more as the key
-/// holds) where the algorithm leases; an exact take for a window, whose count cannot give part.
-fn take_hit(key: &str, rule: &Rule, params: crate::algorithm::BucketParams, n: u64) -> Hit {
-    let leases = rule.algorithm.takes_lease();
-    Hit {
-        key: key.to_owned(),
-        demand: Demand {
-            algorithm: rule.algorithm,
-            params,
-            tokens: if leases { 1 } else { n },
-            refund: false,
-            shadow: false,
-            quota: false,
-            lease: if leases { n - 1 } else { 0 },
-        },
-        rule: Some(rule.id),
-    }
-}
-
-fn refund_hit(key: &str, rule: &Rule, params: crate::algorithm::BucketParams, n: u64) -> Hit {
-    Hit {
-        key: key.to_owned(),
-        demand: Demand {
-            algorithm: rule.algorithm,
-            params,
-            tokens: n,
-            refund: true,
-            shadow: false,
-            quota: false,
-            lease: 0,
-        },
-        rule: Some(rule.id),
-    }
-}
-
-/// Queues a pool's assignments for their streams.
-fn emit(
-    entry: &PoolEntry,
-    assigned: Vec<(MemberId, Strategy)>,
-    options: &PoolOptions,
-    outgoing: &mut HashMap<StreamId, Vec<Action>>,
-) {
-    let ttl = Some(Duration::from_millis(options.ttl_ms));
-    for (member, strategy) in assigned {
-        if let Some((stream, bucket)) = entry.members.get(&member) {
-            outgoing.entry(*stream).or_default().push(Action::Assign {
-                bucket: bucket.clone(),
-                strategy,
-                ttl,
-            });
-        }
+/// Gives a map's memory back once it holds under a quarter of its capacity (the streams and
+/// pools of a burst of subscriptions are not kept allocated after they go).
+pub(super) fn shrink<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > 64 && map.len() < map.capacity() / 4 {
+        map.shrink_to(map.len() * 2);
     }
 }

@@ -21,10 +21,10 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 };
 use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
 use futures::Stream;
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Code, Request, Response, Status, Streaming};
 
-use super::{Action, BucketId, Ignored, Quotas, Usage};
+use super::outbox::log_end;
+use super::{Action, BucketId, End, EndReason, Ignored, Next, Outbox, QuotaStats, Quotas, Usage};
 use crate::backend::Backend;
 use sluice_core::quota::Strategy;
 
@@ -34,15 +34,20 @@ const MAX_TEXT_BYTES: usize = 1024;
 /// The RLQS service over one replica's [`Quotas`].
 pub struct QuotaHandler<B> {
     quotas: Arc<Quotas<B>>,
+    max_message_bytes: usize,
 }
 
 impl<B: Backend> QuotaHandler<B> {
     pub fn new(quotas: Arc<Quotas<B>>) -> Self {
-        QuotaHandler { quotas }
+        QuotaHandler {
+            quotas,
+            max_message_bytes: usize::MAX,
+        }
     }
 
     /// The tonic service, with requests bounded to `max_message_bytes`.
-    pub fn into_server(self, max_message_bytes: usize) -> RateLimitQuotaServiceServer<Self> {
+    pub fn into_server(mut self, max_message_bytes: usize) -> RateLimitQuotaServiceServer<Self> {
+        self.max_message_bytes = max_message_bytes;
         RateLimitQuotaServiceServer::new(self).max_decoding_message_size(max_message_bytes)
     }
 }
@@ -53,92 +58,210 @@ type Assignments = Pin<Box<dyn Stream<Item = Result<RateLimitQuotaResponse, Stat
 impl<B: Backend> RateLimitQuotaService for QuotaHandler<B> {
     type StreamRateLimitQuotasStream = Assignments;
 
-    /// The first message names the domain and subscribes its buckets; the stream ends when the
-    /// data plane closes it, or with INVALID_ARGUMENT when a later message names another domain
-    /// (a stream is one domain, as the protocol says: open a new one to change it).
+    /// The first message names the domain and subscribes its buckets. The stream ends, always
+    /// with a status saying why (see [`end_status`]), when the data plane half-closes (after its
+    /// last report is answered), resets it, sends a report over the message bound or one that
+    /// breaks the protocol, sends no first report in time, or the server stops.
     async fn stream_rate_limit_quotas(
         &self,
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Assignments>, Status> {
+        let mut accepted = Accepted::new(self.quotas.stats().clone());
         let mut reports = request.into_inner();
-        let first = match reports.message().await? {
-            Some(first) => first,
-            None => {
-                return Err(Status::invalid_argument(
-                    "no usage report: the stream was empty",
-                ));
-            }
+        let timeout = self.quotas.options().first_report_timeout;
+        let first = match first_report(&mut reports, timeout, self.max_message_bytes).await {
+            Ok(first) => first,
+            Err(end) => return Err(accepted.refuse(&end)),
         };
         let domain = first.domain.clone();
-        if domain.is_empty() {
-            return Err(Status::invalid_argument(
-                "domain: the first usage report must name the domain",
-            ));
+        if let Err(detail) = check_domain(&domain) {
+            return Err(accepted.refuse(&End {
+                reason: EndReason::InvalidReport,
+                detail,
+            }));
         }
-        if domain.len() > MAX_TEXT_BYTES {
-            return Err(Status::invalid_argument(format!(
-                "domain: longer than {MAX_TEXT_BYTES} bytes"
-            )));
-        }
-        let quotas = self.quotas.clone();
-        let (stream, mut inbox) = quotas.open(&domain);
-        let (out, assignments) = tokio::sync::mpsc::channel(4);
-        let (failed, mut failure) = tokio::sync::oneshot::channel::<Status>();
-        // Assignments, until the stream is closed (its outbox dropped: the data plane ended it,
-        // or the server is stopping), the data plane stops listening, or a report broke the
-        // protocol (then that error ends the stream).
-        let (ended, mut end) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(async move {
-            let _ended = ended;
-            loop {
-                tokio::select! {
-                    actions = inbox.recv() => {
-                        let Some(actions) = actions else {
-                            // Closed after a protocol error: that error is the last word.
-                            if let Ok(status) = failure.try_recv() {
-                                let _ = out.send(Err(status)).await;
-                            }
-                            break;
-                        };
-                        if out.send(Ok(to_response(actions))).await.is_err() {
-                            break;
-                        }
-                    }
-                    status = &mut failure => {
-                        if let Ok(status) = status {
-                            let _ = out.send(Err(status)).await;
-                        }
-                        break;
-                    }
-                }
+        let (stream, outbox) = self.quotas.open(&domain);
+        accepted.outbox = Some(outbox.clone());
+        tokio::spawn(read_reports(
+            self.quotas.clone(),
+            Reader {
+                stream,
+                outbox,
+                domain,
+                max_message_bytes: self.max_message_bytes,
+            },
+            reports,
+            first,
+        ));
+        let assignments = futures::stream::unfold(Some(accepted), |accepted| async move {
+            let accepted = accepted?;
+            let outbox = accepted.outbox.clone()?;
+            match outbox.next().await {
+                Next::Actions(actions) => Some((Ok(to_response(actions)), Some(accepted))),
+                Next::End(end) => Some((Err(end_status(&end)), None)),
             }
         });
-        // Reports, applied in order.
-        tokio::spawn(async move {
-            let mut next = Some(first);
-            let mut failed = Some(failed);
-            while let Some(message) = next.take() {
-                if let Err(status) = apply(&quotas, stream, &domain, &message) {
-                    if let Some(failed) = failed.take() {
-                        let _ = failed.send(status);
-                    }
-                    break;
-                }
-                // A data plane with messages queued would otherwise keep this worker: h2's
-                // stream is always ready, and its reads do not count against tokio's budget.
-                tokio::task::consume_budget().await;
-                // Stop reading when the assignments end (the request body must be let go of
-                // for the call to finish while the data plane keeps its side open).
-                next = tokio::select! {
-                    message = reports.message() => message.ok().flatten(),
-                    _ = &mut end => None,
-                };
-            }
-            quotas.close(stream);
-        });
-        let assignments = ReceiverStream::new(assignments);
         Ok(Response::new(Box::pin(assignments)))
     }
+}
+
+/// One accepted stream: counted in `sluice_rlqs_streams_open` from the moment it is accepted
+/// until its response ends; dropped without an end (the data plane went away, tonic dropped the
+/// response), it ends the stream as cancelled.
+struct Accepted {
+    stats: Arc<QuotaStats>,
+    outbox: Option<Arc<Outbox>>,
+    refused: bool,
+}
+
+impl Accepted {
+    fn new(stats: Arc<QuotaStats>) -> Self {
+        stats.stream_opened();
+        Accepted {
+            stats,
+            outbox: None,
+            refused: false,
+        }
+    }
+
+    /// Ends a stream before it opened: logged, counted, and the status the handler returns.
+    fn refuse(&mut self, end: &End) -> Status {
+        log_end(&self.stats, "", end.reason, &end.detail);
+        self.refused = true;
+        end_status(end)
+    }
+}
+
+impl Drop for Accepted {
+    fn drop(&mut self) {
+        let detail = "the data plane went away";
+        match &self.outbox {
+            Some(outbox) => {
+                outbox.end(EndReason::Cancelled, detail.into());
+            }
+            None if !self.refused => log_end(&self.stats, "", EndReason::Cancelled, detail),
+            None => {}
+        }
+        self.stats.stream_closed();
+    }
+}
+
+/// The status a stream ends with. Envoy's filter treats every end alike — it drops the stream,
+/// keeps each bucket's assignment until it expires, and opens a new stream on its next report
+/// tick (every 5 s) — and logs the status; the code and message are for the operator.
+fn end_status(end: &End) -> Status {
+    let code = match end.reason {
+        EndReason::HalfClosed => Code::Ok,
+        EndReason::Cancelled => Code::Cancelled,
+        EndReason::TooLarge => Code::ResourceExhausted,
+        EndReason::InvalidReport => Code::InvalidArgument,
+        EndReason::NoFirstReport => Code::DeadlineExceeded,
+        EndReason::Stopping => Code::Unavailable,
+    };
+    Status::new(code, end.detail.clone())
+}
+
+/// The first report, within `timeout`.
+async fn first_report(
+    reports: &mut Streaming<RateLimitQuotaUsageReports>,
+    timeout: Duration,
+    max_message_bytes: usize,
+) -> Result<RateLimitQuotaUsageReports, End> {
+    match tokio::time::timeout(timeout, reports.message()).await {
+        Ok(Ok(Some(first))) => Ok(first),
+        Ok(Ok(None)) => Err(End {
+            reason: EndReason::InvalidReport,
+            detail: "no usage report: the stream was empty".into(),
+        }),
+        Ok(Err(status)) => Err(read_error(&status, max_message_bytes)),
+        Err(_) => Err(End {
+            reason: EndReason::NoFirstReport,
+            detail: format!("no usage report within --rlqs-first-report-timeout ({timeout:?})"),
+        }),
+    }
+}
+
+/// Why reading a report failed: tonic's decoder refuses a message over its bound with
+/// OUT_OF_RANGE; anything else is the data plane's side of the stream going away.
+fn read_error(status: &Status, max_message_bytes: usize) -> End {
+    if status.code() == Code::OutOfRange {
+        End {
+            reason: EndReason::TooLarge,
+            detail: format!(
+                "a usage report is larger than --max-message-bytes ({max_message_bytes} bytes): {}",
+                status.message()
+            ),
+        }
+    } else {
+        End {
+            reason: EndReason::Cancelled,
+            detail: format!("reading the reports failed: {status}"),
+        }
+    }
+}
+
+/// The first report's domain, as a stream's domain.
+fn check_domain(domain: &str) -> Result<(), String> {
+    if domain.is_empty() {
+        return Err("domain: the first usage report must name the domain".into());
+    }
+    if domain.len() > MAX_TEXT_BYTES {
+        return Err(format!("domain: longer than {MAX_TEXT_BYTES} bytes"));
+    }
+    Ok(())
+}
+
+/// What the report reader of one stream needs.
+struct Reader {
+    stream: u64,
+    outbox: Arc<Outbox>,
+    domain: String,
+    max_message_bytes: usize,
+}
+
+/// Applies a stream's reports in order until it ends; a half-close waits for the push that
+/// answers the last report. The stream is closed (its subscriptions leave) when reading stops.
+async fn read_reports<B: Backend>(
+    quotas: Arc<Quotas<B>>,
+    reader: Reader,
+    mut reports: Streaming<RateLimitQuotaUsageReports>,
+    first: RateLimitQuotaUsageReports,
+) {
+    let Reader {
+        stream,
+        outbox,
+        domain,
+        max_message_bytes,
+    } = reader;
+    let mut next = Some(first);
+    while let Some(message) = next.take() {
+        if let Err(detail) = apply(&quotas, stream, &domain, &message) {
+            outbox.end(EndReason::InvalidReport, detail);
+            break;
+        }
+        // A data plane with messages queued would otherwise keep this worker: h2's stream is
+        // always ready, and its reads do not count against tokio's budget.
+        tokio::task::consume_budget().await;
+        // Stop reading when the stream ends (the request body must be let go of for the call to
+        // finish while the data plane keeps its side open).
+        next = tokio::select! {
+            message = reports.message() => match message {
+                Ok(Some(message)) => Some(message),
+                Ok(None) => {
+                    quotas.half_close(stream);
+                    outbox.ended().await;
+                    None
+                }
+                Err(status) => {
+                    let end = read_error(&status, max_message_bytes);
+                    outbox.end(end.reason, end.detail);
+                    None
+                }
+            },
+            () = outbox.ended() => None,
+        };
+    }
+    quotas.close(stream);
 }
 
 /// Applies one message of a stream: the domain must stay the one it opened with (empty is the
@@ -149,13 +272,13 @@ fn apply<B: Backend>(
     stream: u64,
     domain: &str,
     message: &RateLimitQuotaUsageReports,
-) -> Result<(), Status> {
+) -> Result<(), String> {
     if !message.domain.is_empty() && message.domain != domain {
-        return Err(Status::invalid_argument(format!(
+        return Err(format!(
             "domain: this stream is for {domain:?}, a report named {:?}; open a new stream for \
              another domain",
             message.domain
-        )));
+        ));
     }
     let max_entries = quotas.options().max_bucket_entries;
     let mut usages = Vec::with_capacity(message.bucket_quota_usages.len());
@@ -210,7 +333,7 @@ fn to_bucket_action(action: Action) -> BucketAction {
         } => (
             bucket,
             bucket_action::BucketAction::QuotaAssignmentAction(QuotaAssignmentAction {
-                assignment_time_to_live: ttl.map(to_duration),
+                assignment_time_to_live: Some(to_duration(ttl)),
                 rate_limit_strategy: Some(to_strategy(strategy)),
             }),
         ),

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use futures::FutureExt;
 
 use super::*;
 use crate::backend::memory::{MemoryBackend, MemoryOptions};
@@ -18,6 +19,8 @@ domain: mesh
 descriptors:
   - key: tenant
     rate_limit: {unit: second, requests_per_unit: 10}
+  - key: blocked
+    rate_limit: {unit: second, requests_per_unit: 0}
 ";
 
 fn quotas(clock: &ManualClock) -> Arc<Quotas<MemoryBackend>> {
@@ -37,17 +40,113 @@ fn acme() -> BucketId {
     Arc::new([("tenant".to_string(), "acme".to_string())].into())
 }
 
-/// The strategies of the assignments queued so far, in order.
-fn assigned(inbox: &mut mpsc::Receiver<Vec<Action>>) -> Vec<Strategy> {
-    let mut out = Vec::new();
-    while let Ok(actions) = inbox.try_recv() {
-        for action in actions {
-            if let Action::Assign { strategy, .. } = action {
-                out.push(strategy);
-            }
+/// The actions queued so far (each bucket's newest).
+fn queued(outbox: &Outbox) -> Vec<Action> {
+    match outbox.next().now_or_never() {
+        Some(Next::Actions(actions)) => actions,
+        Some(Next::End(end)) => panic!("ended: {end:?}"),
+        None => Vec::new(),
+    }
+}
+
+/// The strategies of the assignments queued so far.
+fn assigned(outbox: &Outbox) -> Vec<Strategy> {
+    queued(outbox)
+        .into_iter()
+        .filter_map(|action| match action {
+            Action::Assign { strategy, .. } => Some(strategy),
+            Action::Abandon { .. } => None,
+        })
+        .collect()
+}
+
+fn bucket(key: &str, i: usize) -> BucketId {
+    Arc::new([(key.to_string(), format!("b{i}"))].into())
+}
+
+fn usage(bucket: BucketId) -> Usage {
+    Usage {
+        bucket,
+        allowed: 1,
+        denied: 0,
+    }
+}
+
+/// A data plane that does not read while pushes go on gets, when it reads, every bucket's newest
+/// assignment once: nothing dropped, nothing counted as sent before the stream's transport took
+/// it, and what was replaced unread counted as superseded.
+#[tokio::test]
+async fn a_slow_reader_gets_every_buckets_newest_assignment_and_only_deliveries_count() {
+    let clock = ManualClock::new(1_000_000);
+    let quotas = quotas(&clock);
+    let (stream, outbox) = quotas.open("mesh");
+    let mut usages: Vec<Usage> = (0..50)
+        .flat_map(|i| [usage(bucket("blocked", i)), usage(bucket("nobody", i))])
+        .collect();
+    usages.push(usage(acme()));
+    quotas.report_all(stream, usages);
+    for _ in 0..10 {
+        clock.advance(200);
+        quotas.push().await;
+    }
+    let stats = quotas.stats();
+    assert_eq!(stats.sent("deny_all") + stats.sent("allow_all"), 0);
+    let actions = queued(&outbox);
+    assert_eq!(actions.len(), 101, "one action per bucket");
+    let count = |kind: &str| {
+        actions
+            .iter()
+            .filter(|a| matches!(a, Action::Assign { strategy, .. } if strategy.kind() == kind))
+            .count() as u64
+    };
+    for kind in ["deny_all", "allow_all", "token_bucket"] {
+        assert_eq!(stats.sent(kind), count(kind), "{kind}");
+    }
+    assert_eq!((count("deny_all"), count("allow_all")), (50, 50));
+    assert!(stats.superseded() >= 10, "{}", stats.superseded());
+}
+
+/// A standing assignment carries a ttl of whole seconds (`--rlqs-assignment-ttl` rounded up) and
+/// is queued again by the last push before it expires that leaves the next push less than half a
+/// push interval of margin; never by a push whose next one still comes in time.
+#[tokio::test]
+async fn standing_assignments_are_re_sent_before_they_expire() {
+    let clock = ManualClock::new(1_000_000);
+    let quotas = quotas(&clock);
+    let options = *quotas.options();
+    let push_ms = u64::try_from(options.push_interval.as_millis()).unwrap();
+    let (stream, outbox) = quotas.open("mesh");
+    quotas.report_all(stream, vec![usage(bucket("blocked", 0))]);
+    let [Action::Assign { ttl, .. }] = &queued(&outbox)[..] else {
+        panic!("one standing assignment at once")
+    };
+    let ttl_ms = u64::try_from(ttl.as_millis()).unwrap();
+    assert!(ttl_ms >= 1000 && ttl_ms % 1000 == 0, "{ttl:?}");
+    assert!(ttl_ms >= options.pool.ttl_ms);
+    let mut sent_at = 0;
+    let mut resends = 0;
+    for step in 1..=4 * ttl_ms / push_ms {
+        clock.advance(push_ms);
+        quotas.push().await;
+        let now = step * push_ms;
+        if queued(&outbox).is_empty() {
+            // Not re-sent: the next push still comes before it expires.
+            assert!(
+                now + push_ms < sent_at + ttl_ms,
+                "late at {now} (sent {sent_at})"
+            );
+        } else {
+            // Re-sent before it expired, and only when the next push would leave too little.
+            assert!(now < sent_at + ttl_ms, "expired at {now} (sent {sent_at})");
+            assert!(
+                now + push_ms + push_ms / 2 >= sent_at + ttl_ms,
+                "early at {now} (sent {sent_at})"
+            );
+            sent_at = now;
+            resends += 1;
         }
     }
-    out
+    assert!(resends >= 3, "{resends}");
 }
 
 /// A take the shared bucket refused (another client emptied it) must not shrink the pool's next
@@ -58,7 +157,7 @@ fn assigned(inbox: &mut mpsc::Receiver<Vec<Action>>) -> Vec<Strategy> {
 async fn a_refused_take_on_a_token_bucket_asks_again_and_assigns_after_the_refill() {
     let clock = ManualClock::new(1_000_000);
     let quotas = quotas(&clock);
-    let (stream, mut inbox) = quotas.open("mesh");
+    let (stream, outbox) = quotas.open("mesh");
     quotas.report_all(
         stream,
         vec![Usage {
@@ -68,7 +167,7 @@ async fn a_refused_take_on_a_token_bucket_asks_again_and_assigns_after_the_refil
         }],
     );
     quotas.push().await;
-    let first = match assigned(&mut inbox)[..] {
+    let first = match assigned(&outbox)[..] {
         [strategy @ Strategy::TokenBucket(_)] => strategy,
         ref other => panic!("a first token bucket, got {other:?}"),
     };
@@ -93,7 +192,7 @@ async fn a_refused_take_on_a_token_bucket_asks_again_and_assigns_after_the_refil
     drain().await;
     for _ in 0..2 {
         quotas.push().await;
-        for strategy in assigned(&mut inbox) {
+        for strategy in assigned(&outbox) {
             assert!(strategy.rate_per_ms() < first.rate_per_ms(), "{strategy:?}");
         }
     }
@@ -101,7 +200,30 @@ async fn a_refused_take_on_a_token_bucket_asks_again_and_assigns_after_the_refil
     clock.advance(1_000);
     quotas.push().await;
     assert!(
-        matches!(assigned(&mut inbox)[..], [Strategy::TokenBucket(_)]),
+        matches!(assigned(&outbox)[..], [Strategy::TokenBucket(_)]),
         "a token bucket once the shared bucket refilled"
+    );
+}
+
+/// A burst of subscriptions does not stay allocated: once its stream closes and the push drops
+/// its pools, the replica's maps give their memory back.
+#[tokio::test]
+async fn a_closed_streams_subscriptions_give_their_memory_back() {
+    let clock = ManualClock::new(1_000_000);
+    let quotas = quotas(&clock);
+    let (stream, _outbox) = quotas.open("mesh");
+    let usages: Vec<Usage> = (0..5_000).map(|i| usage(bucket("tenant", i))).collect();
+    quotas.report_all(stream, usages);
+    quotas.push().await;
+    assert!(quotas.lock().pools.capacity() >= 5_000);
+    quotas.close(stream);
+    clock.advance(200);
+    quotas.push().await;
+    let state = quotas.lock();
+    assert!(state.pools.is_empty());
+    assert!(
+        state.pools.capacity() < 500,
+        "the pools' map kept {} slots",
+        state.pools.capacity()
     );
 }

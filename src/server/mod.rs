@@ -165,6 +165,10 @@ fn check_settings(settings: &Settings) -> Result<(), ServeError> {
     if settings.rlqs_push_interval.is_zero() {
         return fail("--rlqs-push-interval must be above 0".into());
     }
+    if settings.rlqs_first_report_timeout.is_zero() {
+        // A zero wait would end every RLQS stream before its first report could arrive.
+        return fail("--rlqs-first-report-timeout must be above 0".into());
+    }
     let ttl = settings.rlqs_assignment_ttl;
     if ttl.subsec_nanos() != 0 || ttl.is_zero() {
         // Envoy's rate_limit_quota filter reads only the seconds of assignment_time_to_live.

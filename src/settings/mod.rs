@@ -236,10 +236,21 @@ pub struct Settings {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub rlqs_max_buckets_per_stream: u64,
 
+    /// RLQS: most bucket subscriptions on this replica, every stream together (each costs about
+    /// 2 KB); a new bucket past it is ignored (counted) until others go.
+    #[arg(long, env = "SLUICE_RLQS_MAX_SUBSCRIPTIONS", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub rlqs_max_subscriptions: u64,
+
     /// RLQS: most entries in one bucket id; a bucket id with more is ignored (counted).
     #[arg(long, env = "SLUICE_RLQS_MAX_BUCKET_ENTRIES", default_value_t = 16,
           value_parser = clap::value_parser!(u64).range(1..=64))]
     pub rlqs_max_bucket_entries: u64,
+
+    /// RLQS: a stream that sends no usage report for this long after it opens is ended with
+    /// DEADLINE_EXCEEDED (Envoy opens a stream to send a report, and sends it at once).
+    #[arg(long, env = "SLUICE_RLQS_FIRST_REPORT_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
+    pub rlqs_first_report_timeout: Duration,
 
     /// Most ShouldRateLimit decisions in progress; past it a call is refused at once with
     /// RESOURCE_EXHAUSTED.

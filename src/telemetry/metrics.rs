@@ -29,7 +29,7 @@ use crate::clock::Stopwatch;
 use crate::config::{Config, ConfigStore};
 use crate::decision::Decision;
 use crate::lease::LeaseStore;
-use crate::quota::{Ignored, QuotaStats};
+use crate::quota::{EndReason, Ignored, QuotaStats};
 use crate::request::LimitRequest;
 use crate::resilience::local::Replicas;
 use crate::security::listener::{ConnectionStats, Refusal};
@@ -700,7 +700,7 @@ const OBSERVABLES: &[Observable] = &[
     },
     Observable {
         name: "sluice_rlqs_streams_open",
-        description: "Open RLQS streams (StreamRateLimitQuotas), one per data plane and domain",
+        description: "Open RLQS streams (StreamRateLimitQuotas), one per data plane and domain, counted from the moment they are accepted (before their first report)",
         reading: Reading::Gauge(|s, points| read_quota(s, QuotaStats::streams, points)),
     },
     Observable {
@@ -710,11 +710,30 @@ const OBSERVABLES: &[Observable] = &[
     },
     Observable {
         name: "sluice_rlqs_assignments_sent_total",
-        description: "RLQS bucket actions sent, by kind: allow_all, deny_all, token_bucket (each push re-sends a data plane's current one to extend it), abandon",
+        description: "RLQS bucket actions handed to a stream's transport, by kind: allow_all, deny_all, token_bucket (each push re-sends a data plane's current one, and standing ones are re-sent before they expire), abandon",
         reading: Reading::Counter(|s, points| {
             if let Some(stats) = lock(&s.quota).as_ref() {
                 for kind in QuotaStats::ACTION_KINDS {
                     points(stats.sent(kind), &[KeyValue::new("kind", kind)]);
+                }
+            }
+        }),
+    },
+    Observable {
+        name: "sluice_rlqs_assignments_superseded_total",
+        description: "RLQS bucket actions replaced by a newer one for the same bucket before the data plane read them (a slow reader gets every bucket's newest action, never a queue)",
+        reading: Reading::Counter(|s, points| read_quota(s, QuotaStats::superseded, points)),
+    },
+    Observable {
+        name: "sluice_rlqs_stream_ends_total",
+        description: "RLQS streams ended, by reason: half_closed (the last report answered, OK), cancelled (the data plane reset it or went away), too_large (a report over --max-message-bytes, RESOURCE_EXHAUSTED), invalid_report (no or another domain, an empty stream, INVALID_ARGUMENT), no_first_report (--rlqs-first-report-timeout, DEADLINE_EXCEEDED), stopping (UNAVAILABLE)",
+        reading: Reading::Counter(|s, points| {
+            if let Some(stats) = lock(&s.quota).as_ref() {
+                for reason in EndReason::ALL {
+                    points(
+                        stats.ended(reason),
+                        &[KeyValue::new("reason", reason.as_str())],
+                    );
                 }
             }
         }),
@@ -742,7 +761,7 @@ const OBSERVABLES: &[Observable] = &[
     },
     Observable {
         name: "sluice_rlqs_reports_ignored_total",
-        description: "RLQS bucket reports ignored, by reason: too_many_buckets (--rlqs-max-buckets-per-stream), invalid_bucket (empty, too many entries, empty or oversized key or value), absurd_count",
+        description: "RLQS bucket reports ignored, by reason: too_many_buckets (--rlqs-max-buckets-per-stream), too_many_subscriptions (--rlqs-max-subscriptions), invalid_bucket (empty, too many entries, empty or oversized key or value), absurd_count",
         reading: Reading::Counter(|s, points| {
             if let Some(stats) = lock(&s.quota).as_ref() {
                 for reason in Ignored::ALL {

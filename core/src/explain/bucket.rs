@@ -53,7 +53,7 @@ pub fn explain_bucket(
     let Some(found) = config.domain(domain) else {
         return Ok(BucketReport {
             bucket_id,
-            assignment: "ALLOW_ALL, standing (no expiry): the domain has no rules".to_owned(),
+            assignment: "ALLOW_ALL, standing: the domain has no rules".to_owned(),
             pool_key: None,
             placed: explain(config, domain, &sorted, options),
         });
@@ -80,7 +80,7 @@ pub fn explain_bucket(
             report.outcome = "not limited".to_owned();
             return Ok(BucketReport {
                 bucket_id,
-                assignment: "ALLOW_ALL, standing (no expiry): no rule applies".to_owned(),
+                assignment: "ALLOW_ALL, standing: no rule applies".to_owned(),
                 pool_key: None,
                 placed: report,
             });

@@ -16,8 +16,9 @@
 //! what the pools held when the span began: the grant slack, at most Σ (max_tokens + rate·ttl)
 //! over the members, plus requests admitted while a report was in flight. Admissions beyond a
 //! member's exposure (a data plane not enforcing, or on a failure policy's assignment) are charged
-//! when reported, as debt of at most one bucket capacity that later pushes pay first; anything
-//! beyond that is counted as slack.
+//! when reported, as debt of at most one bucket capacity that later pushes pay first (anything
+//! beyond it is forgiven). Slack counts each such admission once: all of an excess over a
+//! prepaid exposure, and of an unprepaid admission only what the debt could not take.
 
 use std::collections::HashMap;
 
@@ -122,7 +123,8 @@ pub enum Answer {
 /// Effect of one report.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Reported {
-    /// Admissions beyond anything prepaid or chargeable (see the module docs).
+    /// Admissions beyond what was prepaid for a member's assignment, or, without one, beyond
+    /// one capacity of debt; each admission counted once (see the module docs).
     pub slack: u64,
 }
 
@@ -211,12 +213,12 @@ impl Pool {
             return Reported::default();
         };
         let allowed_f = allowed as f64;
-        let mut slack = 0.0;
+        let mut excess = 0.0;
         if m.prepaid {
             let exposure = m.exposure(now_ms);
             // Past the exposure the data plane admitted what it was not given (or requests that
-            // were in flight with the report): counted, and charged below like any admission.
-            slack += (allowed_f - exposure).max(0.0);
+            // were in flight with the report): slack, and charged below like any admission.
+            excess = (allowed_f - exposure).max(0.0);
             let burst = m.strategy.map_or(0.0, |s| s.burst());
             m.cap = burst.min((exposure - allowed_f).max(0.0));
             m.cap_at_ms = now_ms.max(m.cap_at_ms);
@@ -232,12 +234,15 @@ impl Pool {
         }
         m.last_report_ms = Some(now_ms);
         self.held -= allowed_f;
+        let mut forgiven = 0.0;
         if self.held < -capacity {
-            slack += -capacity - self.held;
+            forgiven = -capacity - self.held;
             self.held = -capacity;
         }
+        // Each admission counts once: an excess over a prepaid assignment is slack whether it
+        // became debt or was forgiven; otherwise only what the debt could not take is.
         Reported {
-            slack: slack.ceil() as u64,
+            slack: excess.max(forgiven).ceil() as u64,
         }
     }
 

@@ -513,3 +513,29 @@ fn a_short_pool_keeps_the_small_plans_whole() {
     assert!(rate(1) < 90.0, "{assigned:?}");
     assert!(pool.held() >= 0.0);
 }
+
+/// Admissions past a prepaid assignment are slack once each: charged as debt up to one capacity
+/// and forgiven beyond it, but counted one time, not once as excess and again as forgiven.
+#[test]
+fn an_excess_over_a_prepaid_assignment_is_counted_as_slack_once() {
+    let params = per_second(10);
+    let mut pool = Pool::new(params);
+    pool.join(1);
+    let Ask::Take(n) = pool.plan(0, &OPTIONS) else {
+        panic!("a first plan takes")
+    };
+    let assigned = pool.settle(0, &OPTIONS, Answer::Granted(n));
+    assert!(matches!(assigned[..], [(1, Strategy::TokenBucket(_))]));
+    // Far past anything it could hold: the excess is the whole report but what was prepaid.
+    let allowed = 1_000_000;
+    let slack = pool.report(1, 100, allowed, 0).slack;
+    assert!(slack <= allowed, "{slack} counted for {allowed} admitted");
+    assert!(slack + n >= allowed, "{slack} + {n} prepaid < {allowed}");
+    // The debt stops at one capacity.
+    assert_eq!(pool.held(), -(params.capacity as f64));
+    // A member with nothing prepaid is charged as debt first: slack only past one capacity.
+    pool.join(2);
+    let before = pool.held();
+    assert_eq!(pool.report(2, 100, 5, 0).slack, 5);
+    assert_eq!(pool.held(), before);
+}
