@@ -203,11 +203,10 @@ descriptors:
     assert_eq!(&statuses[1..], [429, 429], "then a token every 72 minutes");
 }
 
-/// Two Envoys, each on its own sluice replica, one Redis: the same user hammered through both
-/// for 6 s stays within one limit (C + r·T + both data planes' slack), where each replica once
-/// granted its Envoy the whole rule (7.5 × the bound).
-#[test]
-fn two_envoys_on_two_replicas_share_one_limit() {
+/// Envoys spread over two sluice replicas and one Redis: the same user hammered through every
+/// Envoy for 6 s stays within one limit (C + r·T + each data plane's slack), where each replica
+/// once granted its Envoy the whole rule (two Envoys admitted 7.5 × the bound).
+fn envoys_on_two_replicas_share_one_limit(envoy_count: usize) {
     let rules = r#"
 domain: edge
 descriptors:
@@ -228,9 +227,8 @@ descriptors:
         SluiceProcess::start(&[("edge.yaml", rules)], &args),
         SluiceProcess::start(&[("edge.yaml", rules)], &args),
     ];
-    let mut envoys: Vec<Envoy> = replicas
-        .iter()
-        .map(|r| Envoy::start(&quota_bootstrap(&[r.grpc])))
+    let mut envoys: Vec<Envoy> = (0..envoy_count)
+        .map(|i| Envoy::start(&quota_bootstrap(&[replicas[i % 2].grpc])))
         .collect();
     let mut clients: Vec<HttpClient> = envoys.iter().map(Envoy::client).collect();
     let user: &[(&str, &[u8])] = &[("x-user", b"shared")];
@@ -252,10 +250,10 @@ descriptors:
     let limit = 10.0 + 5.0 * span;
     // Per data plane: its bucket (5) and rate × ttl (15), and its first request before any
     // assignment.
-    let slack = 2.0 * (5.0 + 5.0 * 3.0 + 1.0);
+    let slack = envoy_count as f64 * (5.0 + 5.0 * 3.0 + 1.0);
     println!(
-        "two Envoys on two replicas: {admitted} admitted in {span:.1} s; C + r·T = {limit:.0} \
-         ({:.2} of it), bound with slack {:.0}",
+        "{envoy_count} Envoys on two replicas: {admitted} admitted in {span:.1} s; C + r·T = \
+         {limit:.0} ({:.2} of it), bound with slack {:.0}",
         admitted as f64 / limit,
         limit + slack
     );
@@ -268,4 +266,14 @@ descriptors:
         limit + slack
     );
     assert!(admitted > 0);
+}
+
+#[test]
+fn two_envoys_on_two_replicas_share_one_limit() {
+    envoys_on_two_replicas_share_one_limit(2);
+}
+
+#[test]
+fn three_envoys_on_two_replicas_share_one_limit() {
+    envoys_on_two_replicas_share_one_limit(3);
 }
