@@ -277,3 +277,51 @@ fn two_envoys_on_two_replicas_share_one_limit() {
 fn three_envoys_on_two_replicas_share_one_limit() {
     envoys_on_two_replicas_share_one_limit(3);
 }
+
+/// RLS and RLQS on one rule: one Envoy asks per request (ratelimit filter), another enforces
+/// assignments (rate_limit_quota filter), both for `user=both` on one sluice: one bucket, one
+/// limit (C + r·T + the RLQS data plane's slack).
+#[test]
+fn rls_and_rlqs_envoys_share_one_bucket() {
+    let rules = r#"
+domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 5, burst: 10}
+"#;
+    let sluice = SluiceProcess::start(&[("edge.yaml", rules)], &[]);
+    let mut rls = Bootstrap::rls("edge", &[sluice.grpc]);
+    rls.virtual_host()["rate_limits"] = json!([{"actions": [{"request_headers": {
+        "header_name": "x-user", "descriptor_key": "user"}}]}]);
+    let rls = Envoy::start(&rls);
+    let rlqs = Envoy::start(&quota_bootstrap(&[sluice.grpc]));
+    let user: &[(&str, &[u8])] = &[("x-user", b"both")];
+    let (mut via_rls, mut via_rlqs) = (rls.client(), rlqs.client());
+    let mut admitted = [usize::from(via_rlqs.get("/", user).status == 200), 0];
+    wait_for_assignment(&sluice);
+    let started = now();
+    while started.elapsed() < Duration::from_secs(6) {
+        admitted[0] += usize::from(via_rlqs.get("/", user).status == 200);
+        admitted[1] += usize::from(via_rls.get("/", user).status == 200);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let span = started.elapsed().as_secs_f64();
+    let limit = 10.0 + 5.0 * span;
+    let slack = 5.0 + 5.0 * 3.0 + 1.0;
+    let total = admitted[0] + admitted[1];
+    println!(
+        "RLQS {} + RLS {} = {total} admitted in {span:.1} s; C + r·T = {limit:.0} ({:.2} of it), \
+         bound with slack {:.0}",
+        admitted[0],
+        admitted[1],
+        total as f64 / limit,
+        limit + slack
+    );
+    assert!(
+        total as f64 <= limit + slack,
+        "{total} > {:.0}",
+        limit + slack
+    );
+    assert!(admitted[1] > 0, "RLS still admits from the shared bucket");
+    assert_eq!(rls.ratelimit_stat("app", "error"), 0);
+}
