@@ -325,3 +325,63 @@ descriptors:
     assert!(admitted[1] > 0, "RLS still admits from the shared bucket");
     assert_eq!(rls.ratelimit_stat("app", "error"), 0);
 }
+
+/// Redis gone: each rule's `failure_mode` becomes an assignment Envoy enforces — `open` a
+/// tight bucket turns ALLOW_ALL, `closed` a roomy one turns DENY_ALL — within a few pushes.
+#[test]
+fn redis_down_becomes_each_rules_failure_mode_in_envoy() {
+    let rules = r#"
+domain: edge
+descriptors:
+  - key: user
+    value: open
+    failure_mode: open
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: user
+    value: closed
+    failure_mode: closed
+    rate_limit: {unit: second, requests_per_unit: 100000}
+"#;
+    let redis = sluice_harness::RedisServer::start();
+    let url = redis.url();
+    let args = [
+        "--backend",
+        "redis",
+        "--redis-url",
+        &url,
+        "--redis-timeout",
+        "200ms",
+    ];
+    let sluice = SluiceProcess::start(&[("edge.yaml", rules)], &args);
+    let envoy = Envoy::start(&quota_bootstrap(&[sluice.grpc]));
+    let mut client = envoy.client();
+    let (open, closed): (&[(&str, &[u8])], &[(&str, &[u8])]) =
+        (&[("x-user", b"open")], &[("x-user", b"closed")]);
+    get_all(&mut client, open, 1);
+    get_all(&mut client, closed, 1);
+    wait_for_assignment(&sluice);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        get_all(&mut client, open, 3),
+        [429; 3],
+        "1 per minute, spent"
+    );
+    assert_eq!(get_all(&mut client, closed, 3), [200; 3]);
+    drop(redis);
+    sluice_harness::wait_until(
+        "failure-mode assignments enforced by Envoy",
+        Duration::from_secs(10),
+        || {
+            let o = client.get("/", open).status;
+            let c = client.get("/", closed).status;
+            std::thread::sleep(Duration::from_millis(50));
+            o == 200 && c == 429
+        },
+    );
+    assert_eq!(get_all(&mut client, open, 5), [200; 5], "open: ALLOW_ALL");
+    assert_eq!(
+        get_all(&mut client, closed, 5),
+        [429; 5],
+        "closed: DENY_ALL"
+    );
+}
