@@ -355,8 +355,8 @@ descriptors:
     let sluice = SluiceProcess::start(&[("edge.yaml", rules)], &args);
     let envoy = Envoy::start(&quota_bootstrap(&[sluice.grpc]));
     let mut client = envoy.client();
-    let (open, closed): (&[(&str, &[u8])], &[(&str, &[u8])]) =
-        (&[("x-user", b"open")], &[("x-user", b"closed")]);
+    let open: &[(&str, &[u8])] = &[("x-user", b"open")];
+    let closed: &[(&str, &[u8])] = &[("x-user", b"closed")];
     get_all(&mut client, open, 1);
     get_all(&mut client, closed, 1);
     wait_for_assignment(&sluice);
