@@ -130,51 +130,6 @@ descriptors:
     );
 }
 
-/// One user hammering a rule of burst 10, then 5/s, through one Envoy for 6 s: Envoy enforces
-/// sluice's assignments, and admits at most C + r·T + the documented slack (docs/rlqs.md: each
-/// data plane's bucket and `rate × ttl`, here 5 + 5 × 3, plus requests admitted before the first
-/// assignment under Envoy's default ALLOW_ALL).
-#[test]
-fn one_envoy_enforces_the_rule_within_the_bound() {
-    let rules = r#"
-domain: edge
-descriptors:
-  - key: user
-    rate_limit: {unit: second, requests_per_unit: 5, burst: 10}
-"#;
-    let sluice = SluiceProcess::start(&[("edge.yaml", rules)], &[]);
-    let mut envoy = Envoy::start(&quota_bootstrap(&[sluice.grpc]));
-    let mut client = envoy.client();
-    let user: &[(&str, &[u8])] = &[("x-user", b"hammer")];
-    // The first request subscribes the bucket; the assignment follows within a round trip.
-    let first = client.get("/", user).status;
-    wait_for_assignment(&sluice);
-    let started = now();
-    let mut admitted = usize::from(first == 200);
-    let mut sent = 1;
-    while started.elapsed() < Duration::from_secs(6) {
-        admitted += usize::from(client.get("/", user).status == 200);
-        sent += 1;
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    let span = started.elapsed().as_secs_f64();
-    let limit = 10.0 + 5.0 * span;
-    let slack = 5.0 + 5.0 * 3.0 + 1.0;
-    println!(
-        "one Envoy: {admitted} of {sent} admitted in {span:.1} s; C + r·T = {limit:.0} \
-         ({:.2} of it), bound with slack {:.0}",
-        admitted as f64 / limit,
-        limit + slack
-    );
-    assert!(envoy.is_running(), "Envoy crashed; log:\n{}", envoy.log());
-    assert!(
-        admitted as f64 <= limit + slack,
-        "{admitted} > {:.0}",
-        limit + slack
-    );
-    assert!(admitted > 0, "the limit is usable");
-}
-
 /// A slow rule (`20 per day`) still admits through Envoy: a token every 72 minutes, the bucket
 /// starting full, not DENY_ALL for a share below one token an hour.
 #[test]
@@ -201,129 +156,6 @@ descriptors:
         "the assigned bucket starts full: {statuses:?}"
     );
     assert_eq!(&statuses[1..], [429, 429], "then a token every 72 minutes");
-}
-
-/// Envoys spread over two sluice replicas and one Redis: the same user hammered through every
-/// Envoy for 6 s stays within one limit (C + r·T + each data plane's slack), where each replica
-/// once granted its Envoy the whole rule (two Envoys admitted 7.5 × the bound).
-fn envoys_on_two_replicas_share_one_limit(envoy_count: usize) {
-    let rules = r#"
-domain: edge
-descriptors:
-  - key: user
-    rate_limit: {unit: second, requests_per_unit: 5, burst: 10}
-"#;
-    let redis = sluice_harness::RedisServer::start();
-    let url = redis.url();
-    let args = [
-        "--backend",
-        "redis",
-        "--redis-url",
-        &url,
-        "--redis-timeout",
-        "200ms",
-    ];
-    let replicas = [
-        SluiceProcess::start(&[("edge.yaml", rules)], &args),
-        SluiceProcess::start(&[("edge.yaml", rules)], &args),
-    ];
-    let mut envoys: Vec<Envoy> = (0..envoy_count)
-        .map(|i| Envoy::start(&quota_bootstrap(&[replicas[i % 2].grpc])))
-        .collect();
-    let mut clients: Vec<HttpClient> = envoys.iter().map(Envoy::client).collect();
-    let user: &[(&str, &[u8])] = &[("x-user", b"shared")];
-    let mut admitted = 0;
-    for client in &mut clients {
-        admitted += usize::from(client.get("/", user).status == 200);
-    }
-    for replica in &replicas {
-        wait_for_assignment(replica);
-    }
-    let started = now();
-    while started.elapsed() < Duration::from_secs(6) {
-        for client in &mut clients {
-            admitted += usize::from(client.get("/", user).status == 200);
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    let span = started.elapsed().as_secs_f64();
-    let limit = 10.0 + 5.0 * span;
-    // Per data plane: its bucket (5) and rate × ttl (15), and its first request before any
-    // assignment.
-    let slack = envoy_count as f64 * (5.0 + 5.0 * 3.0 + 1.0);
-    println!(
-        "{envoy_count} Envoys on two replicas: {admitted} admitted in {span:.1} s; C + r·T = \
-         {limit:.0} ({:.2} of it), bound with slack {:.0}",
-        admitted as f64 / limit,
-        limit + slack
-    );
-    for envoy in &mut envoys {
-        assert!(envoy.is_running(), "Envoy crashed; log:\n{}", envoy.log());
-    }
-    assert!(
-        admitted as f64 <= limit + slack,
-        "{admitted} > {:.0}",
-        limit + slack
-    );
-    assert!(admitted > 0);
-}
-
-#[test]
-fn two_envoys_on_two_replicas_share_one_limit() {
-    envoys_on_two_replicas_share_one_limit(2);
-}
-
-#[test]
-fn three_envoys_on_two_replicas_share_one_limit() {
-    envoys_on_two_replicas_share_one_limit(3);
-}
-
-/// RLS and RLQS on one rule: one Envoy asks per request (ratelimit filter), another enforces
-/// assignments (rate_limit_quota filter), both for `user=both` on one sluice: one bucket, one
-/// limit (C + r·T + the RLQS data plane's slack).
-#[test]
-fn rls_and_rlqs_envoys_share_one_bucket() {
-    let rules = r#"
-domain: edge
-descriptors:
-  - key: user
-    rate_limit: {unit: second, requests_per_unit: 5, burst: 10}
-"#;
-    let sluice = SluiceProcess::start(&[("edge.yaml", rules)], &[]);
-    let mut rls = Bootstrap::rls("edge", &[sluice.grpc]);
-    rls.virtual_host()["rate_limits"] = json!([{"actions": [{"request_headers": {
-        "header_name": "x-user", "descriptor_key": "user"}}]}]);
-    let rls = Envoy::start(&rls);
-    let rlqs = Envoy::start(&quota_bootstrap(&[sluice.grpc]));
-    let user: &[(&str, &[u8])] = &[("x-user", b"both")];
-    let (mut via_rls, mut via_rlqs) = (rls.client(), rlqs.client());
-    let mut admitted = [usize::from(via_rlqs.get("/", user).status == 200), 0];
-    wait_for_assignment(&sluice);
-    let started = now();
-    while started.elapsed() < Duration::from_secs(6) {
-        admitted[0] += usize::from(via_rlqs.get("/", user).status == 200);
-        admitted[1] += usize::from(via_rls.get("/", user).status == 200);
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    let span = started.elapsed().as_secs_f64();
-    let limit = 10.0 + 5.0 * span;
-    let slack = 5.0 + 5.0 * 3.0 + 1.0;
-    let total = admitted[0] + admitted[1];
-    println!(
-        "RLQS {} + RLS {} = {total} admitted in {span:.1} s; C + r·T = {limit:.0} ({:.2} of it), \
-         bound with slack {:.0}",
-        admitted[0],
-        admitted[1],
-        total as f64 / limit,
-        limit + slack
-    );
-    assert!(
-        total as f64 <= limit + slack,
-        "{total} > {:.0}",
-        limit + slack
-    );
-    assert!(admitted[1] > 0, "RLS still admits from the shared bucket");
-    assert_eq!(rls.ratelimit_stat("app", "error"), 0);
 }
 
 /// Redis gone: each rule's `failure_mode` becomes an assignment Envoy enforces — `open` a
@@ -384,4 +216,137 @@ descriptors:
         [429; 5],
         "closed: DENY_ALL"
     );
+}
+
+/// Burst 10, then 5/s, per user.
+const TIGHT_RULE: &str = r#"
+domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 5, burst: 10}
+"#;
+
+/// What one RLQS data plane may admit beyond C + r·T under [`TIGHT_RULE`] (docs/rlqs.md): its
+/// bucket (5) and rate × ttl (5 × 3), plus its first request, before any assignment, under
+/// Envoy's default ALLOW_ALL.
+const DATA_PLANE_SLACK: f64 = 5.0 + 5.0 * 3.0 + 1.0;
+
+/// Sends `user`'s requests round robin through `clients` for 6 s; admitted per client and the
+/// span in seconds.
+fn hammer(clients: &mut [HttpClient], user: &[(&str, &[u8])]) -> (Vec<usize>, f64) {
+    let mut admitted = vec![0; clients.len()];
+    let started = now();
+    while started.elapsed() < Duration::from_secs(6) {
+        for (client, count) in clients.iter_mut().zip(&mut admitted) {
+            *count += usize::from(client.get("/", user).status == 200);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    (admitted, started.elapsed().as_secs_f64())
+}
+
+/// Asserts `admitted ≤ C + r·T + slack` under [`TIGHT_RULE`] over `span` seconds, and prints
+/// the share of C + r·T admitted.
+fn assert_within_bound(what: &str, admitted: usize, span: f64, slack: f64) {
+    let limit = 10.0 + 5.0 * span;
+    println!(
+        "{what}: {admitted} admitted in {span:.1} s; C + r·T = {limit:.0} ({:.2} of it), bound \
+         with slack {:.0}",
+        admitted as f64 / limit,
+        limit + slack
+    );
+    assert!(
+        admitted as f64 <= limit + slack,
+        "{what}: {admitted} > {:.0}",
+        limit + slack
+    );
+    assert!(admitted > 0, "{what}: the limit is usable");
+}
+
+/// Envoys spread over sluice replicas on one Redis, the same user hammered through every Envoy
+/// for 6 s: one limit, C + r·T + each data plane's slack (two Envoys on two replicas once
+/// admitted 7.5 × the bound: each replica granted its Envoy the whole rule).
+fn envoys_share_one_limit(envoy_count: usize, replica_count: usize) {
+    let redis = sluice_harness::RedisServer::start();
+    let url = redis.url();
+    let args = [
+        "--backend",
+        "redis",
+        "--redis-url",
+        &url,
+        "--redis-timeout",
+        "200ms",
+    ];
+    let replicas: Vec<SluiceProcess> = (0..replica_count)
+        .map(|_| SluiceProcess::start(&[("edge.yaml", TIGHT_RULE)], &args))
+        .collect();
+    let mut envoys: Vec<Envoy> = (0..envoy_count)
+        .map(|i| Envoy::start(&quota_bootstrap(&[replicas[i % replica_count].grpc])))
+        .collect();
+    let mut clients: Vec<HttpClient> = envoys.iter().map(Envoy::client).collect();
+    let user: &[(&str, &[u8])] = &[("x-user", b"shared")];
+    // Each Envoy's first request subscribes the bucket; assignments follow within a round trip.
+    let first: usize = clients
+        .iter_mut()
+        .map(|c| usize::from(c.get("/", user).status == 200))
+        .sum();
+    for replica in &replicas {
+        wait_for_assignment(replica);
+    }
+    let (admitted, span) = hammer(&mut clients, user);
+    for envoy in &mut envoys {
+        assert!(envoy.is_running(), "Envoy crashed; log:\n{}", envoy.log());
+    }
+    assert_within_bound(
+        &format!("{envoy_count} Envoy(s) on {replica_count} replica(s)"),
+        first + admitted.iter().sum::<usize>(),
+        span,
+        envoy_count as f64 * DATA_PLANE_SLACK,
+    );
+}
+
+#[test]
+fn one_envoy_enforces_the_rule_within_the_bound() {
+    envoys_share_one_limit(1, 1);
+}
+
+#[test]
+fn two_envoys_on_two_replicas_share_one_limit() {
+    envoys_share_one_limit(2, 2);
+}
+
+#[test]
+fn three_envoys_on_two_replicas_share_one_limit() {
+    envoys_share_one_limit(3, 2);
+}
+
+/// RLS and RLQS on one rule: one Envoy asks per request (ratelimit filter), another enforces
+/// assignments (rate_limit_quota filter), both for `user=both` on one sluice: one bucket, one
+/// limit (C + r·T + the RLQS data plane's slack).
+#[test]
+fn rls_and_rlqs_envoys_share_one_bucket() {
+    let sluice = SluiceProcess::start(&[("edge.yaml", TIGHT_RULE)], &[]);
+    let mut rls = Bootstrap::rls("edge", &[sluice.grpc]);
+    rls.virtual_host()["rate_limits"] = json!([{"actions": [{"request_headers": {
+        "header_name": "x-user", "descriptor_key": "user"}}]}]);
+    let rls = Envoy::start(&rls);
+    let rlqs = Envoy::start(&quota_bootstrap(&[sluice.grpc]));
+    let user: &[(&str, &[u8])] = &[("x-user", b"both")];
+    let mut clients = [rlqs.client(), rls.client()];
+    let first = usize::from(clients[0].get("/", user).status == 200);
+    wait_for_assignment(&sluice);
+    let (admitted, span) = hammer(&mut clients, user);
+    println!(
+        "RLQS {} + RLS {} admitted",
+        first + admitted[0],
+        admitted[1]
+    );
+    assert_within_bound(
+        "RLS + RLQS on one rule",
+        first + admitted[0] + admitted[1],
+        span,
+        DATA_PLANE_SLACK,
+    );
+    assert!(admitted[1] > 0, "RLS still admits from the shared bucket");
+    assert_eq!(rls.ratelimit_stat("app", "error"), 0);
 }
