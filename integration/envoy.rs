@@ -471,18 +471,7 @@ descriptors:
     failure_mode: closed
     rate_limit: {unit: minute, requests_per_unit: 100}
 "#;
-    let url = redis.url();
-    let sluice = SluiceProcess::start(
-        &[("edge.yaml", rules)],
-        &[
-            "--backend",
-            "redis",
-            "--redis-url",
-            &url,
-            "--redis-timeout",
-            "200ms",
-        ],
-    );
+    let sluice = SluiceProcess::start_on_redis(&[("edge.yaml", rules)], &redis);
     let mut bootstrap = Bootstrap::rls("edge", &[sluice.grpc]);
     let generic = |key: &str| {
         json!([{"actions": [{"generic_key": {
@@ -567,17 +556,8 @@ fn envoy_reaches_sluice_over_mtls() {
 #[test]
 fn two_replicas_behind_one_cluster_hold_one_limit() {
     let redis = sluice_harness::RedisServer::start();
-    let url = redis.url();
-    let args = [
-        "--backend",
-        "redis",
-        "--redis-url",
-        &url,
-        "--redis-timeout",
-        "200ms",
-    ];
-    let a = SluiceProcess::start(&[("edge.yaml", RULES)], &args);
-    let b = SluiceProcess::start(&[("edge.yaml", RULES)], &args);
+    let a = SluiceProcess::start_on_redis(&[("edge.yaml", RULES)], &redis);
+    let b = SluiceProcess::start_on_redis(&[("edge.yaml", RULES)], &redis);
     let envoy = envoy_for(&[a.grpc, b.grpc], user_limit());
     let mut client = envoy.client();
     let started = now();

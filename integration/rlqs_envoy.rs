@@ -48,12 +48,23 @@ fn quota_bootstrap(sluice: &[SocketAddr]) -> Bootstrap {
     bootstrap
 }
 
+/// Assignments of `kind` (`token_bucket`, `allow_all`, `deny_all`, `abandon`; "" for all) sluice
+/// has sent.
+fn assignments_sent(sluice: &SluiceProcess, kind: &str) -> f64 {
+    let labels: &[(&str, &str)] = if kind.is_empty() {
+        &[]
+    } else {
+        &[("kind", kind)]
+    };
+    sluice.metric("sluice_rlqs_assignments_sent_total", labels)
+}
+
 /// Waits until sluice has sent at least one token-bucket or blanket assignment.
 fn wait_for_assignment(sluice: &SluiceProcess) {
     sluice_harness::wait_until(
         "sluice sends an assignment",
         Duration::from_secs(10),
-        || sluice.metric("sluice_rlqs_assignments_sent_total", &[]) > 0.0,
+        || assignments_sent(sluice, "") > 0.0,
     );
 }
 
@@ -123,7 +134,7 @@ descriptors:
     let denied = statuses.iter().filter(|s| **s != 200).count();
     println!("{} requests, {denied} denied", statuses.len());
     assert_eq!(denied, 0);
-    let kinds = |kind: &str| sluice.metric("sluice_rlqs_assignments_sent_total", &[("kind", kind)]);
+    let kinds = |kind: &str| assignments_sent(&sluice, kind);
     assert!(
         kinds("token_bucket") > 0.0,
         "a prepaid token bucket was assigned"
@@ -147,7 +158,7 @@ descriptors:
     // The first request is admitted by Envoy's default before any assignment.
     assert_eq!(client.get("/", user).status, 200);
     wait_for_assignment(&sluice);
-    let kinds = |kind: &str| sluice.metric("sluice_rlqs_assignments_sent_total", &[("kind", kind)]);
+    let kinds = |kind: &str| assignments_sent(&sluice, kind);
     assert!(kinds("token_bucket") > 0.0, "a token bucket, not DENY_ALL");
     assert_eq!(kinds("deny_all"), 0.0);
     let statuses = get_all(&mut client, user, 3);
@@ -175,16 +186,7 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 100000}
 "#;
     let redis = sluice_harness::RedisServer::start();
-    let url = redis.url();
-    let args = [
-        "--backend",
-        "redis",
-        "--redis-url",
-        &url,
-        "--redis-timeout",
-        "200ms",
-    ];
-    let sluice = SluiceProcess::start(&[("edge.yaml", rules)], &args);
+    let sluice = SluiceProcess::start_on_redis(&[("edge.yaml", rules)], &redis);
     let envoy = Envoy::start(&quota_bootstrap(&[sluice.grpc]));
     let mut client = envoy.client();
     let open: &[(&str, &[u8])] = &[("x-user", b"open")];
@@ -268,17 +270,8 @@ fn assert_within_bound(what: &str, admitted: usize, span: f64, slack: f64) {
 /// admitted 7.5 × the bound: each replica granted its Envoy the whole rule).
 fn envoys_share_one_limit(envoy_count: usize, replica_count: usize) {
     let redis = sluice_harness::RedisServer::start();
-    let url = redis.url();
-    let args = [
-        "--backend",
-        "redis",
-        "--redis-url",
-        &url,
-        "--redis-timeout",
-        "200ms",
-    ];
     let replicas: Vec<SluiceProcess> = (0..replica_count)
-        .map(|_| SluiceProcess::start(&[("edge.yaml", TIGHT_RULE)], &args))
+        .map(|_| SluiceProcess::start_on_redis(&[("edge.yaml", TIGHT_RULE)], &redis))
         .collect();
     let mut envoys: Vec<Envoy> = (0..envoy_count)
         .map(|i| Envoy::start(&quota_bootstrap(&[replicas[i % replica_count].grpc])))

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
+use crate::RedisServer;
 use crate::rls::http_get;
 use crate::{without_sluice_env, workspace_bin};
 
@@ -39,6 +40,21 @@ impl SluiceProcess {
             std::fs::write(config.join(name), text).unwrap();
         }
         Self::spawn(dir, &config, args)
+    }
+
+    /// [`SluiceProcess::start`] on the Redis backend against `redis`, with a 200 ms Redis deadline:
+    /// generous for a loaded test machine, still under the 1 s the harness's Envoy waits.
+    pub fn start_on_redis(files: &[(&str, &str)], redis: &RedisServer) -> SluiceProcess {
+        let url = redis.url();
+        let args = [
+            "--backend",
+            "redis",
+            "--redis-url",
+            &url,
+            "--redis-timeout",
+            "200ms",
+        ];
+        Self::start(files, &args)
     }
 
     /// `sluice serve --config <path>` on a config directory or file that exists already (e.g.
