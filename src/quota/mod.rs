@@ -67,6 +67,7 @@ impl From<&Settings> for QuotaOptions {
             pool: PoolOptions {
                 ttl_ms: ms(settings.rlqs_assignment_ttl),
                 burst_ms: ms(settings.rlqs_push_interval),
+                horizon_ms: ms(settings.rlqs_push_interval),
             },
             idle_timeout: settings.rlqs_idle_timeout,
             max_subscriptions: usize::try_from(settings.rlqs_max_subscriptions)

@@ -1,13 +1,16 @@
 //! One bucket's quota on one replica: the tokens it took from the shared bucket ahead of the
 //! data planes that enforce them, and each data plane's share.
 //!
-//! The prepaid contract: a data plane is never told it may admit a token that the pool has not
-//! already taken from the shared bucket. Each member's *exposure* is the worst case of what it
-//! may have admitted without reporting it, plus what its local bucket still holds: after a report
-//! at `t` it is at most the bucket's size, and it grows at the assigned rate until the assignment
-//! expires. A push (every push interval) re-plans every member's share, asks the shared bucket for
-//! what the plan needs beyond what the pool holds (or gives back what it holds beyond that),
-//! and only then assigns: `held >= Σ exposure until each expiry` after every push. A report
+//! The prepaid contract: while pushes keep coming, a data plane is never told it may admit a token
+//! that the pool has not already taken from the shared bucket. Each member's *exposure* is the
+//! worst case of what it may have admitted without reporting it, plus what its local bucket still
+//! holds: after a report at `t` it is at most the bucket's size, and it grows at the assigned rate
+//! until the assignment expires. A push (every push interval) re-plans every member's share, asks
+//! the shared bucket for what the plan needs beyond what the pool holds (or gives back what it
+//! holds beyond that), and only then assigns: `held >= Σ exposure until the next push` (the
+//! horizon, [`PoolOptions::horizon_ms`]) after every push. What a data plane admits past the
+//! horizon (a late push; sluice gone until the assignment expires) the next push pays first, or,
+//! with no push, is the `rate × ttl` of the slack below. A report
 //! spends what it says was admitted (`held -= allowed`) and tightens the member's exposure to
 //! what its bucket can still hold. A new strategy starts a fresh, full local bucket in Envoy, so
 //! a change is paid its full size; an unchanged one re-sent only extends the expiry.
@@ -39,6 +42,12 @@ pub struct PoolOptions {
     /// A token bucket holds this much of its rate (`max_tokens`): the burst a data plane may admit
     /// at once.
     pub burst_ms: u64,
+    /// How far ahead a push pays each assignment's rate: the push interval, until the next push
+    /// pays again. Not the whole ttl: Envoy reads whole seconds only, so a ttl of seconds paid
+    /// ahead would cap a data plane's share at about C / (ttl + burst) where the rule's bucket is
+    /// small. What a data plane may admit past the horizon without a push (sluice gone) is at most
+    /// `rate × (ttl − horizon)`, inside the grant slack.
+    pub horizon_ms: u64,
 }
 
 /// A current strategy within this fraction of the planned rate is kept as it is: re-sent
@@ -50,6 +59,12 @@ const DEMAND_WEIGHT: f64 = 0.5;
 
 /// Reports closer together than this say nothing reliable about a rate.
 const MIN_SAMPLE_MS: u64 = 50;
+
+/// Tokens a pool keeps beyond its plan (at most a tenth of the rule's capacity): the shared bucket
+/// yields whole tokens, so a push a little early finds one fewer than the plan needs, and without
+/// this reserve the pool would replace a data plane's bucket by a smaller fresh one (and pay a
+/// fresh one again to grow back).
+const RESERVE: f64 = 1.0;
 
 #[derive(Clone, Debug)]
 struct Member {
@@ -188,6 +203,11 @@ impl Pool {
         self.members.get(&member).and_then(|m| m.strategy)
     }
 
+    /// See [`RESERVE`].
+    fn reserve(&self) -> f64 {
+        RESERVE.min(self.params.capacity as f64 / 10.0)
+    }
+
     /// The rule's rate in tokens per second.
     fn rate_per_s(&self) -> f64 {
         self.params.requests_per_unit as f64 * 1000.0 / self.params.unit_ms.max(1) as f64
@@ -276,7 +296,7 @@ impl Pool {
     /// Plans a push at `now_ms`: every member's strategy, and what the pool must take from (or may
     /// give back to) the shared bucket to pay for it. Follow with [`Pool::settle`].
     pub fn plan(&mut self, now_ms: u64, options: &PoolOptions) -> Ask {
-        let ttl = options.ttl_ms as f64;
+        let horizon = options.horizon_ms as f64;
         self.fixed = self.members.values().map(|m| m.exposure(now_ms)).sum();
         self.planned.clear();
         let mut future = 0.0;
@@ -293,11 +313,11 @@ impl Pool {
                 _ => TokenBucket::for_rate(share, options.burst_ms)
                     .map_or(Strategy::DenyAll, Strategy::TokenBucket),
             };
-            future += cost(member, strategy, now_ms, ttl);
+            future += cost(member, strategy, now_ms, horizon);
             self.planned.push((id, strategy));
         }
         self.need = self.fixed + future;
-        let gap = self.need - self.held;
+        let gap = self.need + self.reserve() - self.held;
         if gap > 0.0 {
             Ask::Take(gap.ceil() as u64)
         } else if gap <= -1.0 {
@@ -359,15 +379,14 @@ impl Pool {
         options: &PoolOptions,
         planned: &[(MemberId, Strategy)],
     ) -> Vec<(MemberId, Strategy)> {
-        let ttl = options.ttl_ms as f64;
-        let window = (options.burst_ms + options.ttl_ms).max(1) as f64;
+        let horizon = options.horizon_ms as f64;
         let costs: Vec<f64> = planned
             .iter()
-            .map(|(id, strategy)| cost(&self.members[id], *strategy, now_ms, ttl))
+            .map(|(id, strategy)| cost(&self.members[id], *strategy, now_ms, horizon))
             .collect();
         let mut order: Vec<usize> = (0..planned.len()).collect();
         order.sort_by(|&a, &b| costs[a].total_cmp(&costs[b]).then(a.cmp(&b)));
-        let mut left = (self.held - self.fixed).max(0.0);
+        let mut left = (self.held - self.fixed - self.reserve()).max(0.0);
         let mut parts = vec![0.0; planned.len()];
         for (n, &i) in order.iter().enumerate() {
             parts[i] = costs[i].min(left / (order.len() - n) as f64);
@@ -381,11 +400,20 @@ impl Pool {
                 if planned_cost <= part {
                     return (*id, *planned);
                 }
-                // A fresh bucket costs max_tokens (≤ rate·burst + 1) plus rate·ttl.
-                let rate_per_s = (part - 1.0).max(0.0) * 1000.0 / window;
-                let strategy = TokenBucket::for_rate(rate_per_s, options.burst_ms)
-                    .map_or(Strategy::DenyAll, Strategy::TokenBucket);
-                debug_assert!(cost(member, strategy, now_ms, ttl) <= part + 1e-6);
+                let fresh = fitted(part, planned.rate_per_ms() * 1000.0, options);
+                debug_assert!(cost(member, fresh, now_ms, horizon) <= part + 1e-6);
+                // The bucket the data plane has, kept, costs only its rate: better than a
+                // smaller fresh one whenever the part pays for it.
+                let strategy = match member.strategy {
+                    Some(current)
+                        if member.keeps(current, now_ms)
+                            && current.rate_per_ms() > fresh.rate_per_ms()
+                            && cost(member, current, now_ms, horizon) <= part =>
+                    {
+                        current
+                    }
+                    _ => fresh,
+                };
                 (*id, strategy)
             })
             .collect()
@@ -438,13 +466,29 @@ impl Pool {
     }
 }
 
-/// What assigning `strategy` to `member` at `now_ms` adds to its exposure over the ttl: the
-/// rate for the ttl, plus a full bucket when it is not the one the data plane already has.
-fn cost(member: &Member, strategy: Strategy, now_ms: u64, ttl_ms: f64) -> f64 {
+/// The fastest fresh token bucket `part` tokens pay for, no faster than `ceiling_per_s`: the rate
+/// comes first (it lasts), the bucket's size (paid once) takes what is left of the part, at least
+/// one token and at most `burst_ms` of the rate.
+fn fitted(part: f64, ceiling_per_s: f64, options: &PoolOptions) -> Strategy {
+    let horizon = options.horizon_ms as f64;
+    let rate_per_s = ((part - 1.0).max(0.0) * 1000.0 / horizon.max(1.0)).min(ceiling_per_s);
+    let Some(bucket) = TokenBucket::for_rate(rate_per_s, options.burst_ms) else {
+        return Strategy::DenyAll;
+    };
+    let room = (part - bucket.rate_per_ms() * horizon).floor();
+    Strategy::TokenBucket(TokenBucket {
+        max_tokens: room.clamp(1.0, f64::from(bucket.max_tokens)) as u32,
+        ..bucket
+    })
+}
+
+/// What assigning `strategy` to `member` at `now_ms` adds to its exposure until the next push:
+/// the rate for the horizon, plus a full bucket when it is not the one the data plane already has.
+fn cost(member: &Member, strategy: Strategy, now_ms: u64, horizon_ms: f64) -> f64 {
     let fresh = if member.keeps(strategy, now_ms) {
         0.0
     } else {
         strategy.burst()
     };
-    fresh + strategy.rate_per_ms() * ttl_ms
+    fresh + strategy.rate_per_ms() * horizon_ms
 }
