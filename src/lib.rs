@@ -46,8 +46,10 @@ pub use sluice_core::{
 };
 
 pub mod admin;
+pub mod admin_client;
 pub mod backend;
 pub mod cli;
+pub mod cli_top;
 pub mod compat;
 pub mod config;
 pub mod dynamic_metadata;
@@ -61,5 +63,6 @@ pub mod server;
 pub mod service;
 pub mod settings;
 pub mod telemetry;
+pub mod top;
 pub mod validate;
 pub mod xds;

@@ -44,6 +44,7 @@ use crate::request::LimitRequest;
 use crate::security::wire::{self, SHOULD_RATE_LIMIT_PATH, WireRequest};
 use crate::settings::{ResponseHeaders, Settings};
 use crate::telemetry::{Metrics, Outcome, traces};
+use crate::top::TopRecorder;
 use crate::validate::{self, Checked, Problem, RequestError};
 
 pub use crate::validate::RequestBounds;
@@ -93,6 +94,8 @@ pub struct RateLimitHandler<B> {
     problems: Arc<Problems>,
     /// Notes [`Problem::MessageBytes`] in `problems` for the codec.
     on_oversize: wire::OversizeHook,
+    /// The replica's top-keys summaries, when on.
+    top: Option<Arc<TopRecorder>>,
 }
 
 impl<B> RateLimitHandler<B> {
@@ -105,7 +108,14 @@ impl<B> RateLimitHandler<B> {
             metrics: Metrics::off(),
             on_oversize: Problems::oversize_hook(&problems),
             problems,
+            top: None,
         }
+    }
+
+    /// Counts every decision into `top` as well.
+    pub fn with_top(mut self, top: Option<Arc<TopRecorder>>) -> Self {
+        self.top = top;
+        self
     }
 
     /// Counts every call into `metrics` (off by default).
@@ -208,6 +218,9 @@ impl<B: Backend> RateLimitHandler<B> {
                     response.dynamic_metadata = Some(dynamic_metadata::build(&request, &decision));
                 }
                 self.metrics.record_decision(started, &request, &decision);
+                if let Some(top) = &self.top {
+                    top.record(&request, &decision);
+                }
                 traces::record_decision(span, &decision);
                 Ok(response)
             }

@@ -32,3 +32,4 @@ pub mod key;
 pub mod quota;
 pub mod request;
 pub mod rule;
+pub mod top;

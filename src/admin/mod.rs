@@ -2,6 +2,7 @@
 //! changes state, so exposing the port leaks at most the config.
 
 pub mod explain;
+pub mod top;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

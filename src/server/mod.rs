@@ -38,6 +38,7 @@ use crate::security::tls::{AuthorizeLayer, GrpcIncoming, TlsState};
 use crate::service::{HeaderOptions, RateLimitHandler, RateLimitServer, RequestBounds};
 use crate::settings::{BackendKind, Settings};
 use crate::telemetry::{BreakerReading, Metrics, MetricsOptions};
+use crate::top::TopRecorder;
 use crate::xds::{self, ConfigSource};
 
 use drain::{DrainTimes, GrpcHealth, WindDown};
@@ -375,15 +376,23 @@ async fn build<B: Backend>(
         )
         .with_leases(leases),
     );
+    let top = TopRecorder::new(
+        settings.telemetry.top_keys,
+        settings.telemetry.top_window,
+        Arc::new(MonotonicClock::new()),
+    )
+    .map(Arc::new);
     let service = RateLimitHandler::new(
         limiter.clone(),
         RequestBounds::from(settings),
         HeaderOptions::from(settings),
     )
-    .with_metrics(metrics.clone());
+    .with_metrics(metrics.clone())
+    .with_top(top.clone());
     let quotas = Arc::new(Quotas::new(limiter.clone(), QuotaOptions::from(settings)));
     metrics.observe_quota(quotas.stats().clone());
-    let admin = admin_router(settings, &config, &readiness, &metrics);
+    let admin =
+        admin_router(settings, &config, &readiness, &metrics).merge(admin::top::router(top));
     Ok(Built {
         config,
         readiness,

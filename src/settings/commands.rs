@@ -62,3 +62,27 @@ pub struct ExplainArgs {
     #[command(flatten)]
     pub load: LoadArgs,
 }
+
+/// `sluice top --admin ADDR`: the keys most limited and most active per rule on one replica.
+#[derive(Clone, Debug, Args)]
+pub struct TopArgs {
+    /// The replica's admin listener (`serve --admin-addr`).
+    #[arg(long, env = "SLUICE_ADMIN", default_value = "127.0.0.1:6070")]
+    pub admin: String,
+
+    /// Only this rule (its dotted config path, as in the metrics' `rule` label).
+    #[arg(long)]
+    pub rule: Option<String>,
+
+    /// Keys per list.
+    #[arg(long, default_value_t = 10)]
+    pub keys: usize,
+
+    /// Time between refreshes.
+    #[arg(long, value_parser = super::flags::parse_duration, default_value = "2s")]
+    pub interval: std::time::Duration,
+
+    /// Print the view once and exit (1 when the admin listener gave none).
+    #[arg(long)]
+    pub once: bool,
+}

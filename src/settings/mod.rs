@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use clap::{Args, FromArgMatches, Parser, Subcommand};
 
-pub use self::commands::{CheckConfigArgs, ExplainArgs};
+pub use self::commands::{CheckConfigArgs, ExplainArgs, TopArgs};
 pub use self::config::{ConfigOpsArgs, LoadArgs};
 pub use self::flags::{
     BackendKind, ConfigSourceArg, FailureModeArg, LogFormat, OutputFormat, RedisModeArg,
@@ -51,6 +51,8 @@ pub enum Command {
     CheckConfig(CheckConfigArgs),
     /// Show which rule a descriptor reaches (or why none), its bucket and its storage key.
     Explain(ExplainArgs),
+    /// Watch one replica's keys most limited and most active per rule (its admin GET /top).
+    Top(TopArgs),
 }
 
 /// Everything `serve` needs.

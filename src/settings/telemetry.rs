@@ -26,6 +26,16 @@ pub struct TelemetryArgs {
     )]
     pub metrics_detailed_max_values: usize,
 
+    /// Counters per summary of the keys most limited and most active per rule (GET /top on the
+    /// admin listener, `sluice top`); 0 turns the summaries off. Each rule keeps 4 summaries
+    /// (limited and active, this window and the one before).
+    #[arg(long, env = "SLUICE_TOP_KEYS", default_value_t = 64)]
+    pub top_keys: usize,
+
+    /// Window of the top-keys summaries: a view covers the current window and the one before.
+    #[arg(long, env = "SLUICE_TOP_WINDOW", value_parser = super::flags::parse_duration, default_value = "60s")]
+    pub top_window: Duration,
+
     /// Export traces by OTLP/gRPC (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or
     /// OTEL_EXPORTER_OTLP_ENDPOINT, default http://localhost:4317): a span per ShouldRateLimit
     /// and per Redis call.

@@ -551,7 +551,10 @@ fn a_short_first_assignment_keeps_the_rate_and_shortens_the_bucket() {
     let Ask::Take(n) = pool.plan(10, &ENVOY) else {
         panic!("an unassigned pool takes")
     };
-    assert_eq!(n, 12, "the bucket, a second of the rate, the debt and the reserve");
+    assert_eq!(
+        n, 12,
+        "the bucket, a second of the rate, the debt and the reserve"
+    );
     let first = token_bucket(&pool.settle(10, &ENVOY, Answer::Granted(10)));
     assert_eq!(first.rate_per_s(), 5.0, "{first:?}");
     assert_eq!(first.max_tokens, 3, "{first:?}");

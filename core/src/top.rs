@@ -1,0 +1,326 @@
+//! Who is limited now: per rule, a fixed-memory summary of the keys most often over their limit
+//! and of the most requested ones over the last minutes.
+//!
+//! Each summary is a Space-Saving sketch (Metwally, Agrawal, El Abbadi, 2005) of `capacity`
+//! counters: a key already counted adds to its counter; a new key takes a free counter, or
+//! replaces the smallest one and inherits its count as its `error`. For a stream of N offers,
+//! every counter overestimates its key by at most its `error` ≤ N / capacity, and every key
+//! offered more than N / capacity times holds a counter. Memory is `capacity` counters per summary
+//! whatever the number of keys.
+//!
+//! "The last minutes" are two windows of `window_ms`: the current one and the one before it,
+//! merged when read, so a view covers between one and two windows of history. Time is an
+//! argument (ms on any monotonic clock).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// One key's counter in a [`SpaceSaving`] summary.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Counter {
+    /// The key's identity (a hash of its descriptor entries).
+    pub hash: u64,
+    /// What an operator reads: `key=value, …`.
+    pub label: Arc<str>,
+    /// Offers counted, including `error`.
+    pub count: u64,
+    /// How much of `count` may belong to keys this counter replaced.
+    pub error: u64,
+}
+
+/// A Space-Saving summary of at most `capacity` counters.
+#[derive(Clone, Debug)]
+pub struct SpaceSaving {
+    capacity: usize,
+    counters: Vec<Counter>,
+    offered: u64,
+}
+
+impl SpaceSaving {
+    pub fn new(capacity: usize) -> Self {
+        SpaceSaving {
+            capacity: capacity.max(1),
+            counters: Vec::new(),
+            offered: 0,
+        }
+    }
+
+    /// Counts `weight` offers of the key `hash`; `label` is called only when the key takes a
+    /// counter.
+    pub fn offer(&mut self, hash: u64, label: impl FnOnce() -> Arc<str>, weight: u64) {
+        self.offered = self.offered.saturating_add(weight);
+        if let Some(counter) = self.counters.iter_mut().find(|c| c.hash == hash) {
+            counter.count = counter.count.saturating_add(weight);
+            return;
+        }
+        if self.counters.len() < self.capacity {
+            self.counters.push(Counter {
+                hash,
+                label: label(),
+                count: weight,
+                error: 0,
+            });
+            return;
+        }
+        let smallest = self
+            .counters
+            .iter_mut()
+            .min_by_key(|c| c.count)
+            .expect("a full summary has counters");
+        *smallest = Counter {
+            hash,
+            label: label(),
+            count: smallest.count.saturating_add(weight),
+            error: smallest.count,
+        };
+    }
+
+    /// Offers counted since the summary was made.
+    pub fn offered(&self) -> u64 {
+        self.offered
+    }
+
+    pub fn counters(&self) -> &[Counter] {
+        &self.counters
+    }
+
+    /// The smallest count when every counter is taken (a key without a counter was offered at
+    /// most this often), else 0.
+    pub fn floor(&self) -> u64 {
+        if self.counters.len() < self.capacity {
+            return 0;
+        }
+        self.counters.iter().map(|c| c.count).min().unwrap_or(0)
+    }
+}
+
+/// A key in a read view: `count` offers over the view's span, within ± `error` of the truth.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Ranked {
+    pub key: Arc<str>,
+    pub count: u64,
+    pub error: u64,
+}
+
+/// A [`SpaceSaving`] summary over the current window and the one before it.
+#[derive(Clone, Debug)]
+pub struct Windowed {
+    current: SpaceSaving,
+    previous: Option<SpaceSaving>,
+    started_ms: u64,
+}
+
+impl Windowed {
+    fn new(capacity: usize, now_ms: u64) -> Self {
+        Windowed {
+            current: SpaceSaving::new(capacity),
+            previous: None,
+            started_ms: now_ms,
+        }
+    }
+
+    /// Starts a new window when `now_ms` is past the current one (dropping the previous one, and
+    /// the current one too when a whole window passed without offers).
+    fn roll(&mut self, now_ms: u64, window_ms: u64) {
+        let window_ms = window_ms.max(1);
+        if now_ms < self.started_ms + window_ms {
+            return;
+        }
+        let fresh = SpaceSaving::new(self.current.capacity);
+        let ended = std::mem::replace(&mut self.current, fresh);
+        let windows = (now_ms - self.started_ms) / window_ms;
+        self.previous = (windows == 1).then_some(ended);
+        self.started_ms += windows * window_ms;
+    }
+
+    fn offer(&mut self, now_ms: u64, window_ms: u64, hash: u64, label: impl FnOnce() -> Arc<str>) {
+        self.roll(now_ms, window_ms);
+        self.current.offer(hash, label, 1);
+    }
+
+    /// The `n` keys offered most over both windows, most first. A key counted in one window only
+    /// may have been offered in the other up to that window's [`SpaceSaving::floor`]; that is
+    /// added to its `error`.
+    fn top(&self, n: usize) -> (Vec<Ranked>, u64) {
+        let parts: Vec<&SpaceSaving> = std::iter::once(&self.current)
+            .chain(self.previous.as_ref())
+            .collect();
+        let mut merged: HashMap<u64, Ranked> = HashMap::new();
+        for part in &parts {
+            for c in part.counters() {
+                let entry = merged.entry(c.hash).or_insert_with(|| Ranked {
+                    key: c.label.clone(),
+                    count: 0,
+                    error: 0,
+                });
+                entry.count += c.count;
+                entry.error += c.error;
+            }
+        }
+        for (hash, ranked) in merged.iter_mut() {
+            for part in &parts {
+                if !part.counters().iter().any(|c| c.hash == *hash) {
+                    ranked.error += part.floor();
+                }
+            }
+        }
+        let mut ranked: Vec<Ranked> = merged.into_values().collect();
+        ranked.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.key.cmp(&b.key)));
+        ranked.truncate(n);
+        let offered = parts.iter().map(|p| p.offered()).sum();
+        (ranked, offered)
+    }
+}
+
+/// Shape of a replica's [`TopKeys`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TopOptions {
+    /// Counters per summary.
+    pub capacity: usize,
+    /// Length of one window; a view covers one to two.
+    pub window_ms: u64,
+    /// Rules tracked at once; the offers of further rules are counted in
+    /// [`TopKeys::untracked`] only.
+    pub max_rules: usize,
+}
+
+impl Default for TopOptions {
+    fn default() -> Self {
+        TopOptions {
+            capacity: 64,
+            window_ms: 60_000,
+            max_rules: 1_000,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct RuleTop {
+    limited: Windowed,
+    active: Windowed,
+}
+
+/// One decision of one descriptor, as [`TopKeys::record`] counts it.
+#[derive(Clone, Copy, Debug)]
+pub struct Seen {
+    /// Hash of the descriptor's entries.
+    pub hash: u64,
+    /// The bucket could not pay (shadow rules included).
+    pub over: bool,
+}
+
+/// One rule's read view.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct RuleView {
+    /// The rule's dotted config path (its metric label).
+    pub rule: Arc<str>,
+    /// Keys most often over the limit.
+    pub limited: Vec<Ranked>,
+    /// Over-limit decisions counted over the view's span.
+    pub limited_total: u64,
+    /// Keys most often decided.
+    pub active: Vec<Ranked>,
+    /// Decisions counted over the view's span.
+    pub active_total: u64,
+}
+
+/// Per rule (by config path), the keys most often limited and most active over the last one to
+/// two windows, in fixed memory: `2 × 2 × capacity` counters per rule, at most `max_rules` rules.
+#[derive(Clone, Debug)]
+pub struct TopKeys {
+    options: TopOptions,
+    rules: HashMap<Arc<str>, RuleTop>,
+    untracked: u64,
+}
+
+impl TopKeys {
+    pub fn new(options: TopOptions) -> Self {
+        TopKeys {
+            options,
+            rules: HashMap::new(),
+            untracked: 0,
+        }
+    }
+
+    pub fn options(&self) -> TopOptions {
+        self.options
+    }
+
+    /// Counts one decision of `rule` at `now_ms`; `label` names the key (called only when the
+    /// key takes a counter).
+    pub fn record(
+        &mut self,
+        now_ms: u64,
+        rule: &Arc<str>,
+        seen: Seen,
+        label: impl Fn() -> Arc<str>,
+    ) {
+        let TopOptions {
+            capacity,
+            window_ms,
+            max_rules,
+        } = self.options;
+        if !self.rules.contains_key(rule) {
+            if self.rules.len() >= max_rules {
+                self.untracked = self.untracked.saturating_add(1);
+                return;
+            }
+            let fresh = || Windowed::new(capacity, now_ms);
+            self.rules.insert(
+                rule.clone(),
+                RuleTop {
+                    limited: fresh(),
+                    active: fresh(),
+                },
+            );
+        }
+        let top = self.rules.get_mut(rule).expect("inserted above");
+        top.active.offer(now_ms, window_ms, seen.hash, &label);
+        if seen.over {
+            top.limited.offer(now_ms, window_ms, seen.hash, &label);
+        } else {
+            top.limited.roll(now_ms, window_ms);
+        }
+    }
+
+    /// Decisions of rules beyond `max_rules`, not summarized.
+    pub fn untracked(&self) -> u64 {
+        self.untracked
+    }
+
+    /// Every rule with a decision in the last two windows, the `n` top keys of each, rules with
+    /// the most over-limit decisions first. `rule` keeps only that rule.
+    pub fn view(&mut self, now_ms: u64, n: usize, rule: Option<&str>) -> Vec<RuleView> {
+        let window_ms = self.options.window_ms;
+        let mut views = Vec::new();
+        self.rules.retain(|path, top| {
+            top.active.roll(now_ms, window_ms);
+            top.limited.roll(now_ms, window_ms);
+            let (active, active_total) = top.active.top(n);
+            if active_total == 0 {
+                return false;
+            }
+            if rule.is_none_or(|r| r == &**path) {
+                let (limited, limited_total) = top.limited.top(n);
+                views.push(RuleView {
+                    rule: path.clone(),
+                    limited,
+                    limited_total,
+                    active,
+                    active_total,
+                });
+            }
+            true
+        });
+        views.sort_by(|a, b| {
+            b.limited_total
+                .cmp(&a.limited_total)
+                .then_with(|| b.active_total.cmp(&a.active_total))
+                .then_with(|| a.rule.cmp(&b.rule))
+        });
+        views
+    }
+}
+
+#[cfg(test)]
+mod tests;

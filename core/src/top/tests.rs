@@ -1,0 +1,164 @@
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn label(n: u64) -> Arc<str> {
+    Arc::from(format!("user={n}"))
+}
+
+fn options(capacity: usize) -> TopOptions {
+    TopOptions {
+        capacity,
+        window_ms: 60_000,
+        max_rules: 10,
+    }
+}
+
+fn record(top: &mut TopKeys, now_ms: u64, rule: &Arc<str>, key: u64, over: bool) {
+    top.record(now_ms, rule, Seen { hash: key, over }, || label(key));
+}
+
+#[test]
+fn below_capacity_every_count_is_exact() {
+    let mut s = SpaceSaving::new(4);
+    for (key, times) in [(1, 5), (2, 3), (3, 1)] {
+        for _ in 0..times {
+            s.offer(key, || label(key), 1);
+        }
+    }
+    let counts: Vec<(u64, u64, u64)> = s
+        .counters()
+        .iter()
+        .map(|c| (c.hash, c.count, c.error))
+        .collect();
+    assert_eq!(counts, [(1, 5, 0), (2, 3, 0), (3, 1, 0)]);
+    assert_eq!(s.floor(), 0);
+    assert_eq!(s.offered(), 9);
+}
+
+#[test]
+fn a_new_key_replaces_the_smallest_counter_and_inherits_its_count_as_error() {
+    let mut s = SpaceSaving::new(2);
+    for key in [1, 1, 1, 2, 3] {
+        s.offer(key, || label(key), 1);
+    }
+    let three = s.counters().iter().find(|c| c.hash == 3).unwrap();
+    assert_eq!((three.count, three.error, &*three.label), (2, 1, "user=3"));
+    assert!(s.counters().iter().all(|c| c.hash != 2));
+}
+
+proptest! {
+    /// The Space-Saving guarantees over skewed streams: every counter within its error of the
+    /// truth, every error at most N / capacity, every key offered more than N / capacity times
+    /// counted.
+    #[test]
+    fn counts_stay_within_their_error_and_heavy_keys_are_kept(
+        stream in prop::collection::vec((0u64..40).prop_map(|x| x * x / 40), 1..2_000),
+        capacity in 1usize..16,
+    ) {
+        let mut s = SpaceSaving::new(capacity);
+        let mut truth: HashMap<u64, u64> = HashMap::new();
+        for &key in &stream {
+            s.offer(key, || label(key), 1);
+            *truth.entry(key).or_default() += 1;
+        }
+        let n = stream.len() as u64;
+        for c in s.counters() {
+            let t = truth[&c.hash];
+            prop_assert!(c.count - c.error <= t && t <= c.count, "{c:?} truth {t}");
+            prop_assert!(c.error * capacity as u64 <= n);
+        }
+        for (key, t) in &truth {
+            if t * capacity as u64 > n {
+                prop_assert!(s.counters().iter().any(|c| c.hash == *key), "heavy key {key} ({t} of {n}) lost");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_view_covers_the_current_and_the_previous_window() {
+    let rule: Arc<str> = Arc::from("edge.user");
+    let mut top = TopKeys::new(options(8));
+    for _ in 0..3 {
+        record(&mut top, 1_000, &rule, 7, true);
+    }
+    record(&mut top, 1_000, &rule, 8, false);
+    // Next window: key 7 twice more, over its limit once.
+    record(&mut top, 61_000, &rule, 7, true);
+    record(&mut top, 61_500, &rule, 7, false);
+    let view = top.view(62_000, 10, None);
+    assert_eq!(view.len(), 1);
+    let v = &view[0];
+    assert_eq!(&*v.rule, "edge.user");
+    assert_eq!((v.limited_total, v.active_total), (4, 6));
+    assert_eq!(
+        v.limited[0],
+        Ranked {
+            key: label(7),
+            count: 4,
+            error: 0
+        }
+    );
+    assert_eq!(
+        v.active[0],
+        Ranked {
+            key: label(7),
+            count: 5,
+            error: 0
+        }
+    );
+    assert_eq!(
+        v.active[1],
+        Ranked {
+            key: label(8),
+            count: 1,
+            error: 0
+        }
+    );
+    // Two windows on, the first one is gone.
+    let v = &top.view(121_000, 10, None)[0];
+    assert_eq!((v.limited_total, v.active_total), (1, 2));
+    // With no decision for two whole windows the rule leaves the view (and memory).
+    assert!(top.view(240_000, 10, None).is_empty());
+}
+
+#[test]
+fn a_key_missing_from_one_window_carries_that_windows_floor_as_error() {
+    let rule: Arc<str> = Arc::from("edge.user");
+    let mut top = TopKeys::new(options(2));
+    for key in [1, 1, 2, 2] {
+        record(&mut top, 0, &rule, key, false);
+    }
+    // Next window: key 3 only.
+    record(&mut top, 60_000, &rule, 3, false);
+    let v = &top.view(60_000, 10, None)[0];
+    let three = v.active.iter().find(|r| &*r.key == "user=3").unwrap();
+    // Key 3 may have been offered up to twice in the full first window without a counter.
+    assert_eq!((three.count, three.error), (1, 2));
+}
+
+#[test]
+fn rules_past_the_bound_are_counted_not_summarized_and_views_rank_rules_by_limits() {
+    let mut top = TopKeys::new(TopOptions {
+        max_rules: 2,
+        ..options(4)
+    });
+    let rules: Vec<Arc<str>> = ["a", "b", "c"].into_iter().map(Arc::from).collect();
+    record(&mut top, 0, &rules[0], 1, false);
+    record(&mut top, 0, &rules[1], 1, true);
+    record(&mut top, 0, &rules[2], 1, true);
+    assert_eq!(top.untracked(), 1);
+    let views = top.view(0, 5, None);
+    let order: Vec<&str> = views.iter().map(|v| &*v.rule).collect();
+    assert_eq!(order, ["b", "a"], "the rule with a limited key first");
+    let only: Vec<Arc<str>> = top
+        .view(0, 5, Some("a"))
+        .into_iter()
+        .map(|v| v.rule)
+        .collect();
+    assert_eq!(only, [rules[0].clone()]);
+}

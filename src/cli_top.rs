@@ -1,0 +1,127 @@
+//! `sluice top`: the admin listener's `GET /top` as a terminal view that refreshes in place.
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::admin_client;
+use crate::settings::TopArgs;
+
+#[derive(Deserialize)]
+struct View {
+    window_seconds: u64,
+    capacity: usize,
+    rules: Vec<RuleView>,
+    untracked: u64,
+    skipped: u64,
+}
+
+#[derive(Deserialize)]
+struct RuleView {
+    rule: String,
+    limited: Vec<Ranked>,
+    limited_total: u64,
+    active: Vec<Ranked>,
+    active_total: u64,
+}
+
+#[derive(Deserialize)]
+struct Ranked {
+    key: String,
+    count: u64,
+    error: u64,
+}
+
+pub fn top(args: &TopArgs) -> ExitCode {
+    let mut path = format!("/top?n={}", args.keys);
+    if let Some(rule) = &args.rule {
+        let _ = write!(path, "&rule={}", encode(rule));
+    }
+    loop {
+        let shown = match admin_client::get(&args.admin, &path, Duration::from_secs(5)) {
+            Ok((200, body)) => match serde_json::from_str::<View>(&body) {
+                Ok(view) => render(&view, &args.admin),
+                Err(e) => format!("sluice top: unreadable answer from {}: {e}\n", args.admin),
+            },
+            Ok((status, body)) => format!("sluice top: {} answered {status}: {body}\n", args.admin),
+            Err(e) => format!("sluice top: {e}\n"),
+        };
+        if args.once {
+            print!("{shown}");
+            return if shown.starts_with("sluice top:") {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+        // Home and clear, then the view: it refreshes in place.
+        print!("\x1b[H\x1b[2J{shown}");
+        std::thread::sleep(args.interval);
+    }
+}
+
+/// One table per rule: the keys most limited beside the most active, with their error bounds.
+fn render(view: &View, admin: &str) -> String {
+    let mut out = format!(
+        "sluice top — {admin} — last {}–{} s, {} counters per summary (counts ± error)\n",
+        view.window_seconds,
+        2 * view.window_seconds,
+        view.capacity
+    );
+    if view.rules.is_empty() {
+        out.push_str("\nno limited rule decided anything in that span\n");
+    }
+    for rule in &view.rules {
+        let _ = writeln!(
+            out,
+            "\n{}  — {} over limit of {} decisions",
+            rule.rule, rule.limited_total, rule.active_total
+        );
+        let _ = writeln!(out, "  {:<44} {:<44}", "most limited", "most active");
+        let rows = rule.limited.len().max(rule.active.len());
+        for i in 0..rows {
+            let cell = |list: &[Ranked]| list.get(i).map(cell).unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  {:<44} {:<44}",
+                cell(&rule.limited),
+                cell(&rule.active)
+            );
+        }
+    }
+    if view.untracked > 0 || view.skipped > 0 {
+        let _ = writeln!(
+            out,
+            "\n{} decisions of rules past the tracked bound, {} skipped while the summaries were busy",
+            view.untracked, view.skipped
+        );
+    }
+    out
+}
+
+fn cell(r: &Ranked) -> String {
+    let mut key: String = r.key.chars().take(28).collect();
+    if key.len() < r.key.len() {
+        key.push('…');
+    }
+    if r.error == 0 {
+        format!("{key}  {}", r.count)
+    } else {
+        format!("{key}  {} ±{}", r.count, r.error)
+    }
+}
+
+/// A query value, percent-encoded.
+fn encode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
