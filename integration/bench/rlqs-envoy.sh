@@ -35,7 +35,7 @@
 # admits until a bucket's first assignment, one round trip, outside it).
 #
 # Prints one table; every wrk output, the rows and the whole output (OUT/run.txt) are kept in OUT
-# (integration/bench/results/rlqs-envoy.txt is one run). Needs wrk, curl, redis-server, python3.
+# (integration/bench/results/rlqs-envoy.txt holds four runs; ~6 min at the defaults). Needs wrk, curl, redis-server, python3.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
