@@ -21,21 +21,25 @@
 # Each window: a fresh sluice (and an emptied redis-server of its own, on a free loopback port,
 # never 6379), ENVOYS fresh Envoys, one check request per Envoy, WARMUP s of load (every bucket
 # subscribed and assigned), then DURATION s measured (≥ 15: three report ticks at least): requests
-# through the Envoys, the CPU of sluice, the Envoys and redis-server from /proc/PID/stat around
-# the window, sluice's `sluice_rlqs_assignments_sent_total` and `sluice_rlqs_buckets_subscribed`;
-# then SETTLE s idle (sluice's CPU without traffic; one report tick) and the check that sluice's
-# `sluice_rlqs_reported_requests_total` equals, within a few percent, every request wrk and the
-# checks sent (the RLQS path was used), and that every Envoy and sluice are still alive. Usages
+# through the Envoys; the CPU of sluice, the Envoys and redis-server around the window from
+# /proc/PID/task/*/schedstat (ns: RLQS's sluice CPU is a few 10 ms ticks of /proc/PID/stat, whose
+# utime+stime for sluice is printed beside it); sluice's `sluice_rlqs_assignments_sent_total`,
+# `sluice_rlqs_buckets_subscribed` (ENVOYS × TENANTS) and `sluice_rlqs_streams_open` (ENVOYS); the
+# bytes the Envoys sent on the sluice cluster; then SETTLE s idle (sluice's CPU without traffic;
+# one report tick) and sluice's `sluice_rlqs_reported_requests_total` against every request wrk and
+# the checks sent (the RLQS path was used; flagged outside 0.97–1.03). It stops with an error if an
+# Envoy or sluice died, and flags any Envoy warning beyond the two every start prints. Usages
 # served in the window are ENVOYS × TENANTS × DURATION / 5 s (sluice counts reported requests, not
-# bucket reports; `sluice_rlqs_buckets_subscribed` is printed to show ENVOYS × TENANTS).
+# bucket reports).
 #
 # Then one RLQS window per backend on a limiting rule (LIMIT_RATE/s per tenant, burst the same,
 # LIMIT_TENANTS tenants, no warm-up, LIMIT_DURATION s from the first request): admitted (2xx)
 # against LIMIT_TENANTS × (C + r·T), a sanity line (the bound counts what sluice assigned; Envoy
 # admits until a bucket's first assignment, one round trip, outside it).
 #
-# Prints one table; every wrk output, the rows and the whole output (OUT/run.txt) are kept in OUT
-# (integration/bench/results/rlqs-envoy.txt holds four runs; ~6 min at the defaults). Needs wrk, curl, redis-server, python3.
+# Prints one table; every wrk output, Envoy log, the rows and the whole output (OUT/run.txt) are
+# kept in OUT (integration/bench/results/rlqs-envoy.txt holds four runs; ~6 min at the defaults).
+# Needs wrk, curl, redis-server, python3.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -305,6 +309,8 @@ EOF
     if ($2 == "rlqs") printf "  usages %s/s, %s ms sluice CPU per 1,000 (%s B sent each); assignments %s/s; idle %s ms/s; streams %s, subscribed %s; reported %s of %s sent (%s)", $20, $21, $23, $24, $25, $33, $26, $27, $28, $29
     else printf "  ratelimit ok/error/over/fm_allowed %s; idle %s ms/s", $30, $25
     if ($34 != 0) printf "  ENVOY LOGGED %s warning(s) or worse", $34
+    if ($2 == "rlqs" && ($29 < 0.97 || $29 > 1.03)) printf "  REPORTED IS NOT SENT"
+    if ($2 == "rlqs" && $33 != $4) printf "  STREAMS ARE NOT ENVOYS"
     printf "\n" }' | tee -a "$OUT/run.txt"
   for i in "${ENVOY_PIDS[@]}"; do stop "$i"; done
   stop "$SERVER_PID"
