@@ -5,6 +5,9 @@
 # sit below A's across rounds, beyond the spread of A's own rounds.
 #
 #   A=old/target/release/sluice B=target/release/sluice integration/bench/ab.sh
+#   A=target/release/sluice B=target/release/sluice A_ARGS="--top-keys 0" integration/bench/ab.sh
+#
+# A_ARGS / B_ARGS: extra `serve` flags of each side (one build, two settings).
 #
 # BENCH (default target/release/sluice-bench) only finds free ports. Starts its own redis-server
 # on a free loopback port (never 6379); stops every process it started.
@@ -21,9 +24,11 @@ echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 for backend in memory redis; do
   args=(--backend "$backend")
   [ "$backend" = redis ] && args+=(--redis-url "$REDIS_URL" --redis-timeout "$REDIS_TIMEOUT")
-  SLUICE=$A start "a-$backend" integration/bench/config "${args[@]}"
+  # shellcheck disable=SC2086 # A_ARGS/B_ARGS are word lists
+  SLUICE=$A start "a-$backend" integration/bench/config "${args[@]}" ${A_ARGS:-}
   addr_a=$ADDR
-  SLUICE=$B start "b-$backend" integration/bench/config "${args[@]}"
+  # shellcheck disable=SC2086
+  SLUICE=$B start "b-$backend" integration/bench/config "${args[@]}" ${B_ARGS:-}
   addr_b=$ADDR
   check "$addr_a"
   check "$addr_b"

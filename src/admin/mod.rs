@@ -1,7 +1,9 @@
-//! Admin HTTP: liveness, readiness, the active config and metrics. Read-only by design: nothing here
+//! Admin HTTP: liveness, readiness, the active config and metrics (and, in submodules, explain,
+//! top keys and the page). Read-only by design: nothing here
 //! changes state, so exposing the port leaks at most the config.
 
 pub mod explain;
+pub mod page;
 pub mod top;
 
 use std::sync::Arc;
@@ -39,7 +41,7 @@ impl Readiness {
             && self.backend_ready.load(Ordering::SeqCst)
             && !self.draining.load(Ordering::SeqCst)
     }
-    fn reasons(&self) -> Vec<&'static str> {
+    pub(crate) fn reasons(&self) -> Vec<&'static str> {
         let mut out = Vec::new();
         if !self.config_loaded.load(Ordering::SeqCst) {
             out.push("config not loaded");

@@ -391,8 +391,21 @@ async fn build<B: Backend>(
     .with_top(top.clone());
     let quotas = Arc::new(Quotas::new(limiter.clone(), QuotaOptions::from(settings)));
     metrics.observe_quota(quotas.stats().clone());
-    let admin =
-        admin_router(settings, &config, &readiness, &metrics).merge(admin::top::router(top));
+    let page = admin::page::PageState {
+        readiness: readiness.clone(),
+        replicas: store.replicas.clone(),
+        backend: match settings.backend {
+            BackendKind::Memory => "memory",
+            BackendKind::Redis => "redis",
+        },
+        breakers: {
+            let limiter = limiter.clone();
+            Arc::new(move || limiter.breaker_states())
+        },
+    };
+    let admin = admin_router(settings, &config, &readiness, &metrics)
+        .merge(admin::top::router(top))
+        .merge(admin::page::router(page));
     Ok(Built {
         config,
         readiness,
