@@ -1,6 +1,8 @@
-//! Admin HTTP: liveness, readiness, the active config and metrics. Read-only by design: nothing here
-//! changes state, so exposing the port leaks at most the config.
+//! Admin HTTP: liveness, readiness, the active config and metrics, `/explain`, and `/buckets`
+//! (a descriptor's buckets). Read-only unless `serve --admin-write` is set: then
+//! `DELETE /buckets` resets buckets, the one route that changes state.
 
+pub mod buckets;
 pub mod explain;
 
 use std::sync::Arc;
