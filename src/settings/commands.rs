@@ -88,6 +88,7 @@ pub struct BucketTarget {
     #[arg(long, env = "SLUICE_ADMIN_ADDR", default_value = "127.0.0.1:6070")]
     pub admin: String,
 
+    /// The descriptor's domain (a configured one).
     #[arg(long)]
     pub domain: String,
 
