@@ -74,6 +74,21 @@ async fn least_privilege_acl_is_enough_and_confines_the_user_to_its_prefix() {
         .expect("heartbeat repaired");
     assert_eq!(live, 1);
 
+    // The admin listener's peek (the script's read-only mode) and reset work with the same
+    // rule; the key's TTL needs `+pttl`, without it the peek reports none.
+    let peeked = backend.peek(&hits[..1]).await.remove(0).expect("peek");
+    assert_eq!((peeked.peek.verdict.remaining, peeked.ttl_ms), (2, None));
+    let mut setuser = vec!["ACL", "SETUSER", "sluice-pttl"];
+    setuser.extend(ACL_RULE.split_whitespace().chain(["+pttl"]));
+    assert_eq!(redis.cli(None, &setuser).trim(), "OK");
+    let with_pttl = connect(redis.url_for("sluice-pttl", PASSWORD))
+        .await
+        .unwrap();
+    let peeked = with_pttl.peek(&hits[..1]).await.remove(0).expect("peek");
+    assert!(peeked.ttl_ms.is_some_and(|ttl| ttl > 0), "{peeked:?}");
+    assert_eq!(backend.reset(&hits[..1]).await, [Ok(true)]);
+    assert_eq!(backend.check(&hits[..1]).await.unwrap()[0].remaining, 6);
+
     // The script may not touch a key outside the prefix, and the user can run nothing else.
     let outside = [Hit::new("other:{edge|tenant=acme}", TEN, 1)];
     assert!(backend.check(&outside).await.is_err());

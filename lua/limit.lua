@@ -8,6 +8,10 @@ ARGV[1] Now in ms, or "" to read Redis TIME. Production always passes "": Redis'
         test-only override that lets a suite step time.
 ARGV[2] Expiry jitter in ms (>= 0), added to every key's TTL so keys written together do not all
         expire together (envoyproxy/ratelimit's EXPIRATION_JITTER_MAX_SECONDS); the caller draws it.
+        Or `peek`: a read-only call (the admin listener's `GET /buckets`). Every key must then
+        ask 0 hits with flags 0; each is read and brought to now by the same code as a decision
+        and answered as a check-only demand, and nothing is written: no HSET, no PEXPIRE, no
+        repair (a key holding foreign data is read as fresh and reported, not deleted).
 ARGV[3 + 6*(i-1) ...] Six values for KEYS[i]:
         algorithm (1 token_bucket, 2 fixed_window, 3 sliding_window, 4 gcra; + 16 on the first
         key of every request of a batch after the first: a group starts there), capacity,
@@ -38,6 +42,10 @@ Returns A flat array, 5 integers per key, in KEYS order:
         int64 range, so each count goes through `wire`: values in [2^63, 2^64) are sent as
         value - 2^64 (the caller reads the bits as u64), values from 2^64 up as -2 (saturated:
         u64::MAX), NaN and negatives as 0 -- exactly what Rust's `f64 as u64` gives.
+        A peek returns 9 values per key: the 5 above (granted is 0), the key's PTTL (-2: no key,
+        -1: no expiry, -3: PTTL refused, say by an ACL without it), and the state brought to now
+        as three strings, the algorithm's fields in the State order below, %.17g, "" past the
+        last; then now (ms), then r and the positions of the keys that are not hashes.
 
 Why groups: concurrent requests on one connection can share a call (the caller batches them),
 which pays Redis's fixed cost of a call -- the command, EVALSHA's lookup, the script's set-up,
@@ -90,9 +98,13 @@ else
     return redis.error_reply('ERR sluice limit: ARGV[1] must be empty or a number')
   end
 end
-local jitter = tonumber(ARGV[2])
-if not jitter or jitter < 0 then
-  return redis.error_reply('ERR sluice limit: ARGV[2] must be a number >= 0')
+local peek = ARGV[2] == 'peek'
+local jitter = 0
+if not peek then
+  jitter = tonumber(ARGV[2])
+  if not jitter or jitter < 0 then
+    return redis.error_reply('ERR sluice limit: ARGV[2] must be a number >= 0 or peek')
+  end
 end
 
 -- Every key's values are parsed before anything is read or written, so a malformed call fails
@@ -110,6 +122,9 @@ for i = 1, nkeys do
   local flags = tonumber(ARGV[b + 8])
   if not (code and capacity and per_unit and unit and hits and flags) then
     return redis.error_reply('ERR sluice limit: non-numeric ARGV for key ' .. i)
+  end
+  if peek and (hits ~= 0 or flags ~= 0) then
+    return redis.error_reply('ERR sluice limit: a peek asks 0 hits with flags 0, key ' .. i)
   end
   if code >= GROUP_START then
     code = code - GROUP_START
@@ -441,6 +456,8 @@ if uses[4] then
 end
 
 local reply, fits, repaired = {}, {}, {}
+local width = 5
+if peek then width = 9 end
 local first = 1
 for g = 1, #ends do
   local last = ends[g]
@@ -471,7 +488,7 @@ for g = 1, #ends do
         -- key (as documented) with a command the script already needs, so the least-privilege
         -- ACL user (docs/security.md, no DEL) can repair too.
         if not string.find(v.err, 'WRONGTYPE', 1, true) then return v end
-        redis.call('PEXPIRE', key, 0)
+        if not peek then redis.call('PEXPIRE', key, 0) end
         repaired[#repaired + 1] = i
         v = {false, false, false}
       end
@@ -501,7 +518,7 @@ for g = 1, #ends do
   for i = first, last do
     local b = WIDTH * (i - 1)
     local code, fit = arg[b + 1], fits[i]
-    local take = all_allowed and fit and arg[b + 6] % 2 == 0
+    local take = not peek and all_allowed and fit and arg[b + 6] % 2 == 0
     local key = KEYS[i]
     local v = seen[key]
     local remaining, retry, until_full, granted, settles_in
@@ -519,17 +536,31 @@ for g = 1, #ends do
     if ttl > MAX_TTL_MS then ttl = MAX_TTL_MS end
     if not ttl_of[key] then write_order[#write_order + 1] = key end
     ttl_of[key] = ttl
-    local at = 5 * (i - 1)
+    local at = width * (i - 1)
     reply[at + 1] = fit and 1 or 0
     reply[at + 2] = remaining
     reply[at + 3] = retry
     reply[at + 4] = until_full
     reply[at + 5] = wire(granted)
+    if peek then
+      local pttl = redis.pcall('PTTL', key)
+      if type(pttl) ~= 'number' then pttl = -3 end
+      reply[at + 6] = pttl
+      for f = 1, 3 do
+        if type(v[f]) == 'number' then
+          reply[at + 6 + f] = format('%.17g', v[f])
+        else
+          reply[at + 6 + f] = ''
+        end
+      end
+    end
   end
   first = last + 1
 end
 
--- One HSET + PEXPIRE per written key, with its last state and TTL, in first-write order.
+-- One HSET + PEXPIRE per written key, with its last state and TTL, in first-write order; a
+-- peek writes nothing.
+if peek then write_order = {} end
 for n = 1, #write_order do
   local key = write_order[n]
   local code, v = code_of[key], seen[key]
@@ -545,7 +576,11 @@ for n = 1, #write_order do
   end
   redis.call('PEXPIRE', key, format('%.0f', ttl_of[key]))
 end
-local at = 5 * nkeys
+local at = width * nkeys
+if peek then
+  reply[at + 1] = now
+  at = at + 1
+end
 reply[at + 1] = #repaired
 for n = 1, #repaired do reply[at + 1 + n] = repaired[n] end
 return reply

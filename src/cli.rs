@@ -1,5 +1,8 @@
 //! The subcommands: `serve` runs the server on its runtime until SIGTERM/SIGINT; `check-config`
-//! and `explain` print for humans and CI. Each returns the process's exit code.
+//! and `explain` print for humans and CI; `bucket` ([`bucket`]) asks a running server's admin
+//! listener. Each returns the process's exit code.
+
+pub mod bucket;
 
 use std::process::ExitCode;
 

@@ -66,6 +66,19 @@ pub struct Remote {
     pub until_full_ms: u64,
 }
 
+/// What a replica holds of one key's lease ([`LeaseStore::holding`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Holding {
+    /// Tokens that may still be spent here.
+    pub tokens: u64,
+    /// ms until they expire (0 with no tokens).
+    pub expires_in_ms: u64,
+    /// Expired tokens waiting to be handed back.
+    pub stale: u64,
+    /// Backend calls in flight that will refill the lease.
+    pub refilling: u32,
+}
+
 /// The answer to [`LeaseStore::reserve`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reservation {
@@ -261,6 +274,37 @@ impl LeaseStore {
             expires_ms: now_ms,
             refill,
         }
+    }
+
+    /// What the lease of `key` holds at `now_ms`, read only.
+    pub fn holding(&self, key: &str, now_ms: u64) -> Option<Holding> {
+        let shard = self.shard(key);
+        let lease = shard.leases.get(key)?;
+        let live = lease.expires_ms > now_ms;
+        let (tokens, expired) = if live {
+            (lease.left, 0)
+        } else {
+            (0, lease.left)
+        };
+        Some(Holding {
+            tokens,
+            expires_in_ms: if tokens > 0 {
+                lease.expires_ms - now_ms
+            } else {
+                0
+            },
+            stale: lease.stale.saturating_add(expired),
+            refilling: lease.refilling,
+        })
+    }
+
+    /// Drops the lease of `key` with its tokens, spendable and stale, not handed back: the
+    /// bucket they came from was reset. A refill in flight finds no lease and hands its tokens
+    /// back to the fresh bucket, which caps them at its capacity.
+    pub fn forget(&self, key: &str, now_ms: u64) -> Option<Holding> {
+        let held = self.holding(key, now_ms);
+        self.shard(key).leases.remove(key);
+        held
     }
 
     /// Gives tokens of a [`Reservation::Paid`] back: the request was rejected after all.

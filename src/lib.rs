@@ -30,10 +30,11 @@
 //!   refusals a real Envoy can meet.
 //! - [`quota`]: the Rate Limit Quota Service (RLQS, `StreamRateLimitQuotas`): prepaid
 //!   assignments per data plane over the same rules and buckets.
-//! - [`admin`]: HTTP admin — health, readiness, active config, metrics.
+//! - [`admin`]: HTTP admin — health, readiness, active config, metrics, `/explain`, `/buckets`.
 //! - [`telemetry`]: metrics (OpenTelemetry SDK: Prometheus `/metrics`, OTLP push), traces
 //!   (OTLP, W3C `traceparent`), logs (stderr, text or JSON).
-//! - [`cli`]: the subcommands — `serve` (runtime, telemetry, server), `check-config`, `explain`.
+//! - [`cli`]: the subcommands — `serve` (runtime, telemetry, server), `check-config`, `explain`,
+//!   `bucket` (a client of `/buckets`).
 //! - [`security`]: TLS/mTLS, caller policy, HTTP/2 limits, strict request decoding.
 //! - [`settings`]: CLI flags and environment → [`settings::Settings`]; a leaf module.
 //! - [`runtime`]: the tokio runtime `serve` runs on (LIFO slot off, worker threads).

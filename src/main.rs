@@ -24,6 +24,7 @@ fn main() -> ExitCode {
         Command::CheckConfig(args) => sluice::cli::check_config(&args),
         Command::Explain(args) => sluice::cli::explain(&args),
         Command::Top(args) => sluice::cli_top::top(&args),
+        Command::Bucket(args) => sluice::cli::bucket::run(&args),
         Command::Serve(settings) => sluice::cli::serve(*settings, compat),
     }
 }

@@ -598,3 +598,56 @@ async fn subscriptions_past_the_replica_bound_are_refused_and_freed_when_a_strea
     assert_eq!(metric_line(&reqwest_metrics(&s).await, refused), 6);
     s.stop().await;
 }
+
+/// `method path` on the admin listener: status and JSON body.
+async fn admin(s: &TestServer, method: &str, path: &str) -> (u16, serde_json::Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(s.admin_addr())
+        .await
+        .unwrap();
+    let head = format!("{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    conn.write_all(head.as_bytes()).await.unwrap();
+    let mut text = String::new();
+    conn.read_to_string(&mut text).await.unwrap();
+    let status = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, serde_json::from_str(body).unwrap_or_default())
+}
+
+/// `GET /buckets` of a bucket id shows the pool this replica holds for it; a reset empties the
+/// pool (its member stays), and the next push takes from the fresh bucket again.
+#[tokio::test]
+async fn a_bucket_reset_empties_the_pool_and_the_next_push_takes_afresh() {
+    let s = TestServer::start_with(&[("mesh.yaml", CONFIG)], |settings| {
+        settings.admin_write = true;
+    })
+    .await;
+    let tenant = [("tenant", "pool")];
+    let mut dp = open(&s, "mesh", &tenant).await;
+    next_action(&mut dp, &tenant).await;
+    let path = "/buckets?domain=mesh&bucket=tenant%3Dpool";
+    let (status, shown) = admin(&s, "GET", path).await;
+    assert_eq!(status, 200, "{shown}");
+    let key = &shown["keys"][0];
+    assert_eq!(key["key"], "sluice:{mesh|tenant=pool}", "{shown}");
+    assert_eq!(key["replica"]["rlqs_pool"]["members"], 1, "{shown}");
+    assert!(key["replica"]["rlqs_pool"]["held_tokens"].as_f64().unwrap() > 0.0);
+    assert!(
+        key["remaining"].as_u64().unwrap() < 600,
+        "the pool took: {shown}"
+    );
+
+    let (status, reset) = admin(&s, "DELETE", path).await;
+    assert_eq!(status, 200, "{reset}");
+    assert_eq!(reset["replica"]["rlqs_pools_emptied"], 1, "{reset}");
+    assert_eq!(reset["reset"][0]["existed"], true, "{reset}");
+    // The assignment stands; the next push pays for it from the fresh bucket.
+    next_action(&mut dp, &tenant).await;
+    next_action(&mut dp, &tenant).await;
+    let (_, after) = admin(&s, "GET", path).await;
+    let key = &after["keys"][0];
+    assert_eq!(key["replica"]["rlqs_pool"]["members"], 1, "{after}");
+    assert_eq!(key["stored"], true, "taken again: {after}");
+    assert!(key["replica"]["rlqs_pool"]["held_tokens"].as_f64().unwrap() > 0.0);
+    s.stop().await;
+}

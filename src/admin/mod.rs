@@ -1,7 +1,9 @@
-//! Admin HTTP: liveness, readiness, the active config and metrics (and, in submodules, explain,
-//! top keys and the page). Read-only by design: nothing here
-//! changes state, so exposing the port leaks at most the config.
+//! Admin HTTP: liveness, readiness, the active config and metrics; in submodules `/explain`,
+//! `/buckets` (a descriptor's buckets), `/top` (who is limited now) and the page at `/`.
+//! Read-only unless `serve --admin-write` is set: then `DELETE /buckets` resets buckets, the one
+//! route that changes state.
 
+pub mod buckets;
 pub mod explain;
 pub mod page;
 pub mod top;

@@ -13,7 +13,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use self::breaker::BreakerSet;
-use crate::algorithm::{Algorithm, BucketParams, Demand, Verdict};
+use crate::algorithm::{Algorithm, BucketParams, Demand, Peek, Verdict};
 use crate::rule::RuleId;
 
 /// One bucket touched by a request.
@@ -81,6 +81,34 @@ impl BackendError {
     }
 }
 
+/// A key read without counting ([`Backend::peek`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KeyPeek {
+    /// The deciding clock's now, ms (Redis `TIME`, or the memory backend's clock).
+    pub now_ms: u64,
+    /// The state brought to now and a check-only verdict, as the decision path computes them.
+    pub peek: Peek,
+    /// The key holds state; false: it reads as a fresh bucket.
+    pub stored: bool,
+    /// ms until the store drops the key: Redis's `PTTL`; in memory, until its state settles.
+    /// `None`: no key, no expiry, or not known (`PTTL` refused).
+    pub ttl_ms: Option<u64>,
+    /// The key holds data of another type than sluice writes there (Redis); the next decision
+    /// replaces it, a peek reads it as fresh.
+    pub foreign: bool,
+}
+
+/// What a backend without [`Backend::peek`] or [`Backend::reset`] answers.
+fn not_inspectable<T>(name: &str, count: usize) -> Vec<Result<T, BackendError>> {
+    (0..count)
+        .map(|_| {
+            Err(BackendError::Unavailable(format!(
+                "the {name} backend cannot inspect or reset buckets"
+            )))
+        })
+        .collect()
+}
+
 /// A store of rate-limit state (token buckets, window counters, arrival times).
 pub trait Backend: Send + Sync + 'static {
     /// Decides all `hits` of one request. Keys are distinct. Atomic for hits that share a storage
@@ -119,6 +147,22 @@ pub trait Backend: Send + Sync + 'static {
     fn breakers(&self) -> Option<Arc<BreakerSet>> {
         None
     }
+
+    /// Reads each hit's key (by its algorithm and shape; the demand's hits and flags are
+    /// ignored) without counting or writing anything, its TTL included: the admin listener's
+    /// `GET /buckets`. Each key on its own, not atomically together.
+    fn peek(
+        &self,
+        hits: &[Hit],
+    ) -> impl Future<Output = Vec<Result<KeyPeek, BackendError>>> + Send {
+        std::future::ready(not_inspectable(self.name(), hits.len()))
+    }
+
+    /// Deletes each hit's key, so its bucket starts fresh: the admin listener's
+    /// `DELETE /buckets`. True where the key held state.
+    fn reset(&self, hits: &[Hit]) -> impl Future<Output = Vec<Result<bool, BackendError>>> + Send {
+        std::future::ready(not_inspectable(self.name(), hits.len()))
+    }
 }
 
 /// Shared ownership of a backend (the server keeps a handle for its sweeper and probes).
@@ -147,5 +191,16 @@ impl<B: Backend> Backend for Arc<B> {
 
     fn breakers(&self) -> Option<Arc<BreakerSet>> {
         B::breakers(self)
+    }
+
+    fn peek(
+        &self,
+        hits: &[Hit],
+    ) -> impl Future<Output = Vec<Result<KeyPeek, BackendError>>> + Send {
+        B::peek(self, hits)
+    }
+
+    fn reset(&self, hits: &[Hit]) -> impl Future<Output = Vec<Result<bool, BackendError>>> + Send {
+        B::reset(self, hits)
     }
 }

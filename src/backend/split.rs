@@ -12,7 +12,7 @@ use std::sync::Arc;
 use crate::algorithm::Verdict;
 use crate::backend::breaker::BreakerSet;
 use crate::backend::redis::{RedisMode, RedisOptions};
-use crate::backend::{Backend, BackendError, Hit};
+use crate::backend::{Backend, BackendError, Hit, KeyPeek};
 use crate::settings::Settings;
 
 /// `params.unit_ms` of a rule whose unit is a second: the hits the per-second store holds.
@@ -159,6 +159,38 @@ impl<M: Backend, S: Backend> Backend for SplitBackend<M, S> {
     fn breakers(&self) -> Option<Arc<BreakerSet>> {
         self.breakers.clone()
     }
+
+    /// Each key from the store its unit routes it to.
+    async fn peek(&self, hits: &[Hit]) -> Vec<Result<KeyPeek, BackendError>> {
+        let mut out = Vec::with_capacity(hits.len());
+        for hit in hits {
+            let one = std::slice::from_ref(hit);
+            let mut got = match &self.per_second {
+                Some(per_second) if is_per_second(hit) => per_second.peek(one).await,
+                _ => self.main.peek(one).await,
+            };
+            out.push(got.pop().unwrap_or_else(|| Err(no_outcome())));
+        }
+        out
+    }
+
+    async fn reset(&self, hits: &[Hit]) -> Vec<Result<bool, BackendError>> {
+        let mut out = Vec::with_capacity(hits.len());
+        for hit in hits {
+            let one = std::slice::from_ref(hit);
+            let mut got = match &self.per_second {
+                Some(per_second) if is_per_second(hit) => per_second.reset(one).await,
+                _ => self.main.reset(one).await,
+            };
+            out.push(got.pop().unwrap_or_else(|| Err(no_outcome())));
+        }
+        out
+    }
+}
+
+/// A store answered a hit with nothing: a bug, failed, not trusted.
+fn no_outcome() -> BackendError {
+    BackendError::Protocol("backend returned fewer outcomes than hits".into())
 }
 
 #[cfg(test)]

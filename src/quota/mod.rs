@@ -230,6 +230,24 @@ impl<B: Backend> Quotas<B> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// What this replica's pool of storage key `key` holds, if a subscription shares it: tokens
+    /// held (negative: owed) and members.
+    pub fn pool_holding(&self, key: &str) -> Option<(f64, usize)> {
+        let state = self.lock();
+        let entry = state.pools.get(key)?;
+        Some((entry.pool.held(), entry.members.len()))
+    }
+
+    /// Forgets what the pool of `key` holds or owes, for a reset bucket: members and their
+    /// assignments stay, and the next push takes from the fresh bucket what the assignments it
+    /// keeps need. The tokens held and members before, if there is such a pool.
+    pub fn forget_held(&self, key: &str) -> Option<(f64, usize)> {
+        let mut state = self.lock();
+        let entry = state.pools.get_mut(key)?;
+        entry.take_limit = None;
+        Some((entry.pool.forget_held(), entry.members.len()))
+    }
+
     /// Opens a stream for `domain`: its id, and where its assignments arrive.
     pub fn open(&self, domain: &str) -> (StreamId, Arc<Outbox>) {
         let outbox = Arc::new(Outbox::new(domain, self.stats.clone()));

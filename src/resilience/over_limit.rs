@@ -131,6 +131,20 @@ impl OverLimitCache {
         shard.insert(key.to_owned(), entry);
     }
 
+    /// What the cache would answer for `key` at `now_ms` and the smallest demand it answers:
+    /// read only, nothing counted or dropped (the admin listener's look at a bucket).
+    pub fn holding(&self, key: &str, now_ms: u64) -> Option<(u64, CachedRejection)> {
+        let entry = *self.shard(key).get(key)?;
+        (entry.until_ms > now_ms).then(|| {
+            let rejection = CachedRejection {
+                wait_ms: entry.until_ms - now_ms,
+                remaining: entry.remaining,
+                until_full_ms: entry.full_at_ms.saturating_sub(now_ms),
+            };
+            (entry.need, rejection)
+        })
+    }
+
     pub fn forget(&self, key: &str) {
         self.shard(key).swap_remove(key);
     }

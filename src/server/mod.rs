@@ -404,6 +404,14 @@ async fn build<B: Backend>(
         },
     };
     let admin = admin_router(settings, &config, &readiness, &metrics)
+        .merge(admin::buckets::router(admin::buckets::BucketsState {
+            config: config.clone(),
+            options: explain_options(settings),
+            limiter: limiter.clone(),
+            quotas: quotas.clone(),
+            write: settings.admin_write,
+            metrics: metrics.admin(),
+        }))
         .merge(admin::top::router(top))
         .merge(admin::page::router(page));
     Ok(Built {
@@ -579,6 +587,7 @@ fn spawn_admin(
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
+        let router = router.into_make_service_with_connect_info::<SocketAddr>();
         let result = axum::serve(listener, router)
             .with_graceful_shutdown(async move {
                 let _ = stop.wait_for(|s| *s).await;

@@ -86,3 +86,42 @@ pub struct TopArgs {
     #[arg(long)]
     pub once: bool,
 }
+
+/// `sluice bucket show|reset`: a client of a running sluice's admin listener (`/buckets`).
+#[derive(Clone, Debug, Args)]
+pub struct BucketArgs {
+    #[command(subcommand)]
+    pub action: BucketAction,
+}
+
+#[derive(Clone, Debug, clap::Subcommand)]
+pub enum BucketAction {
+    /// Show a descriptor's buckets as the backend and the replica hold them (GET /buckets); takes
+    /// nothing from them.
+    Show(BucketTarget),
+    /// Reset a descriptor's buckets on every shard, and drop the replica's lease, over-limit
+    /// cache entry and RLQS pool tokens of them (DELETE /buckets; the server needs
+    /// --admin-write).
+    Reset(BucketTarget),
+}
+
+/// Which buckets, on which server.
+#[derive(Clone, Debug, Args)]
+pub struct BucketTarget {
+    /// The admin listener of a running sluice: host:port.
+    #[arg(long, env = "SLUICE_ADMIN_ADDR", default_value = "127.0.0.1:6070")]
+    pub admin: String,
+
+    /// The descriptor's domain (a configured one).
+    #[arg(long)]
+    pub domain: String,
+
+    /// Read the entries as an RLQS bucket id (any order) instead of a descriptor.
+    #[arg(long)]
+    pub bucket: bool,
+
+    /// The descriptor's entries in order, one key=value each. Write `,` `=` `%` inside a key or
+    /// value as %2C %3D %25.
+    #[arg(required = true, value_name = "KEY=VALUE")]
+    pub entries: Vec<String>,
+}

@@ -25,7 +25,9 @@ use std::time::Duration;
 
 use clap::{Args, FromArgMatches, Parser, Subcommand};
 
-pub use self::commands::{CheckConfigArgs, ExplainArgs, TopArgs};
+pub use self::commands::{
+    BucketAction, BucketArgs, BucketTarget, CheckConfigArgs, ExplainArgs, TopArgs,
+};
 pub use self::config::{ConfigOpsArgs, LoadArgs};
 pub use self::flags::{
     BackendKind, ConfigSourceArg, FailureModeArg, LogFormat, OutputFormat, RedisModeArg,
@@ -53,6 +55,8 @@ pub enum Command {
     Explain(ExplainArgs),
     /// Watch one replica's keys most limited and most active per rule (its admin GET /top).
     Top(TopArgs),
+    /// Look at or reset a descriptor's buckets on a running sluice, through its admin listener.
+    Bucket(BucketArgs),
 }
 
 /// Everything `serve` needs.
@@ -70,6 +74,12 @@ pub struct Settings {
     /// Admin HTTP listen address (health, readiness, config). Loopback by default.
     #[arg(long, env = "SLUICE_ADMIN_ADDR", default_value = "127.0.0.1:6070")]
     pub admin_addr: SocketAddr,
+
+    /// Allow the admin listener's one write, `DELETE /buckets` (reset a descriptor's buckets,
+    /// `sluice bucket reset`); without it that answers 403. `GET /buckets` needs nothing.
+    #[arg(long, env = "SLUICE_ADMIN_WRITE", default_value_t = false, num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub admin_write: bool,
 
     /// Where buckets live.
     #[arg(long, env = "SLUICE_BACKEND", value_enum, default_value = "memory")]

@@ -294,6 +294,13 @@ impl Metrics {
         }))))
     }
 
+    /// The admin listener's instruments (`sluice_admin_resets_total`); call once per server.
+    pub fn admin(&self) -> super::AdminMetrics {
+        self.0.as_ref().map_or_else(Default::default, |inner| {
+            super::AdminMetrics::new(&inner.provider.meter("sluice"))
+        })
+    }
+
     pub fn is_enabled(&self) -> bool {
         self.0.is_some()
     }

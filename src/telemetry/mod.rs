@@ -12,6 +12,7 @@
 //! one process. Logs and traces hang off the process-wide `tracing` subscriber that
 //! [`init`] installs once, in `main`.
 
+pub mod admin;
 pub mod metrics;
 pub mod otlp;
 pub mod rules;
@@ -23,6 +24,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry};
 
+pub use admin::AdminMetrics;
 pub use metrics::{BreakerReading, BreakerState, Metrics, MetricsOptions, Outcome, RedisCalls};
 
 use crate::settings::{LogFormat, TelemetryArgs};

@@ -25,6 +25,7 @@
 
 pub mod fixed_window;
 pub mod gcra;
+pub mod peek;
 pub mod sliding_window;
 pub mod token_bucket;
 
@@ -34,6 +35,7 @@ use serde::{Deserialize, Serialize};
 
 pub use fixed_window::WindowState;
 pub use gcra::GcraState;
+pub use peek::{Level, Peek, peek};
 pub use sliding_window::SlidingState;
 
 /// How a rule counts hits. The default is the token bucket.

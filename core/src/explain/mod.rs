@@ -7,6 +7,7 @@
 //! for an RLQS bucket id, through the placement the RLQS side uses.
 
 mod bucket;
+mod stored;
 
 use std::fmt::Write as _;
 
@@ -21,6 +22,7 @@ use crate::request::Entry;
 use crate::rule::{FailureMode, Limit, RateLimit, Rule, Unit};
 
 pub use bucket::{BucketReport, RepeatedKey, explain_bucket};
+pub use stored::{NotStored, Stored, StoredKey, stored_buckets, stored_pool};
 
 /// Settings that shape a decision but are not in the descriptor config.
 #[derive(Clone, Debug)]

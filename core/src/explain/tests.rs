@@ -428,3 +428,53 @@ descriptors:
     assert!(plain.to_text().contains("\nquota mode:  no\n"));
     assert!(!plain.outcome.contains("quota"), "{}", plain.outcome);
 }
+
+/// The keys `/buckets` reads are the ones explain names, with the shape each is decided with.
+#[test]
+fn stored_buckets_name_every_key_with_its_shape() {
+    let text = "domain: s
+descriptors:
+  - key: hot
+    rate_limit: {unit: second, requests_per_unit: 10, shards: 2, algorithm: gcra}
+  - key: free
+    rate_limit: {unlimited: true}
+";
+    let config = load_sources(&[("s.yaml".into(), text.into())]).unwrap();
+    let entries = parse_descriptor("hot=x").unwrap();
+    let stored = stored_buckets(&config, "s", &entries, &options()).unwrap();
+    assert_eq!(stored.rule.shard_keys.len(), 2);
+    let keys: Vec<&str> = stored.keys.iter().map(|k| k.key.as_str()).collect();
+    assert_eq!(keys, stored.rule.shard_keys);
+    assert!(stored.keys.iter().all(|k| k.algorithm == Algorithm::Gcra));
+    assert_eq!(stored.keys[1].shard, Some(1));
+    assert_eq!(
+        stored.keys[0].params.requests_per_unit, 5,
+        "one shard's share"
+    );
+
+    // A bucket id's pool charges the unsharded key.
+    let pool = stored_pool(&config, "s", &entries, &options()).unwrap();
+    assert_eq!(pool.keys.len(), 1);
+    assert_eq!(pool.keys[0].shard, None);
+    assert_eq!(pool.keys[0].params.requests_per_unit, 10);
+
+    let free = parse_descriptor("free=x").unwrap();
+    assert!(matches!(
+        stored_buckets(&config, "s", &free, &options()),
+        Err(NotStored::NoBucket(_))
+    ));
+    let other = parse_descriptor("other=x").unwrap();
+    assert!(matches!(
+        stored_buckets(&config, "s", &other, &options()),
+        Err(NotStored::NoRule(_))
+    ));
+    assert!(matches!(
+        stored_buckets(&config, "nope", &entries, &options()),
+        Err(NotStored::UnknownDomain(m)) if m.contains("configured domains: s")
+    ));
+    let twice = parse_descriptor("hot=x,hot=y").unwrap();
+    assert!(matches!(
+        stored_pool(&config, "s", &twice, &options()),
+        Err(NotStored::RepeatedKey(_))
+    ));
+}

@@ -198,6 +198,14 @@ impl Pool {
         self.held
     }
 
+    /// Forgets what the pool holds or owes, for a shared bucket that was reset: its tokens and
+    /// debt belonged to the bucket that is gone. Members and their assignments stay, so the next
+    /// push takes from the fresh bucket all that the assignments it keeps need. Returns what was
+    /// held.
+    pub fn forget_held(&mut self) -> f64 {
+        std::mem::take(&mut self.held)
+    }
+
     /// The strategy `member` was last assigned.
     pub fn strategy(&self, member: MemberId) -> Option<Strategy> {
         self.members.get(&member).and_then(|m| m.strategy)

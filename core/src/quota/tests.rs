@@ -592,3 +592,27 @@ fn an_excess_over_a_prepaid_assignment_is_counted_as_slack_once() {
     assert_eq!(pool.report(2, 100, 5, 0).slack, 5);
     assert_eq!(pool.held(), before);
 }
+
+/// A reset bucket: the pool forgets what it held, keeps its members, and the next push takes
+/// what their assignments need from the fresh bucket.
+#[test]
+fn a_pool_that_forgets_its_tokens_takes_afresh() {
+    let params = per_second(100);
+    let mut shared = Shared::new(params);
+    let mut pool = Pool::new(params);
+    let mut planes: Vec<DataPlane> = (0..2).map(|i| DataPlane::new(i, 50.0)).collect();
+    for dp in &planes {
+        pool.join(dp.id);
+    }
+    let first = push(PUSH_MS, &mut pool, &mut shared, &mut planes);
+    assert!(first > 0, "the first push takes");
+    assert!(pool.held() > 0.0);
+    let held = pool.held();
+    assert_eq!(pool.forget_held(), held);
+    assert_eq!(pool.held(), 0.0);
+    assert_eq!(pool.len(), 2, "members stay");
+    let mut fresh = Shared::new(params);
+    let again = push(2 * PUSH_MS, &mut pool, &mut fresh, &mut planes);
+    assert!(again > 0, "the next push takes from the fresh bucket");
+    assert!(pool.held() > 0.0);
+}

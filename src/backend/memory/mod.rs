@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use crate::algorithm::{self, Demand, State, Verdict};
-use crate::backend::{Backend, BackendError, Hit};
+use crate::backend::{Backend, BackendError, Hit, KeyPeek};
 use crate::clock::SharedClock;
 use crate::settings::Settings;
 
@@ -245,6 +245,32 @@ impl MemoryBackend {
         (verdicts, refused)
     }
 
+    /// Reads one key under its shard's lock, as [`MemoryBackend::decide`] would, storing nothing.
+    fn peek_one(&self, hit: &Hit) -> KeyPeek {
+        let shard = lock(&self.shards[self.shard_index(&hit.key)]);
+        let now_ms = self.clock.now_ms();
+        let state = shard.state(&hit.key, now_ms);
+        let settles_at = shard.settles_at(&hit.key, now_ms);
+        drop(shard);
+        let demand = &hit.demand;
+        KeyPeek {
+            now_ms,
+            peek: algorithm::peek(now_ms, demand.algorithm, demand.params, state),
+            stored: state.is_some(),
+            ttl_ms: settles_at.map(|at| at - now_ms),
+            foreign: false,
+        }
+    }
+
+    /// Drops one key; true when it held state that still counted.
+    fn reset_one(&self, hit: &Hit) -> bool {
+        let mut shard = lock(&self.shards[self.shard_index(&hit.key)]);
+        let now_ms = self.clock.now_ms();
+        let counted = shard.state(&hit.key, now_ms).is_some();
+        shard.remove(&hit.key);
+        counted
+    }
+
     /// One outcome per hit: a hit whose new bucket had no room fails with
     /// [`BackendError::Overloaded`], for its rule's failure policy to answer.
     fn decide_each(&self, hits: &[Hit]) -> Vec<Result<Verdict, BackendError>> {
@@ -283,6 +309,17 @@ impl Backend for MemoryBackend {
 
     fn probe(&self) -> impl Future<Output = Result<(), BackendError>> + Send {
         std::future::ready(Ok(()))
+    }
+
+    fn peek(
+        &self,
+        hits: &[Hit],
+    ) -> impl Future<Output = Vec<Result<KeyPeek, BackendError>>> + Send {
+        std::future::ready(hits.iter().map(|hit| Ok(self.peek_one(hit))).collect())
+    }
+
+    fn reset(&self, hits: &[Hit]) -> impl Future<Output = Vec<Result<bool, BackendError>>> + Send {
+        std::future::ready(hits.iter().map(|hit| Ok(self.reset_one(hit))).collect())
     }
 }
 

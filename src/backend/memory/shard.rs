@@ -101,6 +101,25 @@ impl Shard {
             .map(|slot| slot.state)
     }
 
+    /// When the stored state of `key` settles, if it is stored and has not settled by `now_ms`.
+    pub(super) fn settles_at(&self, key: &str, now_ms: u64) -> Option<u64> {
+        self.buckets
+            .get(key)
+            .map(|slot| slot.full_at_ms)
+            .filter(|&at| at > now_ms)
+    }
+
+    /// Drops `key`, whatever its state; false when it was not stored.
+    pub(super) fn remove(&mut self, key: &str) -> bool {
+        match self.buckets.get_index_of(key) {
+            Some(index) => {
+                self.remove_at(index);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Writes back the decided state of a stored key (dropping it if it is full again); false
     /// when `key` is not stored, so nothing was written.
     pub(super) fn update(&mut self, key: &str, slot: Slot, now_ms: u64) -> bool {

@@ -286,6 +286,19 @@ impl ClusterLink {
         self.view.load().route(slot).0.cloned()
     }
 
+    /// The connection of the master that owns `key`'s slot in the current view (admin calls,
+    /// not subject to its breaker).
+    pub(super) fn owner_connection(&self, key: &str) -> Result<ConnectionManager, BackendError> {
+        self.owner_of(slot(key))
+            .map(|node| node.conn.clone())
+            .ok_or_else(|| {
+                BackendError::Unavailable(format!(
+                    "no Redis Cluster master serves slot {}",
+                    slot(key)
+                ))
+            })
+    }
+
     /// One probe key per master of the current view.
     pub(super) fn probe_keys(&self) -> Vec<String> {
         let view = self.view.load();

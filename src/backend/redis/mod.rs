@@ -22,6 +22,7 @@
 mod batch;
 mod cluster;
 mod heartbeat;
+mod inspect;
 mod observer;
 mod script;
 mod sentinel;
@@ -36,7 +37,7 @@ use tracing::Instrument as _;
 
 use crate::algorithm::{BucketParams, Verdict};
 use crate::backend::breaker::{BreakerSet, BreakerSettings, Endpoint};
-use crate::backend::{Backend, BackendError, Hit};
+use crate::backend::{Backend, BackendError, Hit, KeyPeek};
 use crate::clock::{MonotonicClock, SharedClock};
 use crate::settings::{RedisModeArg, Settings};
 
@@ -322,6 +323,7 @@ impl RedisBackend {
                 0 => 0,
                 max => rand::random_range(0..max),
             },
+            peek: false,
         };
         match &self.link {
             Link::Standalone(manager, endpoint, batcher) => spread(
@@ -379,6 +381,17 @@ impl Backend for RedisBackend {
 
     fn breakers(&self) -> Option<Arc<BreakerSet>> {
         Some(self.breakers.clone())
+    }
+
+    fn peek(
+        &self,
+        hits: &[Hit],
+    ) -> impl Future<Output = Vec<Result<KeyPeek, BackendError>>> + Send {
+        self.peek_each(hits)
+    }
+
+    fn reset(&self, hits: &[Hit]) -> impl Future<Output = Vec<Result<bool, BackendError>>> + Send {
+        self.reset_each(hits)
     }
 }
 

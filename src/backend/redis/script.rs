@@ -39,6 +39,9 @@ pub(super) struct CallArgs {
     pub now_ms: Option<u64>,
     /// Added to every key's TTL (drawn per call from `0..expiry_jitter_max`).
     pub jitter_ms: u64,
+    /// A read-only call (`ARGV[2] = peek`, see `lua/limit.lua`): its hits ask nothing, and
+    /// its reply is [`super::inspect`]'s to decode.
+    pub peek: bool,
 }
 
 /// Values per key after the keys: algorithm, capacity, requests_per_unit, unit_ms, tokens, flags.
@@ -70,7 +73,11 @@ where
         Some(ms) => cmd.arg(ms),
         None => cmd.arg(""),
     };
-    cmd.arg(args.jitter_ms);
+    if args.peek {
+        cmd.arg("peek");
+    } else {
+        cmd.arg(args.jitter_ms);
+    }
     for (hit, starts_group) in hits {
         let Demand {
             algorithm,
@@ -141,7 +148,7 @@ fn grouped<'a>(requests: &'a [&'a [Hit]]) -> impl Iterator<Item = (&'a Hit, bool
 }
 
 /// EVALSHA, and EVAL after a NOSCRIPT.
-async fn call<'a, C, I>(
+pub(super) async fn call<'a, C, I>(
     conn: &mut C,
     hits: I,
     count: usize,
@@ -225,28 +232,35 @@ pub(super) fn decode(
     BackendError,
 > {
     let (items, repaired) = split_reply(reply, count)?;
-    let verdicts = items.chunks_exact(REPLY_WIDTH).map(|chunk| {
-        let [allowed, remaining, retry, until_full, granted] = chunk else {
-            unreachable!("chunks_exact yields REPLY_WIDTH items");
-        };
-        let allowed = match int(allowed)? {
-            0 => false,
-            1 => true,
-            n => return Err(BackendError::Protocol(format!("allowed flag {n}"))),
-        };
-        let retry_after_ms = match int(retry)? {
-            WIRE_NEVER => None,
-            n => Some(count_from_wire(n)?),
-        };
-        Ok(Verdict {
-            allowed,
-            remaining: count_from_wire(int(remaining)?)?,
-            retry_after_ms,
-            until_full_ms: count_from_wire(int(until_full)?)?,
-            granted: count_from_wire(int(granted)?)?,
-        })
-    });
+    let verdicts = items.chunks_exact(REPLY_WIDTH).map(verdict);
     Ok((verdicts, repaired))
+}
+
+/// One key's verdict from its first [`REPLY_WIDTH`] reply items (a shorter slice is a protocol
+/// error).
+pub(super) fn verdict(items: &[Value]) -> Result<Verdict, BackendError> {
+    let [allowed, remaining, retry, until_full, granted, ..] = items else {
+        return Err(BackendError::Protocol(format!(
+            "script reply: {} items for a key, expected {REPLY_WIDTH}",
+            items.len()
+        )));
+    };
+    let allowed = match int(allowed)? {
+        0 => false,
+        1 => true,
+        n => return Err(BackendError::Protocol(format!("allowed flag {n}"))),
+    };
+    let retry_after_ms = match int(retry)? {
+        WIRE_NEVER => None,
+        n => Some(count_from_wire(n)?),
+    };
+    Ok(Verdict {
+        allowed,
+        remaining: count_from_wire(int(remaining)?)?,
+        retry_after_ms,
+        until_full_ms: count_from_wire(int(until_full)?)?,
+        granted: count_from_wire(int(granted)?)?,
+    })
 }
 
 /// The reply's per-key items, and the repaired positions that follow them: `r`, then `r`
@@ -275,7 +289,7 @@ fn split_reply(reply: &Value, count: usize) -> Result<(&[Value], Vec<usize>), Ba
     Ok((&items[..width], positions))
 }
 
-fn int(value: &Value) -> Result<i64, BackendError> {
+pub(super) fn int(value: &Value) -> Result<i64, BackendError> {
     match value {
         Value::Int(n) => Ok(*n),
         other => Err(BackendError::Protocol(format!(
@@ -287,7 +301,7 @@ fn int(value: &Value) -> Result<i64, BackendError> {
 
 /// A count as the script sends it: non-negative as is; [2^63, 2^64) as value - 2^64, so the
 /// two's-complement bits are the value; from 2^64 up as [`WIRE_SATURATED`].
-fn count_from_wire(n: i64) -> Result<u64, BackendError> {
+pub(super) fn count_from_wire(n: i64) -> Result<u64, BackendError> {
     match n {
         WIRE_SATURATED => Ok(u64::MAX),
         WIRE_NEVER => Err(BackendError::Protocol(
@@ -297,7 +311,7 @@ fn count_from_wire(n: i64) -> Result<u64, BackendError> {
     }
 }
 
-fn describe(value: &Value) -> String {
+pub(super) fn describe(value: &Value) -> String {
     match value {
         Value::Array(items) => format!("an array of {}", items.len()),
         other => format!("{other:?}"),
@@ -347,6 +361,7 @@ mod tests {
         let at = CallArgs {
             now_ms: Some(42),
             jitter_ms: 7,
+            peek: false,
         };
         let mut lease = Hit::new("{t}l", PARAMS, 1);
         lease.demand.lease = 9;

@@ -151,6 +151,14 @@ impl SentinelLink {
         bounded(timeout, heartbeat::run(&mut conn, cmd)).await
     }
 
+    /// The current master's connection (admin calls, not subject to its breaker).
+    pub(super) fn master_connection(&self) -> Result<MultiplexedConnection, BackendError> {
+        self.master
+            .load_full()
+            .map(|master| master.conn.clone())
+            .ok_or_else(|| BackendError::Unavailable("no Redis master resolved yet".into()))
+    }
+
     /// Starts a background resolution unless one (or its cooldown) is running.
     fn refresh(self: &Arc<Self>, reconnect: bool) {
         if self.refreshing.swap(true, Ordering::AcqRel) {
