@@ -19,6 +19,7 @@ pub mod otlp;
 pub mod process;
 mod redis;
 pub mod rlqs;
+pub mod rlqs_envoy;
 pub mod rls;
 mod sentinel;
 pub mod sluice;
