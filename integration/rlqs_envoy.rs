@@ -110,7 +110,8 @@ descriptors:
 }
 
 /// Redis gone: each rule's `failure_mode` becomes an assignment Envoy enforces — `open` a
-/// tight bucket turns ALLOW_ALL, `closed` a roomy one turns DENY_ALL — within a few pushes.
+/// tight bucket turns ALLOW_ALL, `closed` a roomy one turns DENY_ALL — within a few pushes; Redis
+/// back: token buckets again, neither left as the failure mode made it.
 #[test]
 fn redis_down_becomes_each_rules_failure_mode_in_envoy() {
     let rules = r#"
@@ -125,9 +126,9 @@ descriptors:
     failure_mode: closed
     rate_limit: {unit: second, requests_per_unit: 100000}
 "#;
-    let redis = sluice_harness::RedisServer::start();
+    let mut redis = sluice_harness::RedisServer::start();
     let sluice = SluiceProcess::start_on_redis(&[("edge.yaml", rules)], &redis);
-    let envoy = Envoy::start(&quota_bootstrap(&[sluice.grpc]));
+    let mut envoy = Envoy::start(&quota_bootstrap(&[sluice.grpc]));
     let mut client = envoy.client();
     let open: &[(&str, &[u8])] = &[("x-user", b"open")];
     let closed: &[(&str, &[u8])] = &[("x-user", b"closed")];
@@ -141,7 +142,7 @@ descriptors:
         "1 per minute, spent"
     );
     assert_eq!(get_all(&mut client, closed, 3), [200; 3]);
-    drop(redis);
+    redis.kill();
     sluice_harness::wait_until(
         "failure-mode assignments enforced by Envoy",
         Duration::from_secs(10),
@@ -158,6 +159,27 @@ descriptors:
         [429; 5],
         "closed: DENY_ALL"
     );
+    // Redis back (empty: every bucket full): token buckets again, the closed rule not left
+    // denied, the open one limited again.
+    let buckets = assignments_sent(&sluice, "token_bucket");
+    redis.start_again();
+    let back = now();
+    sluice_harness::wait_until(
+        "token buckets enforced again",
+        Duration::from_secs(15),
+        || {
+            let c = client.get("/", closed).status;
+            let o = client.get("/", open).status;
+            std::thread::sleep(Duration::from_millis(50));
+            c == 200 && o == 429 && assignments_sent(&sluice, "token_bucket") > buckets
+        },
+    );
+    println!(
+        "Redis back: closed admits and open is limited again {:.2} s after the restart",
+        back.elapsed().as_secs_f64()
+    );
+    assert_eq!(get_all(&mut client, closed, 3), [200; 3]);
+    assert!(envoy.is_running(), "Envoy crashed; log:\n{}", envoy.log());
 }
 
 /// Envoys spread over sluice replicas on one Redis, the same user hammered through every Envoy

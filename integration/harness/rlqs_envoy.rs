@@ -53,7 +53,8 @@ pub fn quota_bootstrap(sluice: &[SocketAddr]) -> Bootstrap {
 /// The bucket settings of [`quota_bootstrap`]'s one matcher, to add a behaviour to.
 pub fn bucket_settings(bootstrap: &mut Bootstrap) -> &mut Value {
     let filter = bootstrap.filter("envoy.filters.http.rate_limit_quota");
-    &mut filter["bucket_matchers"]["matcher_list"]["matchers"][0]["on_match"]["action"]["typed_config"]
+    let matcher = &mut filter["bucket_matchers"]["matcher_list"]["matchers"][0];
+    &mut matcher["on_match"]["action"]["typed_config"]
 }
 
 /// Assignments of `kind` (`token_bucket`, `allow_all`, `deny_all`, `abandon`; "" for all) sluice
