@@ -82,7 +82,7 @@ descriptors:
 }
 
 /// A slow rule (`20 per day`) still admits through Envoy: a token every 72 minutes, the bucket
-/// starting full, not DENY_ALL for a share below one token an hour.
+/// starting full with the rule's burst, not DENY_ALL for a share below one token an hour.
 #[test]
 fn a_rule_of_twenty_a_day_admits_through_envoy() {
     let rules = r#"
@@ -101,12 +101,16 @@ descriptors:
     let kinds = |kind: &str| assignments_sent(&sluice, kind);
     assert!(kinds("token_bucket") > 0.0, "a token bucket, not DENY_ALL");
     assert_eq!(kinds("deny_all"), 0.0);
-    let statuses = get_all(&mut client, user, 3);
-    assert_eq!(
-        statuses[0], 200,
-        "the assigned bucket starts full: {statuses:?}"
+    // The assigned bucket starts full with the rule's burst (20, less the first request and the
+    // pool's one-token reserve), then refills a token every 72 minutes.
+    let statuses = get_all(&mut client, user, 20);
+    let admitted = statuses.iter().filter(|s| **s == 200).count();
+    assert!(
+        (15..20).contains(&admitted),
+        "most of the day's burst at once, never more: {statuses:?}"
     );
-    assert_eq!(&statuses[1..], [429, 429], "then a token every 72 minutes");
+    assert_eq!(statuses[..admitted], vec![200; admitted][..], "{statuses:?}");
+    assert_eq!(statuses[19], 429, "{statuses:?}");
 }
 
 /// Redis gone: each rule's `failure_mode` becomes an assignment Envoy enforces — `open` a

@@ -94,9 +94,9 @@ pub const TIGHT_CAPACITY: f64 = 10.0;
 pub const TIGHT_RATE: f64 = 5.0;
 
 /// What one RLQS data plane may admit beyond C + r·T under [`TIGHT_RULE`] (docs/rlqs.md): its
-/// bucket (5) and rate × ttl (5 × 3), plus its first request, before any assignment, under
-/// Envoy's default ALLOW_ALL.
-pub const DATA_PLANE_SLACK: f64 = 5.0 + 5.0 * 3.0 + 1.0;
+/// bucket (at most the rule's capacity, 10) and rate × ttl (5 × 3), plus its first request,
+/// before any assignment, under Envoy's default ALLOW_ALL.
+pub const DATA_PLANE_SLACK: f64 = 10.0 + 5.0 * 3.0 + 1.0;
 
 /// What one client of a [`drive`] sent and got.
 #[derive(Clone, Copy, Debug, Default)]

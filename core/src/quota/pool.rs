@@ -211,6 +211,25 @@ impl Pool {
         self.members.get(&member).and_then(|m| m.strategy)
     }
 
+    /// The token bucket of a `share_per_s` share: its rate quantized, and a bucket of the larger
+    /// of `burst_ms` of that rate and the member's part of the rule's capacity (a rule's burst
+    /// reaches the data planes in proportion to their shares).
+    fn bucket_for(&self, share_per_s: f64, options: &PoolOptions) -> Strategy {
+        let Some(bucket) = TokenBucket::for_rate(share_per_s, options.burst_ms) else {
+            return Strategy::DenyAll;
+        };
+        let rate = self.rate_per_s();
+        let part = if rate > 0.0 {
+            (self.params.capacity as f64 * share_per_s / rate).floor()
+        } else {
+            0.0
+        };
+        Strategy::TokenBucket(TokenBucket {
+            max_tokens: bucket.max_tokens.max(part.min(f64::from(u32::MAX)) as u32),
+            ..bucket
+        })
+    }
+
     /// See [`RESERVE`].
     fn reserve(&self) -> f64 {
         RESERVE.min(self.params.capacity as f64 / 10.0)
@@ -318,8 +337,7 @@ impl Pool {
                 {
                     Strategy::TokenBucket(current)
                 }
-                _ => TokenBucket::for_rate(share, options.burst_ms)
-                    .map_or(Strategy::DenyAll, Strategy::TokenBucket),
+                _ => self.bucket_for(share, options),
             };
             future += cost(member, strategy, now_ms, horizon);
             self.planned.push((id, strategy));
@@ -408,7 +426,7 @@ impl Pool {
                 if planned_cost <= part {
                     return (*id, *planned);
                 }
-                let fresh = fitted(part, planned.rate_per_ms() * 1000.0, options);
+                let fresh = fitted(part, *planned, options);
                 debug_assert!(cost(member, fresh, now_ms, horizon) <= part + 1e-6);
                 // The bucket the data plane has, kept, costs only its rate: better than a
                 // smaller fresh one whenever the part pays for it.
@@ -474,18 +492,19 @@ impl Pool {
     }
 }
 
-/// The fastest fresh token bucket `part` tokens pay for, no faster than `ceiling_per_s`: the rate
-/// comes first (it lasts), the bucket's size (paid once) takes what is left of the part, at least
-/// one token and at most `burst_ms` of the rate.
-fn fitted(part: f64, ceiling_per_s: f64, options: &PoolOptions) -> Strategy {
+/// The fastest fresh token bucket `part` tokens pay for, no faster and no larger than `planned`:
+/// the rate comes first (it lasts), the bucket's size (paid once) takes what is left of the part,
+/// at least one token.
+fn fitted(part: f64, planned: Strategy, options: &PoolOptions) -> Strategy {
     let horizon = options.horizon_ms as f64;
+    let ceiling_per_s = planned.rate_per_ms() * 1000.0;
     let rate_per_s = ((part - 1.0).max(0.0) * 1000.0 / horizon.max(1.0)).min(ceiling_per_s);
     let Some(bucket) = TokenBucket::for_rate(rate_per_s, options.burst_ms) else {
         return Strategy::DenyAll;
     };
     let room = (part - bucket.rate_per_ms() * horizon).floor();
     Strategy::TokenBucket(TokenBucket {
-        max_tokens: room.clamp(1.0, f64::from(bucket.max_tokens)) as u32,
+        max_tokens: room.clamp(1.0, planned.burst().max(1.0)) as u32,
         ..bucket
     })
 }

@@ -243,9 +243,9 @@ fn under_demand_everyone_is_admitted_and_unused_grants_go_back() {
     let r = run(params, &mut planes, 1000, 10_000);
     // 40/s offered of 100/s: everything after the first assignment is admitted.
     assert!(r.admitted >= 2 * 20 * 9, "admitted {}", r.admitted);
-    // What the pool still holds is the documented grant slack — each plane's bucket and ttl at
-    // twice its demand (40/s: 8 tokens + 40/s · 0.6 s) — not the rule's rate.
-    let slack_bound = 2 * (8 + 24);
+    // What the pool still holds is the documented grant slack — each plane's bucket (its part of
+    // the capacity at twice its demand: 40 tokens) and ttl (40/s · 0.6 s) — not the rule's rate.
+    let slack_bound = 2 * (40 + 24);
     let held = r.taken_net - r.admitted as i64;
     assert!(held <= slack_bound, "held {held} > {slack_bound}");
 }
@@ -515,9 +515,17 @@ fn a_short_pool_keeps_the_small_plans_whole() {
             .map(|(_, s)| s.rate_per_ms() * 1000.0)
             .unwrap()
     };
-    // The quiet member planned 2 × 5/s and keeps it; the busy one takes the cut.
-    assert_eq!(rate(2), 10.0, "{assigned:?}");
-    assert!(rate(1) < 90.0, "{assigned:?}");
+    let burst = |id| {
+        assigned
+            .iter()
+            .find(|(m, _)| *m == id)
+            .map(|(_, s)| s.burst())
+            .unwrap()
+    };
+    // The quiet member planned 2 × 5/s (a tenth of the capacity as its bucket) and keeps it; the
+    // busy one takes the cut, in its bucket before its rate.
+    assert_eq!((rate(2), burst(2)), (10.0, 10.0), "{assigned:?}");
+    assert!(burst(1) < 90.0, "{assigned:?}");
     assert!(pool.held() >= 0.0);
 }
 
@@ -536,7 +544,7 @@ fn token_bucket(assigned: &[(MemberId, Strategy)]) -> TokenBucket {
 }
 
 /// Burst 10, then 5/s, one data plane whose first request (admitted before any assignment) is
-/// owed: the pool cannot pay a full 5-token bucket plus a second of the rate (10 of the 9 it
+/// owed: the pool cannot pay the rule's 10-token burst plus a second of the rate (15 of the 8 it
 /// holds after the debt and the reserve), and shortens the bucket, not the rate, which lasts.
 #[test]
 fn a_short_first_assignment_keeps_the_rate_and_shortens_the_bucket() {
@@ -552,8 +560,8 @@ fn a_short_first_assignment_keeps_the_rate_and_shortens_the_bucket() {
         panic!("an unassigned pool takes")
     };
     assert_eq!(
-        n, 12,
-        "the bucket, a second of the rate, the debt and the reserve"
+        n, 17,
+        "the rule's burst, a second of the rate, the debt and the reserve"
     );
     let first = token_bucket(&pool.settle(10, &ENVOY, Answer::Granted(10)));
     assert_eq!(first.rate_per_s(), 5.0, "{first:?}");
