@@ -109,7 +109,11 @@ descriptors:
         (15..20).contains(&admitted),
         "most of the day's burst at once, never more: {statuses:?}"
     );
-    assert_eq!(statuses[..admitted], vec![200; admitted][..], "{statuses:?}");
+    assert_eq!(
+        statuses[..admitted],
+        vec![200; admitted][..],
+        "{statuses:?}"
+    );
     assert_eq!(statuses[19], 429, "{statuses:?}");
 }
 

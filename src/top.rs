@@ -16,6 +16,9 @@ use sluice_core::decision::{Decision, Status};
 use sluice_core::request::{LimitRequest, RequestDescriptor};
 use sluice_core::top::{RuleView, Seen, TopKeys, TopOptions};
 
+/// Descriptors of a request hashed before taking the lock (the rest, rare, under it).
+const HASHED_AHEAD: usize = 8;
+
 /// Longest key label kept (bytes of `k=v, …`); longer ones end in `…`.
 const MAX_LABEL_BYTES: usize = 160;
 
@@ -63,17 +66,33 @@ impl TopRecorder {
         if !decision.statuses.iter().any(limited) {
             return;
         }
+        // The first descriptors are hashed before the lock, so it is held only to count.
+        let mut hashes = [0u64; HASHED_AHEAD];
+        for ((hash, descriptor), status) in hashes
+            .iter_mut()
+            .zip(&request.descriptors)
+            .zip(&decision.statuses)
+        {
+            if limited(status) {
+                *hash = self.hash(descriptor);
+            }
+        }
+        let now_ms = self.clock.now_ms();
         let Ok(mut keys) = self.keys.try_lock() else {
             self.skipped.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        let now_ms = self.clock.now_ms();
-        for (descriptor, status) in request.descriptors.iter().zip(&decision.statuses) {
+        let pairs = request.descriptors.iter().zip(&decision.statuses);
+        for (i, (descriptor, status)) in pairs.enumerate() {
             let (Some(rule), Some(_)) = (&status.rule, &status.limit) else {
                 continue;
             };
+            let hash = hashes
+                .get(i)
+                .copied()
+                .unwrap_or_else(|| self.hash(descriptor));
             let seen = Seen {
-                hash: self.hash(descriptor),
+                hash,
                 over: status.over,
             };
             keys.record(now_ms, &rule.path, seen, || label(descriptor));

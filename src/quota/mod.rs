@@ -188,6 +188,9 @@ struct State {
     config: Option<Arc<Config>>,
 }
 
+/// Share of the push interval a push may come early by (see [`Quotas::run`]).
+const PUSH_JITTER: f64 = 0.2;
+
 /// How long shutdown waits for the pools' last refund.
 const GIVE_BACK_DEADLINE: Duration = Duration::from_secs(1);
 
@@ -427,14 +430,23 @@ impl<B: Backend> Quotas<B> {
         }
     }
 
-    /// Runs [`Quotas::push`] every push interval, and soon after a new subscription, until
-    /// `stop` turns true.
+    /// Runs [`Quotas::push`] every push interval less up to [`PUSH_JITTER`] of it, at random,
+    /// and soon after a new subscription, until `stop` turns true. Never later than the
+    /// interval: each assignment is paid until the next push. The jitter keeps replicas' pushes
+    /// from holding one order: the shared bucket serves takes first come, first served, and a
+    /// replica always pushing just after another would find it empty every time.
     pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
-        let mut tick = tokio::time::interval(self.options.push_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let period = || {
+            self.options
+                .push_interval
+                .mul_f64(1.0 - PUSH_JITTER * rand::random::<f64>())
+        };
+        let mut next = tokio::time::Instant::now() + period();
         loop {
             tokio::select! {
-                _ = tick.tick() => {}
+                () = tokio::time::sleep_until(next) => {
+                    next = next.max(tokio::time::Instant::now()) + period();
+                }
                 () = self.wake.notified() => {
                     // Let the subscriptions of a burst of first reports gather into one push.
                     tokio::time::sleep(Duration::from_millis(5)).await;
