@@ -2,7 +2,9 @@
 //! and `explain` print for humans and CI; `bucket` ([`bucket`]) asks a running server's admin
 //! listener. Each returns the process's exit code.
 
+mod admin;
 pub mod bucket;
+pub mod top;
 
 use std::process::ExitCode;
 

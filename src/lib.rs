@@ -47,10 +47,8 @@ pub use sluice_core::{
 };
 
 pub mod admin;
-pub mod admin_client;
 pub mod backend;
 pub mod cli;
-pub mod cli_top;
 pub mod compat;
 pub mod config;
 pub mod dynamic_metadata;

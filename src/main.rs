@@ -23,7 +23,7 @@ fn main() -> ExitCode {
     match Cli::parse_from(args).command {
         Command::CheckConfig(args) => sluice::cli::check_config(&args),
         Command::Explain(args) => sluice::cli::explain(&args),
-        Command::Top(args) => sluice::cli_top::top(&args),
+        Command::Top(args) => sluice::cli::top::run(&args),
         Command::Bucket(args) => sluice::cli::bucket::run(&args),
         Command::Serve(settings) => sluice::cli::serve(*settings, compat),
     }

@@ -2,17 +2,12 @@
 //! `src/admin/buckets.rs`). Prints the answer's JSON; exit 0 on 200, 1 on any other answer (its
 //! error on stderr), 2 when the admin listener cannot be reached.
 
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
 use std::process::ExitCode;
-use std::time::Duration;
 
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 
+use super::admin::exchange;
 use crate::settings::{BucketAction, BucketArgs, BucketTarget};
-
-/// Bound on connecting to and hearing from the admin listener.
-const TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn run(args: &BucketArgs) -> ExitCode {
     let (method, target) = match &args.action {
@@ -62,34 +57,6 @@ fn pretty(body: &str) -> String {
     serde_json::from_str::<serde_json::Value>(body)
         .and_then(|v| serde_json::to_string_pretty(&v))
         .unwrap_or_else(|_| body.to_owned())
-}
-
-/// One HTTP/1.0 request (the server closes the connection after answering): status and body.
-fn exchange(admin: &str, method: &str, path: &str) -> std::io::Result<(u16, String)> {
-    let addr = admin.to_socket_addrs()?.next().ok_or_else(|| {
-        std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            "no address for the admin listener",
-        )
-    })?;
-    let mut stream = TcpStream::connect_timeout(&addr, TIMEOUT)?;
-    stream.set_read_timeout(Some(TIMEOUT))?;
-    write!(
-        stream,
-        "{method} {path} HTTP/1.0\r\nHost: {admin}\r\nAccept: application/json\r\n\r\n"
-    )?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text)?;
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "no HTTP status"))?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_default();
-    Ok((status, body))
 }
 
 #[cfg(test)]

@@ -2,11 +2,12 @@
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::admin_client;
+use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
+
+use super::admin::exchange;
 use crate::settings::TopArgs;
 
 #[derive(Deserialize)]
@@ -34,19 +35,23 @@ struct Ranked {
     error: u64,
 }
 
-pub fn top(args: &TopArgs) -> ExitCode {
+pub fn run(args: &TopArgs) -> ExitCode {
     let mut path = format!("/top?n={}", args.keys);
     if let Some(rule) = &args.rule {
-        let _ = write!(path, "&rule={}", encode(rule));
+        let _ = write!(
+            path,
+            "&rule={}",
+            utf8_percent_encode(rule, NON_ALPHANUMERIC)
+        );
     }
     loop {
-        let shown = match admin_client::get(&args.admin, &path, Duration::from_secs(5)) {
+        let shown = match exchange(&args.admin, "GET", &path) {
             Ok((200, body)) => match serde_json::from_str::<View>(&body) {
                 Ok(view) => render(&view, &args.admin),
                 Err(e) => format!("sluice top: unreadable answer from {}: {e}\n", args.admin),
             },
             Ok((status, body)) => format!("sluice top: {} answered {status}: {body}\n", args.admin),
-            Err(e) => format!("sluice top: {e}\n"),
+            Err(e) => format!("sluice top: {}: {e}\n", args.admin),
         };
         if args.once {
             print!("{shown}");
@@ -111,17 +116,4 @@ fn cell(r: &Ranked) -> String {
     } else {
         format!("{key}  {} ±{}", r.count, r.error)
     }
-}
-
-/// A query value, percent-encoded.
-fn encode(value: &str) -> String {
-    value
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                char::from(b).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
