@@ -1,6 +1,7 @@
 //! Wiring: settings → config, backend, limiter, gRPC and admin listeners → serve until shutdown
 //! ([`drain`]: the way out).
 
+mod admin_routes;
 mod drain;
 
 use std::future::Future;
@@ -16,7 +17,7 @@ use tokio::task::JoinHandle;
 
 use tonic::server::NamedService;
 
-use crate::admin::{self, AdminState, Readiness};
+use crate::admin::Readiness;
 use crate::backend::Backend;
 use crate::backend::breaker::BreakerSet;
 use crate::backend::memory::{MemoryBackend, MemoryOptions};
@@ -318,7 +319,7 @@ struct Built<B: Backend> {
     service: RateLimitHandler<B>,
     /// The RLQS side over the same limiter.
     quotas: Arc<Quotas<B>>,
-    /// Health, readiness, config, metrics, explain and the envoyproxy/ratelimit routes.
+    /// Every admin route (`admin_routes`).
     admin: axum::Router,
     tls: Option<Arc<TlsState>>,
     breakers: Option<Arc<BreakerSet>>,
@@ -391,29 +392,16 @@ async fn build<B: Backend>(
     .with_top(top.clone());
     let quotas = Arc::new(Quotas::new(limiter.clone(), QuotaOptions::from(settings)));
     metrics.observe_quota(quotas.stats().clone());
-    let page = admin::page::PageState {
-        readiness: readiness.clone(),
-        replicas: store.replicas.clone(),
-        backend: match settings.backend {
-            BackendKind::Memory => "memory",
-            BackendKind::Redis => "redis",
-        },
-        breakers: {
-            let limiter = limiter.clone();
-            Arc::new(move || limiter.breaker_states())
-        },
-    };
-    let admin = admin_router(settings, &config, &readiness, &metrics)
-        .merge(admin::buckets::router(admin::buckets::BucketsState {
-            config: config.clone(),
-            options: explain_options(settings),
-            limiter: limiter.clone(),
-            quotas: quotas.clone(),
-            write: settings.admin_write,
-            metrics: metrics.admin(),
-        }))
-        .merge(admin::top::router(top))
-        .merge(admin::page::router(page));
+    let admin = admin_routes::router(&admin_routes::AdminParts {
+        settings,
+        config: &config,
+        readiness: &readiness,
+        metrics: &metrics,
+        limiter: &limiter,
+        quotas: &quotas,
+        replicas: &store.replicas,
+        top,
+    });
     Ok(Built {
         config,
         readiness,
@@ -452,24 +440,6 @@ fn observe_breakers(metrics: &Metrics, set: &Arc<BreakerSet>) {
                 .collect()
         })
     });
-}
-
-fn admin_router(
-    settings: &Settings,
-    config: &Arc<ConfigStore>,
-    readiness: &Arc<Readiness>,
-    metrics: &Metrics,
-) -> axum::Router {
-    admin::router(AdminState {
-        config: config.clone(),
-        readiness: readiness.clone(),
-        metrics: metrics.clone(),
-    })
-    .merge(admin::explain::router(
-        config.clone(),
-        explain_options(settings),
-    ))
-    .merge(crate::compat::router(readiness.clone()))
 }
 
 /// gRPC health for "" and the RLS service's name, starting at the readiness now.
@@ -753,13 +723,6 @@ impl Heartbeat {
                 self.beat().await;
             }
         });
-    }
-}
-
-fn explain_options(settings: &Settings) -> crate::explain::ExplainOptions {
-    crate::explain::ExplainOptions {
-        key_prefix: settings.key_prefix.clone(),
-        default_failure_mode: settings.failure_mode.into(),
     }
 }
 

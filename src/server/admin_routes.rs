@@ -1,0 +1,78 @@
+//! The admin listener's routes over what the server built: health, readiness, config, metrics,
+//! explain, buckets, top keys, the page, and the envoyproxy/ratelimit routes.
+
+use std::sync::Arc;
+
+use crate::admin::{self, AdminState, Readiness};
+use crate::backend::Backend;
+use crate::config::ConfigStore;
+use crate::limiter::Limiter;
+use crate::quota::Quotas;
+use crate::resilience::local::Replicas;
+use crate::settings::{BackendKind, Settings};
+use crate::telemetry::Metrics;
+use crate::top::TopRecorder;
+
+/// What the admin routes read.
+pub(super) struct AdminParts<'a, B> {
+    pub settings: &'a Settings,
+    pub config: &'a Arc<ConfigStore>,
+    pub readiness: &'a Arc<Readiness>,
+    pub metrics: &'a Metrics,
+    pub limiter: &'a Arc<Limiter<B>>,
+    pub quotas: &'a Arc<Quotas<B>>,
+    pub replicas: &'a Arc<Replicas>,
+    pub top: Option<Arc<TopRecorder>>,
+}
+
+pub(super) fn router<B: Backend>(parts: &AdminParts<'_, B>) -> axum::Router {
+    let AdminParts {
+        settings,
+        config,
+        readiness,
+        metrics,
+        limiter,
+        quotas,
+        replicas,
+        top,
+    } = parts;
+    let page = admin::page::PageState {
+        readiness: Arc::clone(readiness),
+        replicas: Arc::clone(replicas),
+        backend: match settings.backend {
+            BackendKind::Memory => "memory",
+            BackendKind::Redis => "redis",
+        },
+        breakers: {
+            let limiter = Arc::clone(limiter);
+            Arc::new(move || limiter.breaker_states())
+        },
+    };
+    admin::router(AdminState {
+        config: Arc::clone(config),
+        readiness: Arc::clone(readiness),
+        metrics: (*metrics).clone(),
+    })
+    .merge(admin::explain::router(
+        Arc::clone(config),
+        explain_options(settings),
+    ))
+    .merge(admin::buckets::router(admin::buckets::BucketsState {
+        config: Arc::clone(config),
+        options: explain_options(settings),
+        limiter: Arc::clone(limiter),
+        quotas: Arc::clone(quotas),
+        write: settings.admin_write,
+        metrics: metrics.admin(),
+    }))
+    .merge(admin::top::router(top.clone()))
+    .merge(admin::page::router(page))
+    .merge(crate::compat::router(Arc::clone(readiness)))
+}
+
+fn explain_options(settings: &Settings) -> crate::explain::ExplainOptions {
+    crate::explain::ExplainOptions {
+        key_prefix: settings.key_prefix.clone(),
+        default_failure_mode: settings.failure_mode.into(),
+    }
+}
