@@ -1,12 +1,14 @@
 //! The replica's top-keys summaries (`sluice_core::top`), fed by every `ShouldRateLimit`
 //! decision and read by `GET /top`.
 //!
-//! Recording must never slow a decision: it takes the summaries' lock only if it is free and
-//! otherwise skips the decision (counted in [`TopView::skipped`]), so the summaries are a sample
-//! when the lock is contended. A descriptor is recorded when a rule with a limit decided it.
+//! Recording must never slow a decision: each runtime thread counts into its own summaries (one
+//! set per available CPU, merged when read), so two workers do not pass one lock back and forth;
+//! the lock is only tried, and a decision that finds it held (a read in progress) is skipped
+//! (counted in [`TopView::skipped`]). A descriptor is recorded when a rule with a limit decided it.
 
+use std::cell::Cell;
 use std::hash::{BuildHasher, Hasher, RandomState};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,7 +16,7 @@ use serde::Serialize;
 use sluice_core::clock::SharedClock;
 use sluice_core::decision::{Decision, Status};
 use sluice_core::request::{LimitRequest, RequestDescriptor};
-use sluice_core::top::{RuleView, Seen, TopKeys, TopOptions};
+use sluice_core::top::{RuleView, Seen, TopKeys, TopOptions, merged_view};
 
 /// Descriptors of a request hashed before taking the lock (the rest, rare, under it).
 const HASHED_AHEAD: usize = 8;
@@ -22,9 +24,26 @@ const HASHED_AHEAD: usize = 8;
 /// Longest key label kept (bytes of `k=v, …`); longer ones end in `…`.
 const MAX_LABEL_BYTES: usize = 160;
 
-/// One replica's summaries.
+/// Threads get summary sets in turn: the `n`th thread to record uses set `n % sets`.
+static NEXT_THREAD: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static THREAD: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+fn thread_number() -> usize {
+    THREAD.with(|slot| {
+        slot.get().unwrap_or_else(|| {
+            let n = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+            slot.set(Some(n));
+            n
+        })
+    })
+}
+
+/// One replica's summaries: a set per available CPU.
 pub struct TopRecorder {
-    keys: Mutex<TopKeys>,
+    sets: Box<[Mutex<TopKeys>]>,
     hasher: RandomState,
     clock: SharedClock,
     skipped: AtomicU64,
@@ -48,12 +67,16 @@ pub struct TopView {
 impl TopRecorder {
     /// `None` when `capacity` is 0 (summaries off).
     pub fn new(capacity: usize, window: Duration, clock: SharedClock) -> Option<Self> {
+        let options = TopOptions {
+            capacity,
+            window_ms: u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1),
+            ..TopOptions::default()
+        };
+        let sets = std::thread::available_parallelism().map_or(1, usize::from);
         (capacity > 0).then(|| TopRecorder {
-            keys: Mutex::new(TopKeys::new(TopOptions {
-                capacity,
-                window_ms: u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1),
-                ..TopOptions::default()
-            })),
+            sets: (0..sets)
+                .map(|_| Mutex::new(TopKeys::new(options)))
+                .collect(),
             hasher: RandomState::new(),
             clock,
             skipped: AtomicU64::new(0),
@@ -78,7 +101,8 @@ impl TopRecorder {
             }
         }
         let now_ms = self.clock.now_ms();
-        let Ok(mut keys) = self.keys.try_lock() else {
+        let set = &self.sets[thread_number() % self.sets.len()];
+        let Ok(mut keys) = set.try_lock() else {
             self.skipped.fetch_add(1, Ordering::Relaxed);
             return;
         };
@@ -99,15 +123,21 @@ impl TopRecorder {
         }
     }
 
-    /// The `n` top keys of every rule (or of `rule` only).
+    /// The `n` top keys of every rule (or of `rule` only), every thread's counts merged.
     pub fn view(&self, n: usize, rule: Option<&str>) -> TopView {
-        let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
-        let options = keys.options();
+        let mut guards: Vec<_> = self
+            .sets
+            .iter()
+            .map(|set| set.lock().unwrap_or_else(|e| e.into_inner()))
+            .collect();
+        let options = guards[0].options();
+        let untracked = guards.iter().map(|g| g.untracked()).sum();
+        let mut sets: Vec<&mut TopKeys> = guards.iter_mut().map(|g| &mut **g).collect();
         TopView {
             capacity: options.capacity,
             window_seconds: options.window_ms / 1000,
-            rules: keys.view(self.clock.now_ms(), n, rule),
-            untracked: keys.untracked(),
+            rules: merged_view(&mut sets, self.clock.now_ms(), n, rule),
+            untracked,
             skipped: self.skipped.load(Ordering::Relaxed),
         }
     }

@@ -118,12 +118,18 @@ pub struct Windowed {
 }
 
 impl Windowed {
-    fn new(capacity: usize, now_ms: u64) -> Self {
+    /// Windows start at multiples of `window_ms`, so summaries made apart line up.
+    fn new(capacity: usize, now_ms: u64, window_ms: u64) -> Self {
         Windowed {
             current: SpaceSaving::new(capacity),
             previous: None,
-            started_ms: now_ms,
+            started_ms: now_ms - now_ms % window_ms.max(1),
         }
+    }
+
+    /// The current window's summary and the previous one's, if any.
+    fn parts(&self) -> impl Iterator<Item = &SpaceSaving> {
+        std::iter::once(&self.current).chain(self.previous.as_ref())
     }
 
     /// Starts a new window when `now_ms` is past the current one (dropping the previous one, and
@@ -144,39 +150,37 @@ impl Windowed {
         self.roll(now_ms, window_ms);
         self.current.offer(hash, label, 1);
     }
+}
 
-    /// The `n` keys offered most over both windows, most first. A key counted in one window only
-    /// may have been offered in the other up to that window's [`SpaceSaving::floor`]; that is
-    /// added to its `error`.
-    fn top(&self, n: usize) -> (Vec<Ranked>, u64) {
-        let parts: Vec<&SpaceSaving> = std::iter::once(&self.current)
-            .chain(self.previous.as_ref())
-            .collect();
-        let mut merged: HashMap<u64, Ranked> = HashMap::new();
-        for part in &parts {
-            for c in part.counters() {
-                let entry = merged.entry(c.hash).or_insert_with(|| Ranked {
-                    key: c.label.clone(),
-                    count: 0,
-                    error: 0,
-                });
-                entry.count += c.count;
-                entry.error += c.error;
-            }
+/// The `n` keys offered most over `parts` (summaries of the same span's windows or of several
+/// summaries of one span), most first, and the offers counted. A key counted in some parts only
+/// may have been offered in each other one up to that part's [`SpaceSaving::floor`]; that is
+/// added to its `error`.
+fn top_of(parts: &[&SpaceSaving], n: usize) -> (Vec<Ranked>, u64) {
+    let mut merged: HashMap<u64, Ranked> = HashMap::new();
+    for part in parts {
+        for c in part.counters() {
+            let entry = merged.entry(c.hash).or_insert_with(|| Ranked {
+                key: c.label.clone(),
+                count: 0,
+                error: 0,
+            });
+            entry.count += c.count;
+            entry.error += c.error;
         }
-        for (hash, ranked) in merged.iter_mut() {
-            for part in &parts {
-                if !part.counters().iter().any(|c| c.hash == *hash) {
-                    ranked.error += part.floor();
-                }
-            }
-        }
-        let mut ranked: Vec<Ranked> = merged.into_values().collect();
-        ranked.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.key.cmp(&b.key)));
-        ranked.truncate(n);
-        let offered = parts.iter().map(|p| p.offered()).sum();
-        (ranked, offered)
     }
+    for (hash, ranked) in merged.iter_mut() {
+        for part in parts {
+            if !part.counters().iter().any(|c| c.hash == *hash) {
+                ranked.error += part.floor();
+            }
+        }
+    }
+    let mut ranked: Vec<Ranked> = merged.into_values().collect();
+    ranked.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.key.cmp(&b.key)));
+    ranked.truncate(n);
+    let offered = parts.iter().map(|p| p.offered()).sum();
+    (ranked, offered)
 }
 
 /// Shape of a replica's [`TopKeys`].
@@ -272,7 +276,7 @@ impl TopKeys {
                 self.untracked = self.untracked.saturating_add(1);
                 return;
             }
-            let fresh = || Windowed::new(capacity, now_ms);
+            let fresh = || Windowed::new(capacity, now_ms, window_ms);
             self.rules.insert(
                 rule.clone(),
                 RuleTop {
@@ -298,35 +302,61 @@ impl TopKeys {
     /// Every rule with a decision in the last two windows, the `n` top keys of each, rules with
     /// the most over-limit decisions first. `rule` keeps only that rule.
     pub fn view(&mut self, now_ms: u64, n: usize, rule: Option<&str>) -> Vec<RuleView> {
+        merged_view(&mut [self], now_ms, n, rule)
+    }
+
+    /// Rolls every rule's windows to `now_ms` and forgets the rules with no decision in them.
+    fn roll(&mut self, now_ms: u64) {
         let window_ms = self.options.window_ms;
-        let mut views = Vec::new();
-        self.rules.retain(|path, top| {
+        self.rules.retain(|_, top| {
             top.active.roll(now_ms, window_ms);
             top.limited.roll(now_ms, window_ms);
-            let (active, active_total) = top.active.top(n);
-            if active_total == 0 {
-                return false;
-            }
-            if rule.is_none_or(|r| r == &**path) {
-                let (limited, limited_total) = top.limited.top(n);
-                views.push(RuleView {
-                    rule: path.clone(),
-                    limited,
-                    limited_total,
-                    active,
-                    active_total,
-                });
-            }
-            true
+            top.active.parts().any(|p| p.offered() > 0)
         });
-        views.sort_by(|a, b| {
-            b.limited_total
-                .cmp(&a.limited_total)
-                .then_with(|| b.active_total.cmp(&a.active_total))
-                .then_with(|| a.rule.cmp(&b.rule))
-        });
-        views
     }
+}
+
+/// [`TopKeys::view`] over several summaries of the same decisions' stream split between them (a
+/// replica's runtime workers each count into their own): a rule's parts are merged as its two
+/// windows are.
+pub fn merged_view(
+    shards: &mut [&mut TopKeys],
+    now_ms: u64,
+    n: usize,
+    rule: Option<&str>,
+) -> Vec<RuleView> {
+    let mut paths: Vec<Arc<str>> = Vec::new();
+    for shard in shards.iter_mut() {
+        shard.roll(now_ms);
+        paths.extend(shard.rules.keys().cloned());
+    }
+    paths.sort();
+    paths.dedup();
+    paths.retain(|p| rule.is_none_or(|r| r == &**p));
+    let mut views: Vec<RuleView> = paths
+        .into_iter()
+        .map(|path| {
+            let tops: Vec<&RuleTop> = shards.iter().filter_map(|s| s.rules.get(&path)).collect();
+            let active: Vec<&SpaceSaving> = tops.iter().flat_map(|t| t.active.parts()).collect();
+            let limited: Vec<&SpaceSaving> = tops.iter().flat_map(|t| t.limited.parts()).collect();
+            let (active, active_total) = top_of(&active, n);
+            let (limited, limited_total) = top_of(&limited, n);
+            RuleView {
+                rule: path,
+                limited,
+                limited_total,
+                active,
+                active_total,
+            }
+        })
+        .collect();
+    views.sort_by(|a, b| {
+        b.limited_total
+            .cmp(&a.limited_total)
+            .then_with(|| b.active_total.cmp(&a.active_total))
+            .then_with(|| a.rule.cmp(&b.rule))
+    });
+    views
 }
 
 #[cfg(test)]

@@ -162,3 +162,47 @@ fn rules_past_the_bound_are_counted_not_summarized_and_views_rank_rules_by_limit
         .collect();
     assert_eq!(only, [rules[0].clone()]);
 }
+
+#[test]
+fn summaries_of_one_stream_split_between_workers_merge_as_one() {
+    let rule: Arc<str> = Arc::from("edge.user");
+    let mut a = TopKeys::new(options(8));
+    let mut b = TopKeys::new(options(8));
+    // Made at different times, their windows still line up (multiples of the window).
+    for _ in 0..3 {
+        record(&mut a, 1_000, &rule, 7, true);
+    }
+    record(&mut b, 59_000, &rule, 7, true);
+    record(&mut b, 59_500, &rule, 8, false);
+    record(&mut a, 61_000, &rule, 8, false);
+    let views = merged_view(&mut [&mut a, &mut b], 62_000, 10, None);
+    assert_eq!(views.len(), 1);
+    let v = &views[0];
+    assert_eq!((v.limited_total, v.active_total), (4, 6));
+    assert_eq!(
+        v.limited,
+        [Ranked {
+            key: label(7),
+            count: 4,
+            error: 0
+        }]
+    );
+    assert_eq!(
+        v.active,
+        [
+            Ranked {
+                key: label(7),
+                count: 4,
+                error: 0
+            },
+            Ranked {
+                key: label(8),
+                count: 2,
+                error: 0
+            },
+        ]
+    );
+    // Two windows on, only what was counted since 60 s is left, from either worker.
+    let v = &merged_view(&mut [&mut a, &mut b], 121_000, 10, None)[0];
+    assert_eq!((v.limited_total, v.active_total), (0, 1));
+}
