@@ -6,8 +6,7 @@
 //! Lua read-only mode agrees with the pure `algorithm::peek` to the bit and leaves a Redis key
 //! and its TTL untouched.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -106,20 +105,8 @@ fn buckets(descriptor: &str) -> String {
 
 /// One HTTP/1.0 exchange: status and JSON body.
 fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, Value) {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(stream, "{method} {path} HTTP/1.0\r\nHost: test\r\n\r\n").unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    let (status, body) = sluice_harness::rls::http(addr, method, path);
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
 fn remaining(answer: &RateLimitResponse) -> u32 {

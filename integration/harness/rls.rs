@@ -64,11 +64,21 @@ pub fn request(domain: &str, descriptors: &[(&str, &str)]) -> RateLimitRequest {
 
 /// A minimal HTTP/1.0 GET: (status code, body).
 pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    http(addr, "GET", path)
+}
+
+/// One minimal HTTP/1.0 exchange of `method` (the server closes the connection after answering):
+/// (status code, body).
+pub fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
+        .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.0\r\nHost: localhost\r\n\r\n"
+    )
+    .unwrap();
     let mut text = String::new();
     stream.read_to_string(&mut text).unwrap();
     let status = text

@@ -357,19 +357,7 @@ fn bucket_of(
             }
         }),
     };
-    let key = |tag| {
-        let mut key = String::new();
-        write_shared_bucket_key(
-            &mut key,
-            &options.key_prefix,
-            domain,
-            entries,
-            &rule.shared_values,
-            tag,
-            rule.algorithm,
-        );
-        key
-    };
+    let key = |tag| storage_key(rule, domain, entries, options, tag);
     let mut outcome = if rule.shadow_mode {
         "OK always: the rule is in shadow mode; hits are counted but never reject".to_owned()
     } else {
@@ -402,6 +390,27 @@ fn bucket_of(
 }
 
 /// When a hit passes, in words, by algorithm.
+/// The storage key `rule` keeps for `entries` in `domain`, as the decision writes it.
+fn storage_key(
+    rule: &Rule,
+    domain: &str,
+    entries: &[Entry],
+    options: &ExplainOptions,
+    tag: RuleTag,
+) -> String {
+    let mut key = String::new();
+    write_shared_bucket_key(
+        &mut key,
+        &options.key_prefix,
+        domain,
+        entries,
+        &rule.shared_values,
+        tag,
+        rule.algorithm,
+    );
+    key
+}
+
 fn outcome(algorithm: Algorithm, b: &BucketView) -> String {
     match algorithm {
         Algorithm::TokenBucket => {

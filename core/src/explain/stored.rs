@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 
-use super::{ExplainOptions, RepeatedKey, Report, RuleView, explain, explain_bucket};
+use super::{ExplainOptions, RepeatedKey, Report, RuleView, explain, explain_bucket, storage_key};
 use crate::algorithm::{Algorithm, BucketParams};
 use crate::config::{Config, Domain};
-use crate::key::{RuleTag, write_shared_bucket_key};
+use crate::key::RuleTag;
 use crate::request::Entry;
 use crate::rule::{Limit, RateLimit, Rule};
 
@@ -127,19 +127,7 @@ fn keys_of(
             ));
         }
     };
-    let key = |tag| {
-        let mut key = String::new();
-        write_shared_bucket_key(
-            &mut key,
-            &options.key_prefix,
-            domain,
-            entries,
-            &rule.shared_values,
-            tag,
-            rule.algorithm,
-        );
-        key
-    };
+    let key = |tag| storage_key(rule, domain, entries, options, tag);
     let stored = |tag, params, shard| StoredKey {
         key: key(tag),
         algorithm: rule.algorithm,
