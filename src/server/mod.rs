@@ -377,19 +377,7 @@ async fn build<B: Backend>(
         )
         .with_leases(leases),
     );
-    let top = TopRecorder::new(
-        settings.telemetry.top_keys,
-        settings.telemetry.top_window,
-        Arc::new(MonotonicClock::new()),
-    )
-    .map(Arc::new);
-    let service = RateLimitHandler::new(
-        limiter.clone(),
-        RequestBounds::from(settings),
-        HeaderOptions::from(settings),
-    )
-    .with_metrics(metrics.clone())
-    .with_top(top.clone());
+    let (service, top) = rls_service(settings, &limiter, &metrics);
     let quotas = Arc::new(Quotas::new(limiter.clone(), QuotaOptions::from(settings)));
     metrics.observe_quota(quotas.stats().clone());
     let admin = admin_routes::router(&admin_routes::AdminParts {
@@ -416,6 +404,29 @@ async fn build<B: Backend>(
         replicas: store.replicas,
         local_sweeper,
     })
+}
+
+/// The `RateLimitService` over `limiter`, counting into `metrics` and into the top-keys summaries
+/// it returns (none with `--top-keys 0`).
+fn rls_service<B>(
+    settings: &Settings,
+    limiter: &Arc<Limiter<B>>,
+    metrics: &Metrics,
+) -> (RateLimitHandler<B>, Option<Arc<TopRecorder>>) {
+    let top = TopRecorder::new(
+        settings.telemetry.top_keys,
+        settings.telemetry.top_window,
+        Arc::new(MonotonicClock::new()),
+    )
+    .map(Arc::new);
+    let service = RateLimitHandler::new(
+        limiter.clone(),
+        RequestBounds::from(settings),
+        HeaderOptions::from(settings),
+    )
+    .with_metrics(metrics.clone())
+    .with_top(top.clone());
+    (service, top)
 }
 
 /// Sizes of the resilience machinery; `over_limit_cache`: keep one (a shared backend, with

@@ -4,12 +4,12 @@
 
 use serde::Serialize;
 
-use super::{EntryView, ExplainOptions, Report, explain};
+use super::{EntryView, ExplainOptions, Report, explain, storage_key};
 use crate::config::Config;
 use crate::descriptor::Unplaced;
-use crate::key::{RuleTag, write_shared_bucket_key};
+use crate::key::RuleTag;
 use crate::request::Entry;
-use crate::rule::Limit;
+use crate::rule::{Limit, Rule};
 
 /// What the RLQS side does with one bucket id.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -61,33 +61,61 @@ pub fn explain_bucket(
     let (descriptor, rule) = match found.place(&sorted) {
         Ok(placed) => placed,
         Err(Unplaced::NoPath { placed, left }) => {
-            let mut report = explain(config, domain, &placed, options);
-            report.matched = false;
-            report.rule = None;
-            report.reason = Some(format!(
-                "no order of the bucket id's entries reaches a rule: {} fit no level after {}",
-                left.join(", "),
-                if placed.is_empty() {
-                    "the top".to_owned()
-                } else {
-                    placed
-                        .iter()
-                        .map(|e| format!("{}={}", e.key, e.value))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                }
-            ));
-            report.outcome = "not limited".to_owned();
-            return Ok(BucketReport {
-                bucket_id,
-                assignment: "ALLOW_ALL, standing: no rule applies".to_owned(),
-                pool_key: None,
-                placed: report,
-            });
+            return Ok(unplaced(config, domain, options, bucket_id, &placed, &left));
         }
     };
-    let placed = explain(config, domain, &descriptor, options);
-    let (assignment, pool_key) = match rule.limit {
+    let (assignment, pool_key) = assignment(&rule, domain, &descriptor, options);
+    Ok(BucketReport {
+        bucket_id,
+        assignment,
+        pool_key,
+        placed: explain(config, domain, &descriptor, options),
+    })
+}
+
+/// The report of a bucket id no order of whose entries reaches a rule: `placed` fit, `left` did
+/// not.
+fn unplaced(
+    config: &Config,
+    domain: &str,
+    options: &ExplainOptions,
+    bucket_id: Vec<EntryView>,
+    placed: &[Entry],
+    left: &[String],
+) -> BucketReport {
+    let mut report = explain(config, domain, placed, options);
+    report.matched = false;
+    report.rule = None;
+    report.reason = Some(format!(
+        "no order of the bucket id's entries reaches a rule: {} fit no level after {}",
+        left.join(", "),
+        if placed.is_empty() {
+            "the top".to_owned()
+        } else {
+            placed
+                .iter()
+                .map(|e| format!("{}={}", e.key, e.value))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    ));
+    report.outcome = "not limited".to_owned();
+    BucketReport {
+        bucket_id,
+        assignment: "ALLOW_ALL, standing: no rule applies".to_owned(),
+        pool_key: None,
+        placed: report,
+    }
+}
+
+/// What RLQS assigns a bucket placed on `rule` as `descriptor`, and its pool's storage key.
+fn assignment(
+    rule: &Rule,
+    domain: &str,
+    descriptor: &[Entry],
+    options: &ExplainOptions,
+) -> (String, Option<String>) {
+    match rule.limit {
         Limit::Unlimited => (
             "ALLOW_ALL, standing: the rule is `unlimited: true`".to_owned(),
             None,
@@ -101,21 +129,12 @@ pub fn explain_bucket(
             None,
         ),
         Limit::Bucket(rate) => {
-            let mut key = String::new();
-            write_shared_bucket_key(
-                &mut key,
-                &options.key_prefix,
-                domain,
-                &descriptor,
-                &rule.shared_values,
-                RuleTag::Configured,
-                rule.algorithm,
-            );
+            let key = storage_key(rule, domain, descriptor, options, RuleTag::Configured);
             let text = format!(
                 "a prepaid token bucket: this bucket's data planes share {} per {} by their \
-                 reported demand, each assignment taken from the pool key first and expiring \
-                 after --rlqs-assignment-ttl (a data plane whose share is below one token a day \
-                 gets DENY_ALL until it earns one); on a backend failure `{}` assigns",
+                 reported demand, each assignment paid from the pool key one push ahead and \
+                 expiring after --rlqs-assignment-ttl (a data plane whose share is below one \
+                 token a day gets DENY_ALL until it earns one); on a backend failure `{}` assigns",
                 rate.requests_per_unit,
                 rate.unit,
                 rule.failure_mode
@@ -124,13 +143,7 @@ pub fn explain_bucket(
             );
             (text, Some(key))
         }
-    };
-    Ok(BucketReport {
-        bucket_id,
-        assignment,
-        pool_key,
-        placed,
-    })
+    }
 }
 
 impl BucketReport {
