@@ -230,3 +230,17 @@ rl_stats() { # rl_stats ADMIN: the four ratelimit counters of the route's cluste
   for s in $RL_STATS; do out+="$(envoy_counter "$1" "cluster.backend.ratelimit.$s") "; done
   echo "$out"
 }
+
+# rls_filter_yaml: the ratelimit HTTP filter asking the `rls` cluster for domain `bench`, indented
+# for a bootstrap's http_filters.
+rls_filter_yaml() {
+  cat <<'EOF'
+                  - name: envoy.filters.http.ratelimit
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+                      domain: bench
+                      rate_limit_service:
+                        transport_api_version: V3
+                        grpc_service: { envoy_grpc: { cluster_name: rls } }
+EOF
+}

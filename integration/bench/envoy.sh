@@ -100,16 +100,7 @@ start_limitador() { # start_limitador NAME STORAGE ARGS...
 filter_yaml() {
   case $1 in
     alone) ;;
-    rls) cat <<'EOF'
-                  - name: envoy.filters.http.ratelimit
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-                      domain: bench
-                      rate_limit_service:
-                        transport_api_version: V3
-                        grpc_service: { envoy_grpc: { cluster_name: rls } }
-EOF
-    ;;
+    rls) rls_filter_yaml ;;
     # No token bucket in no_assignment_behavior: Envoy 1.36–1.40 dereferences a null one and crashes.
     rlqs) cat <<'EOF'
                   - name: envoy.filters.http.rate_limit_quota

@@ -97,16 +97,7 @@ EOF
 # deploy/envoy/envoy-rlqs.yaml; FALLBACK_RATE is its expired-assignment token bucket (per second).
 filters() {
   case $1 in
-    rls) cat <<'EOF'
-                  - name: envoy.filters.http.ratelimit
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-                      domain: bench
-                      rate_limit_service:
-                        transport_api_version: V3
-                        grpc_service: { envoy_grpc: { cluster_name: rls } }
-EOF
-    ;;
+    rls) rls_filter_yaml ;;
     # No no_assignment_behavior (ALLOW_ALL until the first assignment): a token bucket there
     # crashes Envoy 1.36–1.40.
     rlqs) cat <<EOF

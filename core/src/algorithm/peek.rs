@@ -119,6 +119,7 @@ impl Peek {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::testing::take;
     use crate::algorithm::{BucketState, GcraState, SlidingState, WindowState, decide};
 
     const NOW: u64 = 1_700_000_000_500;
@@ -128,18 +129,6 @@ mod tests {
             capacity,
             requests_per_unit: per_unit,
             unit_ms,
-        }
-    }
-
-    fn take(algorithm: Algorithm, params: BucketParams, tokens: u64) -> Demand {
-        Demand {
-            algorithm,
-            params,
-            tokens,
-            refund: false,
-            shadow: false,
-            quota: false,
-            lease: 0,
         }
     }
 
