@@ -45,20 +45,21 @@ pub fn run(args: &TopArgs) -> ExitCode {
         );
     }
     loop {
-        let shown = match exchange(&args.admin, "GET", &path) {
-            Ok((200, body)) => match serde_json::from_str::<View>(&body) {
-                Ok(view) => render(&view, &args.admin),
-                Err(e) => format!("sluice top: unreadable answer from {}: {e}\n", args.admin),
-            },
-            Ok((status, body)) => format!("sluice top: {} answered {status}: {body}\n", args.admin),
-            Err(e) => format!("sluice top: {}: {e}\n", args.admin),
+        let shown: Result<String, String> = match exchange(&args.admin, "GET", &path) {
+            Ok((200, body)) => serde_json::from_str::<View>(&body)
+                .map(|view| render(&view, &args.admin))
+                .map_err(|e| format!("unreadable answer from {}: {e}", args.admin)),
+            Ok((status, body)) => Err(format!("{} answered {status}: {body}", args.admin)),
+            Err(e) => Err(format!("{}: {e}", args.admin)),
         };
+        let ok = shown.is_ok();
+        let shown = shown.unwrap_or_else(|e| format!("sluice top: {e}\n"));
         if args.once {
             print!("{shown}");
-            return if shown.starts_with("sluice top:") {
-                ExitCode::FAILURE
-            } else {
+            return if ok {
                 ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
             };
         }
         // Home and clear, then the view: it refreshes in place.
