@@ -19,6 +19,7 @@ use sluice::backend::memory::{MemoryBackend, MemoryOptions};
 use sluice::backend::redis::{RedisBackend, RedisMode, RedisOptions};
 use sluice::backend::{Backend, Hit};
 use sluice::clock::ManualClock;
+use sluice::rule::{RateLimit, Unit};
 
 use sluice_harness as harness;
 use sluice_harness::{RedisCluster, RedisServer};
@@ -521,6 +522,104 @@ async fn gcra_fractional_interval<B: Backend>(s: &Subject<B>) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Windows of several units (`unit_multiplier`): "60 per 30 seconds" and "100 per 5 minutes",
+// the parameters made by the rule itself. T0 is 20 s into a 30 s window of the epoch and 200 s
+// into a 5-minute one (windows are aligned to multiples of their length).
+
+fn windowed(requests_per_unit: u32, unit: Unit, unit_multiplier: u32) -> BucketParams {
+    RateLimit {
+        requests_per_unit,
+        unit,
+        unit_multiplier,
+        burst: None,
+    }
+    .bucket()
+}
+
+async fn multiplied_windows_token_bucket<B: Backend>(s: &Subject<B>) {
+    let (k, p) = (key("mw_tb", "a"), windowed(60, Unit::Second, 30));
+    s.clock.set(T0);
+    s.expect(&[take(&k, p, 60)], &[v(true, 0, Some(0), 30_000)])
+        .await;
+    // 2 tokens a second: one more in 500 ms, half the bucket back in 15 s.
+    s.expect(&[take(&k, p, 1)], &[v(false, 0, Some(500), 30_000)])
+        .await;
+    s.clock.advance(15_000);
+    s.expect(&[take(&k, p, 30)], &[v(true, 0, Some(0), 30_000)])
+        .await;
+    let (k, p) = (key("mw_tb", "b"), windowed(100, Unit::Minute, 5));
+    s.expect(&[take(&k, p, 100)], &[v(true, 0, Some(0), 300_000)])
+        .await;
+    s.expect(&[take(&k, p, 1)], &[v(false, 0, Some(3_000), 300_000)])
+        .await;
+    s.clock.advance(30_000);
+    s.expect(&[take(&k, p, 10)], &[v(true, 0, Some(0), 300_000)])
+        .await;
+}
+
+async fn multiplied_windows_fixed_window<B: Backend>(s: &Subject<B>) {
+    let hit = |k: &str, p: BucketParams, tokens| take(k, p, tokens).using(Algorithm::FixedWindow);
+    let (k, p) = (key("mw_fw", "a"), windowed(60, Unit::Second, 30));
+    s.clock.set(T0);
+    s.expect(&[hit(&k, p, 60)], &[v(true, 0, Some(0), 10_000)])
+        .await;
+    s.expect(&[hit(&k, p, 1)], &[v(false, 0, Some(10_000), 10_000)])
+        .await;
+    s.clock.set(T0 + 10_000);
+    s.expect(&[hit(&k, p, 1)], &[v(true, 59, Some(0), 30_000)])
+        .await;
+    let (k, p) = (key("mw_fw", "b"), windowed(100, Unit::Minute, 5));
+    s.clock.set(T0);
+    s.expect(&[hit(&k, p, 100)], &[v(true, 0, Some(0), 100_000)])
+        .await;
+    s.expect(&[hit(&k, p, 1)], &[v(false, 0, Some(100_000), 100_000)])
+        .await;
+    s.clock.set(T0 + 100_000);
+    s.expect(&[hit(&k, p, 1)], &[v(true, 99, Some(0), 300_000)])
+        .await;
+}
+
+async fn multiplied_windows_sliding_window<B: Backend>(s: &Subject<B>) {
+    let hit = |k: &str, p: BucketParams, tokens| take(k, p, tokens).using(Algorithm::SlidingWindow);
+    let (k, p) = (key("mw_sw", "a"), windowed(60, Unit::Second, 30));
+    s.clock.set(T0);
+    // Counted fully for the 10 s left of this window, then fading over the next 30 s.
+    s.expect(&[hit(&k, p, 60)], &[v(true, 0, Some(0), 40_000)])
+        .await;
+    s.expect(&[hit(&k, p, 1)], &[v(false, 0, Some(10_500), 40_000)])
+        .await;
+    s.clock.set(T0 + 10_000 + 15_000);
+    s.expect(&[hit(&k, p, 30)], &[v(true, 0, Some(0), 45_000)])
+        .await;
+    let (k, p) = (key("mw_sw", "b"), windowed(100, Unit::Minute, 5));
+    s.clock.set(T0);
+    s.expect(&[hit(&k, p, 100)], &[v(true, 0, Some(0), 400_000)])
+        .await;
+    s.expect(&[hit(&k, p, 1)], &[v(false, 0, Some(103_000), 400_000)])
+        .await;
+}
+
+async fn multiplied_windows_gcra<B: Backend>(s: &Subject<B>) {
+    let hit = |k: &str, p: BucketParams, tokens| take(k, p, tokens).using(Algorithm::Gcra);
+    // One every 500 ms, 60 at once.
+    let (k, p) = (key("mw_gcra", "a"), windowed(60, Unit::Second, 30));
+    s.clock.set(T0);
+    s.expect(&[hit(&k, p, 60)], &[v(true, 0, Some(0), 30_000)])
+        .await;
+    s.expect(&[hit(&k, p, 1)], &[v(false, 0, Some(500), 30_000)])
+        .await;
+    // One every 3 s, 100 at once.
+    let (k, p) = (key("mw_gcra", "b"), windowed(100, Unit::Minute, 5));
+    s.expect(&[hit(&k, p, 100)], &[v(true, 0, Some(0), 300_000)])
+        .await;
+    s.expect(&[hit(&k, p, 1)], &[v(false, 0, Some(3_000), 300_000)])
+        .await;
+    s.clock.advance(6_000);
+    s.expect(&[hit(&k, p, 2)], &[v(true, 0, Some(0), 300_000)])
+        .await;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Requests over keys of several algorithms: one call, all or nothing.
 
 async fn mixed_algorithms_all_or_nothing<B: Backend>(s: &Subject<B>) {
@@ -721,6 +820,10 @@ async fn suite<B: Backend>(subject: &Subject<B>) {
         mixed_algorithms_all_or_nothing,
         lease_takes,
         byte_values_have_their_own_buckets,
+        multiplied_windows_token_bucket,
+        multiplied_windows_fixed_window,
+        multiplied_windows_sliding_window,
+        multiplied_windows_gcra,
     );
 }
 

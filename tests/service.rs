@@ -508,3 +508,54 @@ async fn invalid_config_refuses_to_start_with_file_and_line() {
     let text = err.to_string();
     assert!(text.contains("bad.yaml:4:"), "{text}");
 }
+
+/// `unit_multiplier`: "60 per 30 seconds" and "100 per 5 minutes" answer with their real window
+/// (sluice's `w=`, `retry-after`, `duration_until_reset`), and `current_limit` carries the same
+/// rate in a unit at least as long as the window (Envoy's `RateLimit` has no multiplier).
+#[tokio::test]
+async fn a_multiplied_window_is_answered_with_its_real_length() {
+    const WINDOWS: &str = r#"
+domain: windows
+descriptors:
+  - key: half_minute
+    rate_limit: {unit: second, unit_multiplier: 30, requests_per_unit: 60}
+  - key: five_minutes
+    rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 100, algorithm: fixed_window}
+"#;
+    let mut s = TestServer::start(&[("windows.yaml", WINDOWS)]).await;
+    let mut heavy = desc(&[("half_minute", "acme")]);
+    heavy.hits_addend = Some(UInt64Value { value: 60 });
+    let r = s.ok(req("windows", vec![heavy])).await;
+    assert_eq!(r.overall_code, OK);
+    let limit = r.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (120, 2),
+        "120 per MINUTE"
+    );
+    assert_eq!(header(&r, "x-ratelimit-limit"), Some("60, 60;w=30"));
+    let r = s
+        .ok(req("windows", vec![desc(&[("half_minute", "acme")])]))
+        .await;
+    assert_eq!(r.overall_code, OVER_LIMIT);
+    // 2 tokens a second: one more hit in 500 ms, rounded up to a whole second.
+    assert_eq!(header(&r, "retry-after"), Some("1"));
+    let reset = r.statuses[0].duration_until_reset.as_ref().unwrap();
+    assert!((29..=30).contains(&reset.seconds), "{reset:?}");
+
+    let r = s
+        .ok(req("windows", vec![desc(&[("five_minutes", "acme")])]))
+        .await;
+    assert_eq!(r.overall_code, OK);
+    let limit = r.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (1_200, 3),
+        "1200 per HOUR"
+    );
+    assert_eq!(header(&r, "x-ratelimit-limit"), Some("100, 100;w=300"));
+    // The window is aligned to multiples of 5 minutes on the epoch.
+    let reset = r.statuses[0].duration_until_reset.as_ref().unwrap();
+    assert!((1..=300).contains(&reset.seconds), "{reset:?}");
+    s.stop().await;
+}

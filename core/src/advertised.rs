@@ -36,7 +36,7 @@ pub fn advertise(limit: &AppliedLimit, remaining_tokens: u64, cost: u64) -> Adve
     let cost = cost.max(1);
     let capacity = limit.capacity / cost;
     let remaining = (remaining_tokens / cost).min(capacity);
-    let unit_secs = limit.unit.seconds();
+    let unit_secs = limit.window_secs();
     let rate = u128::from(limit.requests_per_unit);
     if rate == 0 {
         return Advertised {
@@ -59,18 +59,23 @@ pub fn advertise(limit: &AppliedLimit, remaining_tokens: u64, cost: u64) -> Adve
     }
 }
 
-/// The first unit from the rule's up whose whole number of hits per unit reaches `capacity`;
-/// the largest unit, saturated, when none does.
+/// The first unit, from the shortest one at least as long as the rule's window up, whose whole
+/// number of hits per unit reaches `capacity`; the largest unit, saturated, when none does. (A
+/// window of `unit_multiplier` units is advertised in a unit as long as the window or longer:
+/// 60 per 30 s is 120 per minute, since Envoy's `RateLimit` has no multiplier.)
 fn per_unit(limit: &AppliedLimit, cost: u64, capacity: u64) -> (u32, Unit) {
+    let window = limit.window_secs();
     let hits_in = |unit: Unit| -> u32 {
         let hits = u128::from(limit.requests_per_unit) * u128::from(unit.seconds())
-            / (u128::from(limit.unit.seconds()) * u128::from(cost));
+            / (u128::from(window) * u128::from(cost));
         u32::try_from(hits).unwrap_or(u32::MAX)
     };
-    let candidates = Unit::ALL
-        .into_iter()
-        .filter(|u| u.seconds() >= limit.unit.seconds());
-    let mut last = (hits_in(limit.unit), limit.unit);
+    let mut candidates = Unit::ALL.into_iter().filter(|u| u.seconds() >= window);
+    let first = candidates.next().unwrap_or(Unit::Year);
+    let mut last = (hits_in(first), first);
+    if u64::from(last.0) >= capacity {
+        return last;
+    }
     for unit in candidates {
         last = (hits_in(unit), unit);
         if u64::from(last.0) >= capacity {
@@ -88,6 +93,7 @@ mod tests {
         AppliedLimit {
             requests_per_unit,
             unit,
+            unit_multiplier: 1,
             capacity,
             name: None,
         }
@@ -100,6 +106,35 @@ mod tests {
         assert_eq!(a.remaining, 7);
         assert_eq!(a.window_secs, 60);
         assert_eq!(a.per_unit, (20, Unit::Minute));
+    }
+
+    fn windowed(requests_per_unit: u32, unit: Unit, multiplier: u32) -> AppliedLimit {
+        AppliedLimit {
+            unit_multiplier: multiplier,
+            ..applied(requests_per_unit, unit, u64::from(requests_per_unit))
+        }
+    }
+
+    #[test]
+    fn a_multiplied_window_is_the_real_window_and_envoys_rate_in_a_longer_unit() {
+        // 60 per 30 seconds: refilled over 30 s; Envoy's RateLimit has no multiplier, so the
+        // same rate goes out as 120 per minute.
+        let a = advertise(&windowed(60, Unit::Second, 30), 60, 1);
+        assert_eq!((a.limit, a.window_secs), (60, 30));
+        assert_eq!(a.per_unit, (120, Unit::Minute));
+        // 100 per 5 minutes: 1,200 per hour.
+        let a = advertise(&windowed(100, Unit::Minute, 5), 3, 1);
+        assert_eq!((a.limit, a.remaining, a.window_secs), (100, 3, 300));
+        assert_eq!(a.per_unit, (1_200, Unit::Hour));
+        // 10,000 per 7 days is exactly a week.
+        let a = advertise(&windowed(10_000, Unit::Day, 7), 0, 1);
+        assert_eq!(
+            (a.window_secs, a.per_unit),
+            (7 * 86_400, (10_000, Unit::Week))
+        );
+        // A window of a whole unit keeps that unit.
+        let a = advertise(&windowed(5, Unit::Minute, 60), 5, 1);
+        assert_eq!((a.window_secs, a.per_unit), (3_600, (5, Unit::Hour)));
     }
 
     #[test]

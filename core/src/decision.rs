@@ -20,6 +20,8 @@ pub enum Code {
 pub struct AppliedLimit {
     pub requests_per_unit: u32,
     pub unit: Unit,
+    /// Units per window (`requests_per_unit` per `unit_multiplier` × `unit`).
+    pub unit_multiplier: u32,
     pub capacity: u64,
     pub name: Option<Arc<str>>,
 }
@@ -27,12 +29,25 @@ pub struct AppliedLimit {
 impl AppliedLimit {
     /// The limit `rate` reports, under the rule's `name` (`None`: unnamed, or an override).
     pub fn new(rate: &RateLimit, name: Option<Arc<str>>) -> Self {
+        debug_assert!(rate.unit_multiplier >= 1, "a window of at least one unit");
         AppliedLimit {
             requests_per_unit: rate.requests_per_unit,
             unit: rate.unit,
+            unit_multiplier: rate.unit_multiplier,
             capacity: rate.capacity(),
             name,
         }
+    }
+
+    /// The window's length in seconds: `unit_multiplier` × `unit`.
+    pub const fn window_secs(&self) -> u64 {
+        RateLimit {
+            requests_per_unit: self.requests_per_unit,
+            unit: self.unit,
+            unit_multiplier: self.unit_multiplier,
+            burst: None,
+        }
+        .window_secs()
     }
 }
 
@@ -142,6 +157,7 @@ impl Status {
             limit: Some(AppliedLimit {
                 requests_per_unit: 0,
                 unit,
+                unit_multiplier: 1,
                 capacity: 0,
                 name,
             }),

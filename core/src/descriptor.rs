@@ -426,6 +426,7 @@ mod tests {
             limit: Limit::Bucket(RateLimit {
                 requests_per_unit: 1,
                 unit: Unit::Second,
+                unit_multiplier: 1,
                 burst: None,
             }),
             algorithm: Algorithm::TokenBucket,

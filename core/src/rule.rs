@@ -102,17 +102,93 @@ impl fmt::Display for Unit {
     }
 }
 
-/// A token bucket's size and refill: `requests_per_unit` tokens per `unit`, holding at most
-/// `burst` (default `requests_per_unit`).
+/// A rule's window as people say it: `minute` for one unit, `30 seconds` for several.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub unit: Unit,
+    pub multiplier: u32,
+}
+
+impl Window {
+    /// The window as a noun: `minute`, `30-second window` ("this minute's count", "this
+    /// 30-second window's count").
+    pub fn noun(&self) -> String {
+        if self.multiplier <= 1 {
+            self.unit.as_str().to_owned()
+        } else {
+            format!("{}-{} window", self.multiplier, self.unit.as_str())
+        }
+    }
+}
+
+impl fmt::Display for Window {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.multiplier <= 1 {
+            f.write_str(self.unit.as_str())
+        } else {
+            write!(f, "{} {}s", self.multiplier, self.unit.as_str())
+        }
+    }
+}
+
+/// A token bucket's size and refill: `requests_per_unit` tokens per window of
+/// `unit_multiplier` × `unit`, holding at most `burst` (default `requests_per_unit`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 pub struct RateLimit {
     pub requests_per_unit: u32,
     pub unit: Unit,
+    /// Units per window (1: the window is one `unit`); "60 per 30 seconds" is 60 per 30 × second.
+    #[serde(skip_serializing_if = "is_one")]
+    pub unit_multiplier: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub burst: Option<u32>,
 }
 
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+/// The longest window a rule may have (`unit_multiplier` × `unit`): ten 365-day years, so every
+/// window in ms stays far below 2^53, where the algorithms' doubles stop counting whole ms.
+pub const MAX_WINDOW_SECS: u64 = 10 * 365 * 86_400;
+
 impl RateLimit {
+    /// `requests_per_unit` per one `unit` (no multiplier).
+    pub const fn per(requests_per_unit: u32, unit: Unit) -> RateLimit {
+        RateLimit {
+            requests_per_unit,
+            unit,
+            unit_multiplier: 1,
+            burst: None,
+        }
+    }
+
+    /// The window's length in seconds: `unit_multiplier` × `unit`.
+    pub const fn window_secs(&self) -> u64 {
+        self.unit.seconds() * self.multiplier()
+    }
+
+    /// The window's length in ms.
+    pub const fn window_ms(&self) -> u64 {
+        self.window_secs() * 1_000
+    }
+
+    /// The window in words: `minute`, `30 seconds`.
+    pub const fn window(&self) -> Window {
+        Window {
+            unit: self.unit,
+            multiplier: self.unit_multiplier,
+        }
+    }
+
+    const fn multiplier(&self) -> u64 {
+        if self.unit_multiplier == 0 {
+            1
+        } else {
+            self.unit_multiplier as u64
+        }
+    }
+
     pub const fn capacity(&self) -> u64 {
         match self.burst {
             Some(b) => b as u64,
@@ -124,7 +200,7 @@ impl RateLimit {
         BucketParams {
             capacity: self.capacity(),
             requests_per_unit: self.requests_per_unit as u64,
-            unit_ms: self.unit.millis(),
+            unit_ms: self.window_ms(),
         }
     }
 
@@ -136,6 +212,7 @@ impl RateLimit {
         RateLimit {
             requests_per_unit: self.requests_per_unit / n,
             unit: self.unit,
+            unit_multiplier: self.unit_multiplier,
             burst: match self.burst {
                 Some(b) => Some(b / n),
                 None => None,

@@ -36,6 +36,7 @@ fn per(requests_per_unit: u32, unit: Unit) -> Limit {
     Limit::Bucket(RateLimit {
         requests_per_unit,
         unit,
+        unit_multiplier: 1,
         burst: None,
     })
 }

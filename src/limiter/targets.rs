@@ -113,6 +113,7 @@ impl<'a> Resolver<'a> {
             let rate = RateLimit {
                 requests_per_unit: o.requests_per_unit,
                 unit: o.unit,
+                unit_multiplier: 1,
                 burst: None,
             };
             return Ok(Target {

@@ -549,6 +549,7 @@ mod tests {
             limit: Some(AppliedLimit {
                 requests_per_unit: capacity as u32,
                 unit: Unit::Minute,
+                unit_multiplier: 1,
                 capacity,
                 name: None,
             }),

@@ -79,6 +79,7 @@ pub(crate) struct RawDescriptor {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct RawRateLimit {
     pub unit: Field<String>,
+    pub unit_multiplier: Field<i128>,
     pub requests_per_unit: Field<i128>,
     pub burst: Field<i128>,
     pub lease: Field<i128>,
@@ -112,6 +113,7 @@ const DESCRIPTOR_FIELDS: &[&str] = &[
 ];
 const RATE_LIMIT_FIELDS: &[&str] = &[
     "unit",
+    "unit_multiplier",
     "requests_per_unit",
     "burst",
     "lease",
@@ -179,6 +181,7 @@ fn read_descriptor(node: &Node, sink: &mut Sink) -> Option<RawDescriptor> {
 fn read_rate_limit(fields: &Fields, sink: &mut Sink) -> RawRateLimit {
     RawRateLimit {
         unit: fields.string("unit", sink),
+        unit_multiplier: fields.integer("unit_multiplier", sink),
         requests_per_unit: fields.integer("requests_per_unit", sink),
         burst: fields.integer("burst", sink),
         lease: fields.integer("lease", sink),

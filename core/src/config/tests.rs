@@ -34,6 +34,7 @@ pub(super) fn bucket(requests_per_unit: u32, unit: Unit, burst: Option<u32>) -> 
     Limit::Bucket(RateLimit {
         requests_per_unit,
         unit,
+        unit_multiplier: 1,
         burst,
     })
 }
@@ -95,7 +96,7 @@ descriptors:
             "18:5: `rate_limit` is missing `unit` (or `unlimited: true`)",
             "19:26: `requests_per_unit` must be an integer from 0 to 4294967295, got -1",
             "20:14: `burst` must be an integer from 1 to 4294967295, got 0",
-            "21:7: unknown field `sharded` in `rate_limit`; expected one of: unit, requests_per_unit, burst, lease, shards, algorithm, name, unlimited, replaces",
+            "21:7: unknown field `sharded` in `rate_limit`; expected one of: unit, unit_multiplier, requests_per_unit, burst, lease, shards, algorithm, name, unlimited, replaces",
             "24:17: rule `n` cannot replace itself",
             "25:11: `replaces` entry is missing `name`",
             "26:17: `replaces` entry has an empty `name`",

@@ -361,3 +361,72 @@ descriptors:
     let fits = "domain: api\ndescriptors:\n  - key: k\n    cost: 25\n    rate_limit: {unit: minute, requests_per_unit: 100, shards: 4}\n";
     assert!(load_one(fits, &LoadOptions::default()).is_ok());
 }
+
+#[test]
+fn unit_multiplier_sets_the_window_for_every_algorithm() {
+    let text = r#"domain: api
+descriptors:
+  - key: tb
+    rate_limit: {unit: second, unit_multiplier: 30, requests_per_unit: 60}
+  - key: fw
+    rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 100, algorithm: fixed_window}
+  - key: week
+    rate_limit: {unit: day, unit_multiplier: 7, requests_per_unit: 10000, algorithm: gcra}
+  - key: plain
+    rate_limit: {unit: hour, requests_per_unit: 3}
+"#;
+    let config = load_one(text, &LoadOptions::default()).unwrap();
+    let rate = |key: &str| {
+        let rule = config
+            .domain("api")
+            .unwrap()
+            .find(&[Entry::new(key, "v")])
+            .unwrap();
+        match rule.limit {
+            Limit::Bucket(rate) => rate,
+            other => panic!("{key}: {other:?}"),
+        }
+    };
+    assert_eq!(rate("tb").bucket().unit_ms, 30_000);
+    assert_eq!(rate("tb").window().to_string(), "30 seconds");
+    assert_eq!(rate("fw").bucket().unit_ms, 300_000);
+    assert_eq!(rate("week").window_secs(), 7 * 86_400);
+    assert_eq!(rate("plain").unit_multiplier, 1);
+    assert_eq!(rate("plain").window().to_string(), "hour");
+}
+
+#[test]
+fn unit_multiplier_is_a_positive_count_within_ten_years() {
+    let text = r#"domain: api
+descriptors:
+  - key: zero
+    rate_limit: {unit: second, unit_multiplier: 0, requests_per_unit: 1}
+  - key: long
+    rate_limit: {unit: year, unit_multiplier: 11, requests_per_unit: 1}
+  - key: word
+    rate_limit: {unit: second, unit_multiplier: thirty, requests_per_unit: 1}
+  - key: blocked
+    rate_limit: {unit: second, unit_multiplier: 30, requests_per_unit: 0}
+  - key: free
+    rate_limit: {unlimited: true, unit_multiplier: 2}
+"#;
+    let errs = errors(load_one(text, &LoadOptions::default()));
+    let has = |needle: &str| errs.iter().any(|e| e.contains(needle));
+    assert!(
+        has("t.yaml:4:") && has("`unit_multiplier` must be an integer from 1"),
+        "{errs:#?}"
+    );
+    assert!(
+        has("t.yaml:6:") && has("the longest window is 315360000 s"),
+        "{errs:#?}"
+    );
+    assert!(has("t.yaml:8:"), "{errs:#?}");
+    assert!(
+        has("`unit_multiplier` must not be given with `requests_per_unit: 0`"),
+        "{errs:#?}"
+    );
+    assert!(
+        has("`unit_multiplier` must not be given with `unlimited: true`"),
+        "{errs:#?}"
+    );
+}

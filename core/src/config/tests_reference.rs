@@ -39,7 +39,7 @@ descriptors:
         [
             "t.yaml:4:5: field `unit` has no effect in a descriptor and is ignored (envoyproxy/ratelimit ignores it there too); expected one of: key, value, rate_limit, descriptors, shadow_mode, quota_mode, detailed_metric, cost, failure_mode, share_threshold, value_to_metric, metadata",
             "t.yaml:5:5: field `requests_per_unit` has no effect in a descriptor and is ignored (envoyproxy/ratelimit ignores it there too); expected one of: key, value, rate_limit, descriptors, shadow_mode, quota_mode, detailed_metric, cost, failure_mode, share_threshold, value_to_metric, metadata",
-            "t.yaml:9:7: field `shadow_mode` has no effect in `rate_limit` and is ignored (envoyproxy/ratelimit ignores it there too); expected one of: unit, requests_per_unit, burst, lease, shards, algorithm, name, unlimited, replaces",
+            "t.yaml:9:7: field `shadow_mode` has no effect in `rate_limit` and is ignored (envoyproxy/ratelimit ignores it there too); expected one of: unit, unit_multiplier, requests_per_unit, burst, lease, shards, algorithm, name, unlimited, replaces",
         ]
     );
     let r = rule(&config, &[("k", "v")]).expect("the rule of the rate_limit");
@@ -48,6 +48,7 @@ descriptors:
         Limit::Bucket(RateLimit {
             requests_per_unit: 3,
             unit: Unit::Minute,
+            unit_multiplier: 1,
             burst: None
         })
     );

@@ -10,7 +10,7 @@ use super::raw::{Field, RawDescriptor, RawDomain, RawRateLimit, RawReplace, Sp};
 use super::yaml::Pos;
 use super::{Sink, compile};
 use crate::algorithm::Algorithm;
-use crate::rule::{FailureMode, Limit, Origin, RateLimit, Unit};
+use crate::rule::{FailureMode, Limit, MAX_WINDOW_SECS, Origin, RateLimit, Unit};
 
 /// One domain whose every field is known good.
 #[derive(Clone, Debug, PartialEq)]
@@ -381,6 +381,10 @@ fn limit(rate_limit: &Sp<RawRateLimit>, sink: &mut Sink) -> Option<Limit> {
         for (name, given) in [
             ("unit", raw.unit.given().map(|f| f.key_at)),
             (
+                "unit_multiplier",
+                raw.unit_multiplier.given().map(|f| f.key_at),
+            ),
+            (
                 "requests_per_unit",
                 raw.requests_per_unit.given().map(|f| f.key_at),
             ),
@@ -437,11 +441,34 @@ fn limit(rate_limit: &Sp<RawRateLimit>, sink: &mut Sink) -> Option<Limit> {
     if raw.burst.is_present() && burst.is_none() {
         return None;
     }
+    let unit = unit?;
+    let unit_multiplier = unit_multiplier(&raw.unit_multiplier, unit, sink)?;
     Some(Limit::Bucket(RateLimit {
         requests_per_unit: requests_per_unit?,
-        unit: unit?,
+        unit,
+        unit_multiplier,
         burst,
     }))
+}
+
+/// `unit_multiplier`: units per window, 1 when absent; the window at most [`MAX_WINDOW_SECS`].
+fn unit_multiplier(field: &Field<i128>, unit: Unit, sink: &mut Sink) -> Option<u32> {
+    if field.is_absent() {
+        return Some(1);
+    }
+    let multiplier = count("unit_multiplier", field, sink)?;
+    let window = u64::from(multiplier) * unit.seconds();
+    if window > MAX_WINDOW_SECS {
+        sink.error(
+            field.given()?.at,
+            format!(
+                "`unit_multiplier` {multiplier} × {unit} is a window of {window} s; the longest \
+                 window is {MAX_WINDOW_SECS} s (10 years)"
+            ),
+        );
+        return None;
+    }
+    Some(multiplier)
 }
 
 /// `requests_per_unit: 0`: as in envoyproxy/ratelimit, the rule rejects every request it
@@ -456,6 +483,10 @@ fn blocked(
     let mut ok = true;
     for (name, given) in [
         ("burst", raw.burst.given().map(|f| f.key_at)),
+        (
+            "unit_multiplier",
+            raw.unit_multiplier.given().map(|f| f.key_at),
+        ),
         ("lease", raw.lease.given().map(|f| f.key_at)),
         ("shards", raw.shards.given().map(|f| f.key_at)),
     ] {

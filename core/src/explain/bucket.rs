@@ -136,7 +136,7 @@ fn assignment(
                  expiring after --rlqs-assignment-ttl (a data plane whose share is below one \
                  token a day gets DENY_ALL until it earns one); on a backend failure `{}` assigns",
                 rate.requests_per_unit,
-                rate.unit,
+                rate.window(),
                 rule.failure_mode
                     .unwrap_or(options.default_failure_mode)
                     .as_str(),

@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::descriptor::{Miss, Selected, Step};
 use crate::key::{RuleTag, write_shared_bucket_key};
 use crate::request::Entry;
-use crate::rule::{FailureMode, Limit, RateLimit, Rule, Unit};
+use crate::rule::{FailureMode, Limit, RateLimit, Rule, Unit, Window};
 
 pub use bucket::{BucketReport, RepeatedKey, explain_bucket};
 pub use stored::{NotStored, Stored, StoredKey, stored_buckets, stored_pool};
@@ -156,6 +156,8 @@ pub struct RuleView {
 pub struct BucketView {
     pub requests_per_unit: u32,
     pub unit: Unit,
+    /// Units per window (`requests_per_unit` per `unit_multiplier` × `unit`).
+    pub unit_multiplier: u32,
     /// Most hits allowed at once: the token bucket's capacity and GCRA's burst (`burst`, else
     /// `requests_per_unit`); a window's `requests_per_unit`.
     pub capacity: u64,
@@ -169,6 +171,16 @@ pub struct BucketView {
     /// `shards`: the bucket is split into this many sub-buckets, each of the `shard` shape.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shards: Option<ShardView>,
+}
+
+impl BucketView {
+    /// The window in words: `minute`, `30 seconds`.
+    pub fn window(&self) -> Window {
+        Window {
+            unit: self.unit,
+            multiplier: self.unit_multiplier,
+        }
+    }
 }
 
 /// One shard of a sharded rule (`shards: N`): the limit divided by N.
@@ -342,6 +354,7 @@ fn bucket_of(
     let bucket = BucketView {
         requests_per_unit: rate.requests_per_unit,
         unit: rate.unit,
+        unit_multiplier: rate.unit_multiplier,
         capacity: params.capacity,
         refill_per_second: params.tokens_over(1_000.0),
         cost: rule.cost,
@@ -417,12 +430,15 @@ fn outcome(algorithm: Algorithm, b: &BucketView) -> String {
             "OK while the bucket holds the hit's tokens, OVER_LIMIT otherwise".to_owned()
         }
         Algorithm::FixedWindow => format!(
-            "OK while this {}'s count plus the hit stays within {}, OVER_LIMIT otherwise; the count starts again at the next {} on the clock",
-            b.unit, b.requests_per_unit, b.unit
+            "OK while this {w}'s count plus the hit stays within {}, OVER_LIMIT otherwise; the count starts again at the next {w} on the clock",
+            b.requests_per_unit,
+            w = b.window().noun()
         ),
         Algorithm::SlidingWindow => format!(
-            "OK while this {}'s count plus the previous {}'s, weighted by its overlap with the last {}, plus the hit stays within {}, OVER_LIMIT otherwise",
-            b.unit, b.unit, b.unit, b.requests_per_unit
+            "OK while this {w}'s count plus the previous {w}'s, weighted by its overlap with the last {}, plus the hit stays within {}, OVER_LIMIT otherwise",
+            b.window(),
+            b.requests_per_unit,
+            w = b.window().noun()
         ),
         Algorithm::Gcra => format!(
             "OK while the hit keeps to the schedule (one every {} ms, up to {} at once), OVER_LIMIT otherwise",
@@ -553,7 +569,12 @@ fn write_limit(out: &mut String, rule: &RuleView) {
             let _ = writeln!(out, "limit:       unlimited");
         }
         (Some(b), _) => {
-            let _ = writeln!(out, "limit:       {} per {}", b.requests_per_unit, b.unit);
+            let _ = writeln!(
+                out,
+                "limit:       {} per {}",
+                b.requests_per_unit,
+                b.window()
+            );
             if let (Some(algorithm), Some(from)) = (rule.algorithm, rule.algorithm_from) {
                 let _ = writeln!(out, "algorithm:   {algorithm} (from {from})");
                 let _ = writeln!(out, "{}", shape_line(algorithm, b));
@@ -568,7 +589,10 @@ fn write_limit(out: &mut String, rule: &RuleView) {
                 let _ = writeln!(
                     out,
                     "shards:      {} of {} per {} each (capacity {}), one slot each; a request is judged by one",
-                    s.count, s.requests_per_unit, b.unit, s.capacity
+                    s.count,
+                    s.requests_per_unit,
+                    b.window(),
+                    s.capacity
                 );
             }
         }
@@ -586,11 +610,16 @@ fn shape_line(algorithm: Algorithm, b: &BucketView) -> String {
         ),
         Algorithm::FixedWindow => format!(
             "window:      {} hits per {} aligned to the clock, cost {} per hit",
-            b.requests_per_unit, b.unit, b.cost
+            b.requests_per_unit,
+            b.window(),
+            b.cost
         ),
         Algorithm::SlidingWindow => format!(
-            "window:      {} hits per sliding {} (this {} + the previous one, weighted), cost {} per hit",
-            b.requests_per_unit, b.unit, b.unit, b.cost
+            "window:      {} hits per sliding {} (this {w} + the previous one, weighted), cost {} per hit",
+            b.requests_per_unit,
+            b.window(),
+            b.cost,
+            w = b.window().noun()
         ),
         Algorithm::Gcra => format!(
             "schedule:    one hit every {} ms, burst {}, cost {} per hit",

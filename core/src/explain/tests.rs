@@ -478,3 +478,35 @@ descriptors:
         Err(NotStored::RepeatedKey(_))
     ));
 }
+
+#[test]
+fn a_multiplied_window_is_named_as_people_say_it() {
+    let text = r#"domain: w
+descriptors:
+  - key: half
+    rate_limit: {unit: second, unit_multiplier: 30, requests_per_unit: 60}
+  - key: five
+    rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 100, algorithm: fixed_window}
+"#;
+    let config = load_sources(&[("w.yaml".into(), text.into())]).unwrap();
+    let report = |key: &str| explain(&config, "w", &[Entry::new(key, "x")], &options());
+    let half = report("half");
+    assert!(
+        half.to_text().contains("limit:       60 per 30 seconds"),
+        "{}",
+        half.to_text()
+    );
+    let five = report("five");
+    let text = five.to_text();
+    assert!(text.contains("limit:       100 per 5 minutes"), "{text}");
+    assert!(
+        text.contains("window:      100 hits per 5 minutes aligned to the clock"),
+        "{text}"
+    );
+    assert!(
+        five.outcome
+            .contains("the count starts again at the next 5-minute window on the clock"),
+        "{}",
+        five.outcome
+    );
+}
