@@ -443,6 +443,8 @@ mod tests {
             metric_levels: Arc::default(),
             metadata: None,
             source: "t:1".into(),
+            window_tag: None,
+            also: Arc::default(),
         })
     }
 

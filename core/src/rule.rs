@@ -353,6 +353,31 @@ pub struct Rule {
     pub metadata: Option<Arc<serde_json::Value>>,
     /// YAML source location (`file:line`) of the descriptor, for `explain` and diagnostics.
     pub source: Arc<str>,
+    /// A limit of a `rate_limits` list: its window in seconds, which tags its storage key
+    /// ([`crate::key::RuleTag::Window`]). `None` for a `rate_limit`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window_tag: Option<u64>,
+    /// The descriptor's other limits (`rate_limits` after the first): each its own rule, bucket
+    /// and metrics, all enforced together with this one.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub also: Arc<[Arc<Rule>]>,
+}
+
+impl Rule {
+    /// This rule and the descriptor's other limits, in config order.
+    pub fn limits(self: &Arc<Self>) -> impl Iterator<Item = &Arc<Rule>> {
+        std::iter::once(self).chain(self.also.iter())
+    }
+}
+
+/// A window as a short label for paths and metrics: `30s`, `5m`, `1h`, `7d`.
+pub fn window_label(secs: u64) -> String {
+    match secs {
+        s if s >= 86_400 && s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s >= 3_600 && s % 3_600 == 0 => format!("{}h", s / 3_600),
+        s if s >= 60 && s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
 }
 
 /// How one level of a rule's path names itself in per-rule metrics (envoyproxy/ratelimit's

@@ -10,7 +10,7 @@ use crate::backend::{Backend, BackendError, Hit};
 use crate::config::Domain;
 use crate::key::{RuleTag, without_shard, write_shared_bucket_key};
 use crate::lease::Reservation;
-use crate::request::LimitRequest;
+use crate::request::{LimitRequest, RequestDescriptor};
 use crate::resilience::over_limit::CachedRejection;
 use crate::rule::{FailureMode, Rule};
 
@@ -144,6 +144,9 @@ enum Slot {
     Answered(Status),
     /// Answered by the outcome of `Plan::buckets[bucket]`, reported against `target`.
     Charged { target: Target, bucket: usize },
+    /// A descriptor with several limits (`rate_limits`): one bucket each, all charged together;
+    /// answered by the most constraining ([`most_constraining`]).
+    Limits(Vec<(Target, usize)>),
 }
 
 /// One request: its descriptors in request order and the buckets they charge.
@@ -173,41 +176,91 @@ impl<B: Backend> Limiter<B> {
         };
         let mut index = KeyIndex::default();
         for (descriptor, rule) in request.descriptors.iter().zip(rules) {
-            let slot = match resolver.target(descriptor, rule) {
-                Err(status) => Slot::Answered(status),
-                Ok(target) => {
-                    let mut key = String::new();
-                    // A request's own `limit` is its own bucket, never a shared one.
-                    let shared = match (&target.rule, target.tag) {
-                        (_, RuleTag::Override(_)) | (None, _) => &[][..],
-                        (Some(rule), _) => &rule.shared_values[..],
-                    };
-                    write_shared_bucket_key(
-                        &mut key,
-                        &self.options.key_prefix,
-                        &request.domain,
-                        &descriptor.entries,
-                        shared,
-                        target.tag,
-                        target.algorithm,
-                    );
-                    let cost = target.rule.as_ref().map_or(1, |r| r.cost);
-                    let demand = Demand {
-                        algorithm: target.algorithm,
-                        params: target.params,
-                        tokens: descriptor.hits(request.hits_addend).saturating_mul(cost),
-                        refund: descriptor.is_negative_hits,
-                        shadow: target.shadow,
-                        quota: target.quota,
-                        lease: 0,
-                    };
-                    let bucket = plan.add_hit(&mut index, key, demand, &target);
-                    Slot::Charged { target, bucket }
+            // A request's own `limit` replaces every configured limit of its descriptor.
+            let slot = match rule {
+                Some(rule) if !rule.also.is_empty() && descriptor.limit_override.is_none() => {
+                    self.plan_limits(&mut plan, &mut index, &resolver, request, descriptor, &rule)
                 }
+                rule => match resolver.target(descriptor, rule) {
+                    Err(status) => Slot::Answered(status),
+                    Ok(target) => {
+                        let bucket =
+                            self.charge_target(&mut plan, &mut index, request, descriptor, &target);
+                        Slot::Charged { target, bucket }
+                    }
+                },
             };
             plan.slots.push(slot);
         }
         plan
+    }
+
+    /// The slot of a descriptor whose rule has several limits: a bucket per limit (a limit
+    /// another rule of the request `replaces` is dropped, as a replaced rule is); answered without
+    /// a bucket only when every limit is.
+    fn plan_limits(
+        &self,
+        plan: &mut Plan,
+        index: &mut KeyIndex,
+        resolver: &Resolver<'_>,
+        request: &LimitRequest,
+        descriptor: &RequestDescriptor,
+        rule: &Arc<Rule>,
+    ) -> Slot {
+        let mut charged = Vec::with_capacity(1 + rule.also.len());
+        let mut first_answer = None;
+        for limit in rule.limits() {
+            match resolver.target(descriptor, Some(limit.clone())) {
+                Ok(target) => {
+                    let bucket = self.charge_target(plan, index, request, descriptor, &target);
+                    charged.push((target, bucket));
+                }
+                Err(status) => {
+                    first_answer.get_or_insert(status);
+                }
+            }
+        }
+        match (charged.is_empty(), first_answer) {
+            (true, Some(status)) => Slot::Answered(status),
+            _ => Slot::Limits(charged),
+        }
+    }
+
+    /// Adds (or joins) the bucket `target` charges for `descriptor`; returns its place.
+    fn charge_target(
+        &self,
+        plan: &mut Plan,
+        index: &mut KeyIndex,
+        request: &LimitRequest,
+        descriptor: &RequestDescriptor,
+        target: &Target,
+    ) -> usize {
+        let mut key = String::new();
+        // A request's own `limit` is its own bucket, never a shared one.
+        let shared = match (&target.rule, target.tag) {
+            (_, RuleTag::Override(_)) | (None, _) => &[][..],
+            (Some(rule), _) => &rule.shared_values[..],
+        };
+        write_shared_bucket_key(
+            &mut key,
+            &self.options.key_prefix,
+            &request.domain,
+            &descriptor.entries,
+            shared,
+            target.tag,
+            target.algorithm,
+        );
+        let cost = target.rule.as_ref().map_or(1, |r| r.cost);
+        let demand = Demand {
+            algorithm: target.algorithm,
+            params: target.params,
+            tokens: descriptor.hits(request.hits_addend).saturating_mul(cost),
+            refund: descriptor.is_negative_hits,
+            shadow: target.shadow,
+            quota: target.quota,
+            lease: 0,
+        };
+        plan.add_hit(index, key, demand, target)
     }
 }
 
@@ -259,7 +312,7 @@ impl Plan {
     pub(super) fn reject_before_charging(&mut self) -> bool {
         let answered = self.slots.iter().filter_map(|slot| match slot {
             Slot::Answered(status) => Some(status),
-            Slot::Charged { .. } => None,
+            Slot::Charged { .. } | Slot::Limits(_) => None,
         });
         let (mut ordinary_over, mut quota_over, mut quota_passed) = (false, false, false);
         for status in answered {
@@ -294,6 +347,11 @@ impl Plan {
             .map(|slot| match slot {
                 Slot::Answered(status) => status,
                 Slot::Charged { target, bucket } => status_of(target, &buckets[bucket].outcome),
+                Slot::Limits(charged) => most_constraining(
+                    charged
+                        .into_iter()
+                        .map(|(target, bucket)| status_of(target, &buckets[bucket].outcome)),
+                ),
             })
             .collect();
         Decision {
@@ -336,6 +394,32 @@ impl KeyIndex {
             map.insert(key.to_owned(), at);
         }
     }
+}
+
+/// The status a descriptor with several limits reports: the limit that refuses with the longest
+/// wait (a wait of never being the longest), else, when every limit passes, the one with the
+/// fewest hits remaining; the first in config order on a tie.
+fn most_constraining(statuses: impl Iterator<Item = Status>) -> Status {
+    let rank = |s: &Status| {
+        let wait = match s.retry_after_ms {
+            Some(Some(ms)) => ms,
+            Some(None) => u64::MAX,
+            None => 0,
+        };
+        (
+            s.code == Code::OverLimit,
+            s.over,
+            wait,
+            u64::MAX - s.remaining,
+        )
+    };
+    let mut best: Option<Status> = None;
+    for status in statuses {
+        if best.as_ref().is_none_or(|b| rank(&status) > rank(b)) {
+            best = Some(status);
+        }
+    }
+    best.unwrap_or_else(|| unreachable!("a descriptor with several limits charges at least one"))
 }
 
 /// The status of a descriptor from what became of its bucket.

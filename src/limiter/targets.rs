@@ -157,7 +157,7 @@ impl<'a> Resolver<'a> {
                 let shard = shard_of(self.shard_seq, n);
                 (rate.split(n).bucket(), RuleTag::Shard(shard))
             }
-            None => (rate.bucket(), RuleTag::Configured),
+            None => (rate.bucket(), RuleTag::configured(&rule)),
         };
         Ok(Target {
             name: rule.name.clone(),

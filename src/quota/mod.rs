@@ -414,7 +414,7 @@ impl<B: Backend> Quotas<B> {
                     domain,
                     &descriptor,
                     &rule.shared_values,
-                    RuleTag::Configured,
+                    RuleTag::configured(&rule),
                     rule.algorithm,
                 );
                 // A compiled rule's failure mode already falls back to its domain's.

@@ -4,11 +4,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::validate::{DescriptorSpec, DomainSpec};
+use super::validate::{DescriptorSpec, DomainSpec, RuleSpec};
 use super::{Config, Domain};
 use crate::algorithm::Algorithm;
 use crate::descriptor::{Level, Node, Pattern};
-use crate::rule::{FailureMode, MetricLevel, Origin, Rule, RuleId};
+use crate::rule::{FailureMode, MetricLevel, Origin, Rule, RuleId, window_label};
 
 /// One file's share of a domain: all of it, unless several files are merged into one domain.
 pub(crate) struct Part {
@@ -143,42 +143,32 @@ impl Builder<'_> {
                 Some(value) => format!("{parent_path}.{}_{value}", spec.key),
                 None => format!("{parent_path}.{}", spec.key),
             };
-            let rule = spec.rule.as_ref().map(|r| {
-                let (algorithm, algorithm_from) = resolved_algorithm(
-                    r.algorithm.as_ref().map(|a| a.value),
-                    self.domain_algorithm,
-                    self.default_algorithm,
-                );
-                let rule = Arc::new(Rule {
-                    id: RuleId(self.rules.len() as u32),
-                    domain: self.domain.clone(),
-                    path: path.as_str().into(),
-                    name: r.name.as_deref().map(Arc::from),
-                    limit: r.limit,
-                    algorithm,
-                    algorithm_from,
-                    shadow_mode: r.shadow_mode || self.all.shadow,
-                    quota_mode: r.quota_mode || self.all.quota,
-                    detailed_metric: r.detailed_metric,
-                    cost: r.cost,
-                    lease: r.lease,
-                    shards: r.shards,
-                    failure_mode: r.failure_mode.or(self.failure_mode),
-                    replaces: r.replaces.iter().map(|n| Arc::from(n.as_str())).collect(),
-                    shared_values: if shared.iter().any(Option::is_some) {
-                        shared.clone().into()
-                    } else {
-                        Arc::default()
-                    },
-                    metric_levels: if metric.iter().any(|m| m.value_to_metric) {
-                        metric.clone().into()
-                    } else {
-                        Arc::default()
-                    },
-                    metadata: r.metadata.clone().map(Arc::new),
-                    source: format!("{}:{}", self.file, spec.at.line).into(),
-                });
+            let source: Arc<str> = format!("{}:{}", self.file, spec.at.line).into();
+            let shared_values: Arc<[Option<Arc<str>>]> = if shared.iter().any(Option::is_some) {
+                shared.clone().into()
+            } else {
+                Arc::default()
+            };
+            let metric_levels: Arc<[MetricLevel]> = if metric.iter().any(|m| m.value_to_metric) {
+                metric.clone().into()
+            } else {
+                Arc::default()
+            };
+            let rule = spec.rule.as_ref().map(|first| {
+                let place = Place {
+                    path: &path,
+                    shared_values: &shared_values,
+                    metric_levels: &metric_levels,
+                    source: &source,
+                };
+                let first_id = self.rules.len() as u32;
+                let also: Vec<Arc<Rule>> = (first_id + 1..)
+                    .zip(&first.also)
+                    .map(|(id, r)| self.rule(r, &place, RuleId(id), Arc::default()))
+                    .collect();
+                let rule = self.rule(first, &place, RuleId(first_id), also.clone().into());
                 self.rules.push(rule.clone());
+                self.rules.extend(also);
                 rule
             });
             let mut children = Level::default();
@@ -193,4 +183,55 @@ impl Builder<'_> {
             debug_assert!(inserted.is_ok(), "duplicate descriptor passed validation");
         }
     }
+
+    /// The rule of one limit of a descriptor. A `rate_limits` entry's path ends in its window
+    /// (`edge.tenant[30s]`), so its metrics are its own.
+    fn rule(
+        &self,
+        r: &RuleSpec,
+        place: &Place<'_>,
+        id: RuleId,
+        also: Arc<[Arc<Rule>]>,
+    ) -> Arc<Rule> {
+        let path = match r.window_tag {
+            Some(secs) => format!("{}[{}]", place.path, window_label(secs)),
+            None => place.path.to_owned(),
+        };
+        let (algorithm, algorithm_from) = resolved_algorithm(
+            r.algorithm.as_ref().map(|a| a.value),
+            self.domain_algorithm,
+            self.default_algorithm,
+        );
+        Arc::new(Rule {
+            id,
+            domain: self.domain.clone(),
+            path: path.as_str().into(),
+            name: r.name.as_deref().map(Arc::from),
+            limit: r.limit,
+            algorithm,
+            algorithm_from,
+            shadow_mode: r.shadow_mode || self.all.shadow,
+            quota_mode: r.quota_mode || self.all.quota,
+            detailed_metric: r.detailed_metric,
+            cost: r.cost,
+            lease: r.lease,
+            shards: r.shards,
+            failure_mode: r.failure_mode.or(self.failure_mode),
+            replaces: r.replaces.iter().map(|n| Arc::from(n.as_str())).collect(),
+            shared_values: place.shared_values.clone(),
+            metric_levels: place.metric_levels.clone(),
+            metadata: r.metadata.clone().map(Arc::new),
+            source: place.source.clone(),
+            window_tag: r.window_tag,
+            also,
+        })
+    }
+}
+
+/// Where a descriptor's limits sit in the config: what every limit of it shares.
+struct Place<'a> {
+    path: &'a str,
+    shared_values: &'a Arc<[Option<Arc<str>>]>,
+    metric_levels: &'a Arc<[MetricLevel]>,
+    source: &'a Arc<str>,
 }

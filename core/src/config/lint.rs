@@ -178,7 +178,7 @@ fn earlier_prefix_covering<'a>(
 
 fn collect_names<'a>(descriptors: &'a [DescriptorSpec], names: &mut HashSet<&'a str>) {
     for d in descriptors {
-        if let Some(name) = d.rule.as_ref().and_then(|r| r.name.as_deref()) {
+        for name in d.limits().filter_map(|r| r.name.as_deref()) {
             names.insert(name);
         }
         collect_names(&d.children, names);

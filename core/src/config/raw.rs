@@ -64,6 +64,9 @@ pub(crate) struct RawDescriptor {
     pub key: Field<String>,
     pub value: Field<String>,
     pub rate_limit: Field<RawRateLimit>,
+    /// Several limits on one descriptor, all enforced (a sluice extension); each item has the
+    /// shape of a `rate_limit`. `Absent` when not written.
+    pub rate_limits: Field<Vec<Sp<RawRateLimit>>>,
     pub shadow_mode: Field<bool>,
     pub quota_mode: Field<bool>,
     pub detailed_metric: Field<bool>,
@@ -101,6 +104,7 @@ const DESCRIPTOR_FIELDS: &[&str] = &[
     "key",
     "value",
     "rate_limit",
+    "rate_limits",
     "descriptors",
     "shadow_mode",
     "quota_mode",
@@ -166,6 +170,7 @@ fn read_descriptor(node: &Node, sink: &mut Sink) -> Option<RawDescriptor> {
         key: fields.string("key", sink),
         value: fields.string("value", sink),
         rate_limit: fields.rate_limit(sink),
+        rate_limits: fields.rate_limits(sink),
         shadow_mode: fields.boolean("shadow_mode", sink),
         quota_mode: fields.boolean("quota_mode", sink),
         detailed_metric: fields.boolean("detailed_metric", sink),
@@ -379,6 +384,35 @@ impl<'n> Fields<'n> {
             Some(fields) => Self::located(read_rate_limit(&fields, sink), key, node),
             None => Field::Invalid,
         }
+    }
+}
+
+impl Fields<'_> {
+    /// `rate_limits`: a list of `rate_limit`-shaped mappings (each item located at itself).
+    fn rate_limits(&self, sink: &mut Sink) -> Field<Vec<Sp<RawRateLimit>>> {
+        let Some((key, node)) = self.get("rate_limits") else {
+            return Field::Absent;
+        };
+        if !matches!(node.kind, Kind::Seq(_)) {
+            sink.error(
+                node.at,
+                format!("`rate_limits` must be a list, got {}", node.describe()),
+            );
+            return Field::Invalid;
+        }
+        let items = self
+            .list("rate_limits", sink)
+            .iter()
+            .filter_map(|item| {
+                let fields = Fields::read(item, "a `rate_limits` entry", RATE_LIMIT_FIELDS, sink)?;
+                Some(Sp {
+                    value: read_rate_limit(&fields, sink),
+                    at: item.at,
+                    key_at: item.at,
+                })
+            })
+            .collect();
+        Self::located(items, key, node)
     }
 }
 

@@ -430,3 +430,124 @@ descriptors:
         "{errs:#?}"
     );
 }
+
+/// #190's own example: three limits on one key, each its own rule, window and key tag.
+const SEVERAL: &str = r#"domain: api
+descriptors:
+  - key: tenant
+    cost: 2
+    rate_limits:
+      - {unit: second, requests_per_unit: 5, name: per-second}
+      - {unit: second, unit_multiplier: 30, requests_per_unit: 60}
+      - {unit: minute, unit_multiplier: 5, requests_per_unit: 100, algorithm: fixed_window}
+"#;
+
+#[test]
+fn rate_limits_make_one_rule_per_limit_each_with_its_window() {
+    let config = load_one(SEVERAL, &LoadOptions::default()).unwrap();
+    let rule = config
+        .domain("api")
+        .unwrap()
+        .find(&[Entry::new("tenant", "v")])
+        .unwrap()
+        .clone();
+    let limits: Vec<_> = rule.limits().collect();
+    assert_eq!(limits.len(), 3);
+    type Summary<'a> = (String, Option<u64>, Algorithm, u64, Option<&'a str>);
+    let summary: Vec<Summary<'_>> = limits
+        .iter()
+        .map(|r| {
+            (
+                r.path.to_string(),
+                r.window_tag,
+                r.algorithm,
+                r.cost,
+                r.name.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (
+                "api.tenant[1s]".into(),
+                Some(1),
+                Algorithm::TokenBucket,
+                2,
+                Some("per-second")
+            ),
+            (
+                "api.tenant[30s]".into(),
+                Some(30),
+                Algorithm::TokenBucket,
+                2,
+                None
+            ),
+            (
+                "api.tenant[5m]".into(),
+                Some(300),
+                Algorithm::FixedWindow,
+                2,
+                None
+            ),
+        ]
+    );
+    // Every limit is a rule of the config, numbered in config order.
+    let ids: Vec<u32> = limits.iter().map(|r| r.id.0).collect();
+    assert_eq!(ids, [0, 1, 2]);
+    assert_eq!(config.rules().count(), 3);
+}
+
+#[test]
+fn rate_limits_are_refused_where_they_cannot_mean_one_thing() {
+    let text = r#"domain: api
+descriptors:
+  - key: both
+    rate_limit: {unit: second, requests_per_unit: 1}
+    rate_limits: [{unit: minute, requests_per_unit: 9}]
+  - key: empty
+    rate_limits: []
+  - key: same_window
+    rate_limits:
+      - {unit: minute, requests_per_unit: 9}
+      - {unit: second, unit_multiplier: 60, requests_per_unit: 10, algorithm: gcra}
+  - key: single_only
+    rate_limits:
+      - {unit: minute, requests_per_unit: 9, shards: 3}
+      - {unit: hour, requests_per_unit: 90, lease: 3}
+      - {unit: day, requests_per_unit: 0}
+      - {unlimited: true}
+  - key: not_a_list
+    rate_limits: {unit: minute, requests_per_unit: 9}
+"#;
+    let errs = errors(load_one(text, &LoadOptions::default()));
+    let has = |needle: &str| errs.iter().any(|e| e.contains(needle));
+    assert!(
+        has("t.yaml:5:5: a descriptor has `rate_limit` or `rate_limits`, not both"),
+        "{errs:#?}"
+    );
+    assert!(
+        has("t.yaml:7:18: `rate_limits` must hold at least one limit"),
+        "{errs:#?}"
+    );
+    assert!(
+        has(
+            "t.yaml:11:9: two limits of one descriptor with the same window (60 seconds; first at line 10)"
+        ),
+        "{errs:#?}"
+    );
+    assert!(
+        has("`shards` applies to a single `rate_limit`"),
+        "{errs:#?}"
+    );
+    assert!(has("`lease` applies to a single `rate_limit`"), "{errs:#?}");
+    assert!(
+        has("`unlimited` applies to a single `rate_limit`"),
+        "{errs:#?}"
+    );
+    assert!(has("must not block (`requests_per_unit: 0`)"), "{errs:#?}");
+    assert!(
+        has("t.yaml:19:18: `rate_limits` must be a list"),
+        "{errs:#?}"
+    );
+}

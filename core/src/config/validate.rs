@@ -61,6 +61,26 @@ pub(crate) struct RuleSpec {
     /// `rate_limit.shards`, checked against the rate, burst, lease and cost here; it applies to
     /// every algorithm.
     pub shards: Option<u32>,
+    /// A limit of a `rate_limits` list: its window in seconds, which tags its storage key so
+    /// each limit keeps its own state (and keeps it when another limit is added or removed).
+    /// `None` for a `rate_limit`.
+    pub window_tag: Option<u64>,
+    /// The other limits of a `rate_limits` list, after this first one.
+    pub also: Vec<RuleSpec>,
+}
+
+impl RuleSpec {
+    /// This limit and the others of its `rate_limits` list.
+    pub fn limits(&self) -> impl Iterator<Item = &RuleSpec> {
+        std::iter::once(self).chain(self.also.iter())
+    }
+}
+
+impl DescriptorSpec {
+    /// Every limit this descriptor defines: none, its `rate_limit`, or its `rate_limits`.
+    pub fn limits(&self) -> impl Iterator<Item = &RuleSpec> {
+        self.rule.iter().flat_map(RuleSpec::limits)
+    }
 }
 
 /// Limits for `requests_per_unit`, `burst` and `cost`: bucket sizes are `u32` on the wire
@@ -180,10 +200,20 @@ fn rule(
 ) -> Option<RuleSpec> {
     let cost = count("cost", &raw.cost, sink);
     let failure_mode = failure_mode(&raw.failure_mode, sink);
-    let rate_limit = match &raw.rate_limit {
-        Field::Given(rl) => rl,
-        Field::Invalid => return None,
-        Field::Absent => {
+    let rate_limit = match (&raw.rate_limit, &raw.rate_limits) {
+        (Field::Given(_), Field::Given(list)) => {
+            sink.error(
+                list.key_at,
+                "a descriptor has `rate_limit` or `rate_limits`, not both: write one limit as `rate_limit`, several as `rate_limits`",
+            );
+            return None;
+        }
+        (Field::Absent, Field::Given(list)) => {
+            return several(raw, list, (cost, failure_mode), names, sink);
+        }
+        (Field::Given(rl), _) => rl,
+        (Field::Invalid, _) | (_, Field::Invalid) => return None,
+        (Field::Absent, Field::Absent) => {
             // Rule settings on a pure tree node would silently do nothing: they are not inherited.
             let stray = [
                 ("cost", raw.cost.given().map(|f| f.key_at)),
@@ -202,6 +232,18 @@ fn rule(
             return None;
         }
     };
+    spec(raw, rate_limit, (cost, failure_mode), names, sink)
+}
+
+/// The rule of one `rate_limit` (or one entry of `rate_limits`) on descriptor `raw`, whose `cost`
+/// and `failure_mode` are already read.
+fn spec(
+    raw: &RawDescriptor,
+    rate_limit: &Sp<RawRateLimit>,
+    (cost, failure_mode): (Option<u32>, Option<FailureMode>),
+    names: &mut HashMap<String, Pos>,
+    sink: &mut Sink,
+) -> Option<RuleSpec> {
     let limit = limit(rate_limit, sink);
     let name = rule_name(&rate_limit.value.name, names, sink);
     let replaces = replaces(&rate_limit.value.replaces, name.as_deref(), sink);
@@ -223,7 +265,92 @@ fn rule(
         lease,
         lease_at: rate_limit.value.lease.given().map(|l| l.key_at),
         shards,
+        window_tag: None,
+        also: Vec::new(),
     })
+}
+
+/// `rate_limits`: several limits on one descriptor, all enforced. Each entry is a bucket limit
+/// of its own window (no two alike), without the fields that shape one rule's single bucket.
+fn several(
+    raw: &RawDescriptor,
+    list: &Sp<Vec<Sp<RawRateLimit>>>,
+    rule_fields: (Option<u32>, Option<FailureMode>),
+    names: &mut HashMap<String, Pos>,
+    sink: &mut Sink,
+) -> Option<RuleSpec> {
+    if list.value.is_empty() {
+        sink.error(list.at, "`rate_limits` must hold at least one limit");
+        return None;
+    }
+    let mut specs: Vec<RuleSpec> = Vec::with_capacity(list.value.len());
+    let mut windows: HashMap<u64, Pos> = HashMap::new();
+    let mut ok = true;
+    for item in &list.value {
+        ok &= single_bucket_fields_absent(&item.value, sink);
+        let Some(mut spec) = spec(raw, item, rule_fields, names, sink) else {
+            ok = false;
+            continue;
+        };
+        let Limit::Bucket(rate) = spec.limit else {
+            if let Some(zero) = item.value.requests_per_unit.given() {
+                sink.error(
+                    zero.at,
+                    "a `rate_limits` entry must not block (`requests_per_unit: 0`); block with a single `rate_limit`",
+                );
+            }
+            ok = false;
+            continue;
+        };
+        let window = rate.window_secs();
+        if let Some(first) = windows.insert(window, item.at) {
+            sink.error(
+                item.at,
+                format!(
+                    "two limits of one descriptor with the same window ({}; first at line {}): each limit needs its own window",
+                    rate.window(),
+                    first.line
+                ),
+            );
+            ok = false;
+        }
+        spec.window_tag = Some(window);
+        specs.push(spec);
+    }
+    if !ok {
+        return None;
+    }
+    let mut specs = specs.into_iter();
+    let mut first = specs.next()?;
+    first.also = specs.collect();
+    Some(first)
+}
+
+/// Fields of a `rate_limits` entry that belong to a rule with a single bucket: refused there.
+fn single_bucket_fields_absent(raw: &RawRateLimit, sink: &mut Sink) -> bool {
+    let mut ok = true;
+    let single = [
+        ("unlimited", raw.unlimited.given().map(|f| f.key_at)),
+        ("lease", raw.lease.given().map(|f| f.key_at)),
+        ("shards", raw.shards.given().map(|f| f.key_at)),
+    ];
+    for (name, at) in single {
+        if let Some(at) = at {
+            sink.error(
+                at,
+                format!("`{name}` applies to a single `rate_limit`, not to a `rate_limits` entry"),
+            );
+            ok = false;
+        }
+    }
+    if let Some(first) = raw.replaces.first() {
+        sink.error(
+            first.at,
+            "`replaces` applies to a single `rate_limit`, not to a `rate_limits` entry",
+        );
+        ok = false;
+    }
+    ok
 }
 
 /// `rate_limit.name`: non-empty and unique in its domain (`replaces` names it).
@@ -584,33 +711,36 @@ pub(crate) fn algorithm_fields(
     sink: &mut Sink,
 ) {
     for d in descriptors {
-        if let Some(rule) = &d.rule
-            && let Some(lease_at) = rule.lease_at
-        {
-            let (algorithm, from) = resolved_algorithm(rule, default);
-            if !algorithm.takes_lease() {
-                sink.error(
-                    lease_at,
-                    format!(
-                        "`lease` does not apply to `{algorithm}` (from {from}): a token taken in one window could be spent in the next; use `token_bucket` or `gcra` to lease"
-                    ),
-                );
-            }
-        }
-        if let Some(rule) = &d.rule
-            && let Some(burst_at) = rule.burst_at
-        {
-            let (algorithm, from) = resolved_algorithm(rule, default);
-            if !algorithm.takes_burst() {
-                sink.error(
-                    burst_at,
-                    format!(
-                        "`burst` does not apply to `{algorithm}` (from {from}): a window admits `requests_per_unit` per window; remove it, or use `token_bucket` or `gcra` for a burst"
-                    ),
-                );
-            }
+        for rule in d.limits() {
+            limit_algorithm_fields(rule, default, sink);
         }
         algorithm_fields(&d.children, default, sink);
+    }
+}
+
+/// [`algorithm_fields`] of one limit.
+fn limit_algorithm_fields(rule: &RuleSpec, default: AlgorithmDefault<'_>, sink: &mut Sink) {
+    if let Some(lease_at) = rule.lease_at {
+        let (algorithm, from) = resolved_algorithm(rule, default);
+        if !algorithm.takes_lease() {
+            sink.error(
+                lease_at,
+                format!(
+                    "`lease` does not apply to `{algorithm}` (from {from}): a token taken in one window could be spent in the next; use `token_bucket` or `gcra` to lease"
+                ),
+            );
+        }
+    }
+    if let Some(burst_at) = rule.burst_at {
+        let (algorithm, from) = resolved_algorithm(rule, default);
+        if !algorithm.takes_burst() {
+            sink.error(
+                burst_at,
+                format!(
+                    "`burst` does not apply to `{algorithm}` (from {from}): a window admits `requests_per_unit` per window; remove it, or use `token_bucket` or `gcra` for a burst"
+                ),
+            );
+        }
     }
 }
 
@@ -641,7 +771,7 @@ fn flag(field: &Field<bool>) -> bool {
 /// order (for checks across the files of a merged domain).
 pub(crate) fn named_rules<'a>(descriptors: &'a [DescriptorSpec], out: &mut Vec<(&'a str, Pos)>) {
     for d in descriptors {
-        if let Some(name) = d.rule.as_ref().and_then(|r| r.name.as_deref()) {
+        for name in d.limits().filter_map(|r| r.name.as_deref()) {
             out.push((name, d.at));
         }
         named_rules(&d.children, out);

@@ -129,7 +129,7 @@ fn assignment(
             None,
         ),
         Limit::Bucket(rate) => {
-            let key = storage_key(rule, domain, descriptor, options, RuleTag::Configured);
+            let key = storage_key(rule, domain, descriptor, options, RuleTag::configured(rule));
             let text = format!(
                 "a prepaid token bucket: this bucket's data planes share {} per {} by their \
                  reported demand, each assignment paid from the pool key one push ahead and \

@@ -150,6 +150,10 @@ pub struct RuleView {
     /// A sharded rule's keys, shard 0 first: one per shard, each in its own Cluster slot.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub shard_keys: Vec<String>,
+    /// The descriptor's other limits (`rate_limits` after the first), each checked with this
+    /// one: a request passes only if every limit passes.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub also: Vec<RuleView>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -338,6 +342,19 @@ fn rule_view(
         replaces: rule.replaces.iter().map(|r| r.to_string()).collect(),
         key,
         shard_keys,
+        also: rule
+            .also
+            .iter()
+            .map(|limit| rule_view(limit, domain, entries, options).0)
+            .collect(),
+    };
+    let outcome = if rule.also.is_empty() {
+        outcome
+    } else {
+        format!(
+            "{outcome}; and so for each of the descriptor's {} other limits: the request passes only if every limit passes, and none is charged otherwise",
+            rule.also.len()
+        )
     };
     (view, outcome)
 }
@@ -385,7 +402,7 @@ fn bucket_of(
         }
     }
     let keys = match rule.shards {
-        None => (Some(key(RuleTag::Configured)), Vec::new()),
+        None => (Some(key(RuleTag::configured(rule))), Vec::new()),
         Some(n) => {
             let _ = write!(
                 outcome,
@@ -552,6 +569,18 @@ impl Report {
             for (i, key) in rule.shard_keys.iter().enumerate() {
                 let label = if i == 0 { "keys:" } else { "" };
                 let _ = writeln!(out, "{label:<13}{key}");
+            }
+            for limit in &rule.also {
+                let shape = limit.bucket.as_ref().map_or(String::new(), |b| {
+                    format!("{} per {}", b.requests_per_unit, b.window())
+                });
+                let algorithm = limit.algorithm.map_or(String::new(), |a| format!(" ({a})"));
+                let key = limit.key.as_deref().unwrap_or("");
+                let _ = writeln!(
+                    out,
+                    "also:        {}: {shape}{algorithm}, key {key}",
+                    limit.path
+                );
             }
         }
         let _ = writeln!(out, "outcome:     {}", self.outcome);

@@ -29,8 +29,10 @@ pub struct Stored {
     /// The explanation of the descriptor (for a bucket id: of the descriptor it is placed as).
     pub report: Report,
     pub rule: RuleView,
-    /// The rule's keys for these entries: every shard of a sharded rule, shard 0 first; for a
-    /// bucket id, the one key its RLQS pool charges (a sharded rule's unsharded key).
+    /// The rule's keys for these entries: every shard of a sharded rule, shard 0 first; every
+    /// limit of a `rate_limits` list, in config order (each key ends in `~w<window secs>`); for a
+    /// bucket id, the one key its RLQS pool charges (a sharded rule's unsharded key, a
+    /// `rate_limits` rule's first limit).
     pub keys: Vec<StoredKey>,
 }
 
@@ -62,7 +64,10 @@ pub fn stored_buckets(
         .explain(entries)
         .outcome
         .map_err(|_| NotStored::NoRule("no rule applies".to_owned()))?;
-    let keys = keys_of(&rule, domain, entries, options, true)?;
+    let mut keys = Vec::new();
+    for limit in rule.limits() {
+        keys.extend(keys_of(limit, domain, entries, options, true)?);
+    }
     Ok(Stored {
         report,
         rule: rule_view,
@@ -135,7 +140,7 @@ fn keys_of(
         shard,
     };
     Ok(match rule.shards.filter(|_| sharded) {
-        None => vec![stored(RuleTag::Configured, rate.bucket(), None)],
+        None => vec![stored(RuleTag::configured(rule), rate.bucket(), None)],
         Some(n) => {
             let params = rate.split(n).bucket();
             (0..n)

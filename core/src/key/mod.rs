@@ -54,6 +54,21 @@ pub enum RuleTag {
     /// sub-buckets, tagged inside the hash tag so the shards of one descriptor land on different
     /// Cluster slots. Overrides are never sharded.
     Shard(u8),
+    /// One limit of a rule with several (`rate_limits`), by its window in seconds: `~w<secs>`
+    /// after the hash tag, so every limit of a descriptor shares its Cluster slot (one script
+    /// call) and keeps its state when another limit is added or removed.
+    Window(u64),
+}
+
+impl RuleTag {
+    /// The tag of a configured rule's bucket: its window for a limit of a `rate_limits` list,
+    /// nothing otherwise. (A sharded rule's shard is chosen per request.)
+    pub const fn configured(rule: &crate::rule::Rule) -> RuleTag {
+        match rule.window_tag {
+            Some(secs) => RuleTag::Window(secs),
+            None => RuleTag::Configured,
+        }
+    }
 }
 
 /// The storage key of one bucket (or window counter, or arrival time).
@@ -126,6 +141,8 @@ fn write_key(
         RuleTag::Override(_) => len += 2 + 10 + 1 + 6,
         // "~s" + the index's digits.
         RuleTag::Shard(i) => len += 2 + decimal_digits(i),
+        // "~w" + u64 digits.
+        RuleTag::Window(_) => len += 2 + 20,
     }
     let algorithm_tag = algorithm.key_tag();
     if let Some(t) = algorithm_tag {
@@ -161,6 +178,11 @@ fn write_key(
         use std::fmt::Write;
         // Writing to a String cannot fail.
         let _ = write!(out, "~o{}/{}", o.requests_per_unit, o.unit.as_str());
+    }
+    if let RuleTag::Window(secs) = tag {
+        use std::fmt::Write;
+        // Writing to a String cannot fail.
+        let _ = write!(out, "~w{secs}");
     }
     if let Some(t) = algorithm_tag {
         out.push('~');

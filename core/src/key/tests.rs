@@ -413,6 +413,7 @@ fn rule_tag() -> impl Strategy<Value = RuleTag> {
         Just(RuleTag::Configured),
         (any::<u32>(), prop::sample::select(Unit::ALL.to_vec())).prop_map(|(n, u)| over(n, u)),
         any::<u8>().prop_map(RuleTag::Shard),
+        any::<u64>().prop_map(RuleTag::Window),
     ]
 }
 
@@ -546,6 +547,7 @@ proptest! {
             RuleTag::Configured => Vec::new(),
             RuleTag::Override(o) => vec![format!("o{}/{}", o.requests_per_unit, o.unit)],
             RuleTag::Shard(i) => vec![format!("s{i}")],
+            RuleTag::Window(secs) => vec![format!("w{secs}")],
         };
         expected_tags.extend(algorithm.key_tag().map(str::to_string));
         prop_assert_eq!(t, expected_tags);
