@@ -42,6 +42,11 @@ descriptors:
         rate_limit: {unit: hour, requests_per_unit: 2, algorithm: token_bucket}
       - key: switch
         rate_limit: {unit: hour, requests_per_unit: 2}
+      - key: multi
+        rate_limits:
+          - {unit: second, requests_per_unit: 5}
+          - {unit: second, unit_multiplier: 30, requests_per_unit: 8}
+          - {unit: minute, unit_multiplier: 5, requests_per_unit: 10, algorithm: fixed_window}
 "#;
 
 /// Where the state lives in one run.
@@ -171,8 +176,14 @@ fn fresh_client() -> String {
 /// window ends within a minute, wait it out first (at most a minute, on few runs: 0.07% for a
 /// day).
 async fn client_clear_of(unit_ms: u64) -> String {
+    client_clear_of_by(unit_ms, 60_000).await
+}
+
+/// [`client_clear_of`] for a scenario of a few seconds: a window ending within `margin_ms` is
+/// waited out.
+async fn client_clear_of_by(unit_ms: u64, margin_ms: u64) -> String {
     let to_end = unit_ms - wall_ms() % unit_ms;
-    if to_end < 60_000 {
+    if to_end < margin_ms {
         tokio::time::sleep(Duration::from_millis(to_end + 100)).await;
     }
     fresh_client()
@@ -368,6 +379,34 @@ async fn reload_switches_algorithm_without_misreading_state(s: &mut Sluice) {
     assert_eq!(r.overall_code, OVER_LIMIT, "the bucket is still drained");
 }
 
+/// Several limits on one key (`rate_limits`): a reload that removes one limit, or adds one,
+/// keeps the state of the others (each limit's key is tagged by its window, not its place).
+async fn reload_adding_and_removing_a_limit_keeps_the_others(s: &mut Sluice) {
+    let store = s.running.as_ref().unwrap().config.clone();
+    let load = |text: &str| load_sources(&[("algos.yaml".to_owned(), text.to_owned())]);
+    let client = client_clear_of_by(300_000, 10_000).await;
+    for _ in 0..3 {
+        assert_eq!(s.hit("multi", &client).await.overall_code, OK);
+    }
+    let per_second = "          - {unit: second, requests_per_unit: 5}\n";
+    let without = CONFIG.replace(per_second, "");
+    assert_ne!(without, CONFIG);
+    assert!(store.install(load(&without), "test: one limit fewer"));
+    // The 30-second limit (8) has the fewest hits left: it kept the 3 taken before.
+    let r = s.hit("multi", &client).await;
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(r.statuses[0].limit_remaining, 4, "{r:?}");
+    let with_more = CONFIG.replace(
+        per_second,
+        "          - {unit: hour, requests_per_unit: 1000}\n",
+    );
+    assert!(store.install(load(&with_more), "test: another limit"));
+    let r = s.hit("multi", &client).await;
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(r.statuses[0].limit_remaining, 3, "{r:?}");
+    assert!(store.install(load(CONFIG), "test: the limits as they were"));
+}
+
 /// All scenarios on one running server (they use distinct descriptor values).
 async fn suite(store: Store<'_>) {
     let mut s = Sluice::start(store, |_| {}).await;
@@ -378,6 +417,7 @@ async fn suite(store: Store<'_>) {
     mixed_request_is_all_or_nothing(&mut s).await;
     override_keeps_the_rules_algorithm(&mut s).await;
     reload_switches_algorithm_without_misreading_state(&mut s).await;
+    reload_adding_and_removing_a_limit_keeps_the_others(&mut s).await;
     s.stop().await;
 }
 
@@ -400,6 +440,53 @@ async fn every_algorithm_end_to_end_on_redis_cluster() {
         RedisModeArg::Cluster,
     ))
     .await;
+}
+
+/// Two replicas on one Redis, asked in turn, hold every limit of a `rate_limits` descriptor:
+/// back to back the per-second limit (5) binds; spread over 3 s the 30-second one (8) does; and
+/// the 5-minute window counted exactly the admitted requests (a refused one charges no limit).
+#[tokio::test]
+async fn several_limits_hold_across_two_replicas_on_one_redis() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let store = Store::Redis(&url, RedisModeArg::Standalone);
+    let mut replicas = [
+        Sluice::start(store, |_| {}).await,
+        Sluice::start(store, |_| {}).await,
+    ];
+    let client = client_clear_of_by(300_000, 15_000).await;
+    let started = wall_ms();
+    let mut admitted = 0u64;
+    for i in 0..10 {
+        let r = replicas[i % 2].hit("multi", &client).await;
+        admitted += u64::from(r.overall_code == OK);
+    }
+    let burst_s = (wall_ms() - started) as f64 / 1_000.0;
+    assert!(
+        admitted as f64 <= 5.0 + 5.0 * burst_s && admitted >= 5,
+        "back to back: {admitted} admitted in {burst_s:.2} s"
+    );
+    for i in 0..30 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let r = replicas[i % 2].hit("multi", &client).await;
+        admitted += u64::from(r.overall_code == OK);
+    }
+    let span_s = (wall_ms() - started) as f64 / 1_000.0;
+    let bound = 8.0 + 8.0 * span_s / 30.0;
+    println!("{admitted} admitted in {span_s:.2} s (30-second bound {bound:.2})");
+    assert!(
+        admitted >= 8 && admitted as f64 <= bound,
+        "{admitted} admitted in {span_s:.2} s, bound {bound:.2}"
+    );
+    let window_key = format!("sluice:{{algos|client={client}}}|multi=x~w300~fw");
+    let counted: u64 = server.cmd(&["HGET", &window_key, "c"]);
+    assert_eq!(
+        counted, admitted,
+        "the 5-minute window counts admitted requests only"
+    );
+    for replica in replicas {
+        replica.stop().await;
+    }
 }
 
 /// `--default-algorithm` (here set on the settings the flag fills) counts rules that name

@@ -667,3 +667,92 @@ fn envoy_stats_and_sluice_metrics_agree() {
         0.0
     );
 }
+
+/// envoyproxy/ratelimit #190's three limits on one tenant (5 per second, 8 per 30 seconds, 10
+/// per 5 minutes in a fixed window — the example's shape, scaled to refuse within seconds): each
+/// limit refuses in turn, the 429's `retry-after` and `x-ratelimit-limit` come from the limit
+/// that refused, and every header arrives once.
+#[test]
+fn several_limits_on_one_tenant_each_refuse_with_their_own_wait() {
+    const LIMITS: &str = r#"
+domain: edge
+descriptors:
+  - key: tenant
+    rate_limits:
+      - {unit: second, requests_per_unit: 5}
+      - {unit: second, unit_multiplier: 30, requests_per_unit: 8}
+      - {unit: minute, unit_multiplier: 5, requests_per_unit: 10, algorithm: fixed_window}
+"#;
+    // The test spans ~12 s: start it in a 5-minute window with room to spare.
+    let until_boundary = 300 - unix_secs() % 300;
+    if until_boundary < 30 {
+        std::thread::sleep(Duration::from_secs(until_boundary + 1));
+    }
+    let sluice = SluiceProcess::start(&[("edge.yaml", LIMITS)], &[]);
+    let tenant_limit = json!([{"actions": [{"request_headers": {
+        "header_name": "x-tenant", "descriptor_key": "tenant"}}]}]);
+    let envoy = envoy_for(&[sluice.grpc], tenant_limit);
+    let mut client = envoy.client();
+    let acme: &[(&str, &[u8])] = &[("x-tenant", b"acme")];
+    let mut send = |what: &str| {
+        let response = client.get("/", acme);
+        assert_coherent_headers(&response, what);
+        response
+    };
+    // 1. The per-second limit: five pass, the sixth waits for it (a fifth of a second).
+    for i in 0..5 {
+        assert_eq!(send(&format!("burst #{i}")).status, 200);
+    }
+    let refused = send("sixth");
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.one("retry-after").as_deref(), Some("1"));
+    assert_eq!(
+        refused.one("x-ratelimit-limit").as_deref(),
+        Some("5, 5;w=1")
+    );
+
+    // 2. A second later the per-second limit is full again, but the 30-second one holds 3 (and
+    // a fraction): three pass, then it refuses with its own wait (8 per 30 s: up to 3.75 s).
+    std::thread::sleep(Duration::from_millis(1_100));
+    for i in 0..3 {
+        assert_eq!(send(&format!("second burst #{i}")).status, 200);
+    }
+    let refused = send("30-second limit");
+    assert_eq!(refused.status, 429, "{refused:?}");
+    let retry: u64 = refused.one("retry-after").unwrap().parse().unwrap();
+    assert!((1..=4).contains(&retry), "retry-after {retry}");
+    assert_eq!(
+        refused.one("x-ratelimit-limit").as_deref(),
+        Some("8, 8;w=30")
+    );
+
+    // 3. Eight seconds on, the 30-second limit has two more: they pass and fill the 5-minute
+    // window (10); the next is refused by it, until the window ends.
+    std::thread::sleep(Duration::from_secs(8));
+    for i in 0..2 {
+        assert_eq!(send(&format!("last two #{i}")).status, 200);
+    }
+    let refused = send("5-minute window");
+    assert_eq!(refused.status, 429);
+    let retry: u64 = refused.one("retry-after").unwrap().parse().unwrap();
+    let window_left = 300 - unix_secs() % 300;
+    assert!(
+        retry.abs_diff(window_left) <= 1,
+        "retry-after {retry}, the window ends in {window_left} s"
+    );
+    assert_eq!(
+        refused.one("x-ratelimit-limit").as_deref(),
+        Some("10, 10;w=300")
+    );
+    assert_eq!(envoy.ratelimit_stat("app", "error"), 0);
+    assert_eq!(envoy.ratelimit_stat("app", "over_limit"), 3);
+}
+
+/// Seconds since the Unix epoch: where the fixed windows of sluice's clock fall.
+#[allow(clippy::disallowed_methods)]
+fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
