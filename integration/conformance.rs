@@ -861,6 +861,9 @@ fn random_demand(rng: &mut impl Rng, algorithm: Algorithm, params: BucketParams)
         0 => rng.random_range(1..=limit.clamp(1, u32::MAX.into())),
         _ => 0,
     };
+    // Always-charged takes (`charge: always`, never leased) put keys into debt; their counts
+    // stay below 2^53, where the Lua's doubles and the Rust's integers count alike.
+    let always = lease == 0 && tokens != u64::MAX && rng.random_bool(0.25);
     Demand {
         algorithm,
         params,
@@ -869,6 +872,7 @@ fn random_demand(rng: &mut impl Rng, algorithm: Algorithm, params: BucketParams)
         shadow: rng.random_bool(0.2),
         quota: rng.random_bool(0.3),
         lease,
+        always,
     }
 }
 

@@ -31,6 +31,8 @@ mod policy;
 mod targets;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_charge;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

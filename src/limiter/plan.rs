@@ -200,6 +200,7 @@ impl<B: Backend> Limiter<B> {
                         shadow: target.shadow,
                         quota: target.quota,
                         lease: 0,
+                        always: target.always,
                     };
                     let bucket = plan.add_hit(&mut index, key, demand, &target);
                     Slot::Charged { target, bucket }

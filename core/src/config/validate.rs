@@ -10,7 +10,7 @@ use super::raw::{Field, RawDescriptor, RawDomain, RawRateLimit, RawReplace, Sp};
 use super::yaml::Pos;
 use super::{Sink, compile};
 use crate::algorithm::Algorithm;
-use crate::rule::{FailureMode, Limit, Origin, RateLimit, Unit};
+use crate::rule::{Charge, FailureMode, Limit, Origin, RateLimit, Unit};
 
 /// One domain whose every field is known good.
 #[derive(Clone, Debug, PartialEq)]
@@ -19,6 +19,8 @@ pub(crate) struct DomainSpec {
     pub failure_mode: Option<FailureMode>,
     /// The domain's default algorithm, where its value is written.
     pub algorithm: Option<Sp<Algorithm>>,
+    /// The domain's default `charge`, where its value is written.
+    pub charge: Option<Sp<Charge>>,
     pub descriptors: Vec<DescriptorSpec>,
 }
 
@@ -48,6 +50,8 @@ pub(crate) struct RuleSpec {
     /// envoyproxy/ratelimit's `metadata` of the descriptor holding the rule.
     pub metadata: Option<serde_json::Value>,
     pub cost: u64,
+    /// The descriptor's own `charge`, where its value is written.
+    pub charge: Option<Sp<Charge>>,
     pub failure_mode: Option<FailureMode>,
     /// The rule's own `rate_limit.algorithm`, where its value is written.
     pub algorithm: Option<Sp<Algorithm>>,
@@ -76,6 +80,7 @@ pub(crate) const SHARDS_MAX: i128 = 64;
 pub(crate) fn domain(raw: &RawDomain, sink: &mut Sink) -> Option<DomainSpec> {
     let failure_mode = failure_mode(&raw.failure_mode, sink);
     let algorithm = algorithm(&raw.algorithm, sink);
+    let charge = charge(&raw.charge, sink);
     let name = match &raw.domain {
         Field::Absent => {
             sink.error(raw.at, "missing required field `domain`");
@@ -94,6 +99,7 @@ pub(crate) fn domain(raw: &RawDomain, sink: &mut Sink) -> Option<DomainSpec> {
         name: name?,
         failure_mode,
         algorithm,
+        charge,
         descriptors,
     })
 }
@@ -179,6 +185,7 @@ fn rule(
     sink: &mut Sink,
 ) -> Option<RuleSpec> {
     let cost = count("cost", &raw.cost, sink);
+    let charge = charge(&raw.charge, sink);
     let failure_mode = failure_mode(&raw.failure_mode, sink);
     let rate_limit = match &raw.rate_limit {
         Field::Given(rl) => rl,
@@ -187,6 +194,7 @@ fn rule(
             // Rule settings on a pure tree node would silently do nothing: they are not inherited.
             let stray = [
                 ("cost", raw.cost.given().map(|f| f.key_at)),
+                ("charge", raw.charge.given().map(|f| f.key_at)),
                 ("failure_mode", raw.failure_mode.given().map(|f| f.key_at)),
             ];
             for (field, at) in stray {
@@ -217,6 +225,7 @@ fn rule(
         detailed_metric: flag(&raw.detailed_metric),
         metadata: raw.metadata.given().map(|m| m.value.clone()),
         cost: cost.map_or(1, u64::from),
+        charge,
         failure_mode,
         algorithm,
         burst_at: rate_limit.value.burst.given().map(|b| b.key_at),
@@ -511,6 +520,72 @@ fn failure_mode(field: &Field<String>, sink: &mut Sink) -> Option<FailureMode> {
         );
     }
     parsed
+}
+
+/// A descriptor's or a domain's `charge`, any case.
+fn charge(field: &Field<String>, sink: &mut Sink) -> Option<Sp<Charge>> {
+    let given = field.given()?;
+    let parsed = Charge::parse(&given.value);
+    if parsed.is_none() {
+        sink.error(
+            given.at,
+            format!(
+                "invalid charge `{}`; expected one of: if_allowed, always",
+                given.value
+            ),
+        );
+    }
+    Some(Sp {
+        value: parsed?,
+        at: given.at,
+        key_at: given.key_at,
+    })
+}
+
+/// Where a domain's rules get their `charge` when they name none.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ChargeDefault<'a> {
+    /// The domain's `charge` and the file it is written in.
+    pub domain: Option<(&'a Sp<Charge>, &'a str)>,
+    /// `--default-charge`.
+    pub global: Charge,
+}
+
+/// `lease` on a rule whose charges always land: a lease pays hits from tokens taken earlier, so
+/// a charge that did not fit could never be counted in full. Run once the domain's default is
+/// known.
+pub(crate) fn charge_fields(
+    descriptors: &[DescriptorSpec],
+    default: ChargeDefault<'_>,
+    sink: &mut Sink,
+) {
+    for d in descriptors {
+        if let Some(rule) = &d.rule
+            && let Some(lease_at) = rule.lease_at
+        {
+            let from = match (&rule.charge, default.domain) {
+                (Some(own), _) => (own.value == Charge::Always).then(|| "its `charge`".to_owned()),
+                (None, Some((domain, file))) => (domain.value == Charge::Always).then(|| {
+                    format!(
+                        "the domain's `charge` at {file}:{}:{}",
+                        domain.at.line, domain.at.column
+                    )
+                }),
+                (None, None) => {
+                    (default.global == Charge::Always).then(|| "--default-charge".to_owned())
+                }
+            };
+            if let Some(from) = from {
+                sink.error(
+                    lease_at,
+                    format!(
+                        "`lease` does not apply to a rule whose charges always land (`charge: always`, from {from}): a leased hit is paid before the backend sees it, so a charge that does not fit could not be counted; remove `lease` or set `charge: if_allowed`"
+                    ),
+                );
+            }
+        }
+        charge_fields(&d.children, default, sink);
+    }
 }
 
 /// `rate_limit.algorithm` or a domain's `algorithm`, any case.
