@@ -93,7 +93,11 @@ async fn a_charge_that_does_not_fit_lands_and_the_check_refuses() {
     assert_eq!(over.overall, Code::OverLimit);
     clock.advance(12_600);
     let still = limiter.decide(&check).await.unwrap();
-    assert_eq!(still.overall, Code::OverLimit, "the second debt is not repaid");
+    assert_eq!(
+        still.overall,
+        Code::OverLimit,
+        "the second debt is not repaid"
+    );
     assert_eq!(still.statuses[0].retry_after_ms, Some(Some(36_000)));
     clock.advance(36_000);
     assert_eq!(limiter.decide(&check).await.unwrap().overall, Code::Ok);

@@ -150,7 +150,10 @@ pub fn tally(status: &Status, hits: u64, cost: u64, near_ratio: f64) -> Tally {
         }
         Basis::Backend if status.over => {
             t.over_limit = hits;
-            let always = status.rule.as_ref().is_some_and(|r| r.charge == Charge::Always);
+            let always = status
+                .rule
+                .as_ref()
+                .is_some_and(|r| r.charge == Charge::Always);
             if always && hits > 0 {
                 t.charges_in_debt = 1;
             }

@@ -49,7 +49,11 @@ fn token_bucket_goes_negative_and_refill_repays_it() {
         }))
     );
     let settled = state.unwrap().settled_at_ms(&HUNDRED);
-    assert_eq!(settled, T0 + 72_000, "the key lives until the debt is repaid");
+    assert_eq!(
+        settled,
+        T0 + 72_000,
+        "the key lives until the debt is repaid"
+    );
 }
 
 #[test]
@@ -67,9 +71,17 @@ fn a_window_counts_past_its_limit_until_it_ends() {
     );
     assert_eq!(state.unwrap().settled_at_ms(&HUNDRED), T0 + 60_000);
     let mut states = [state];
-    let check = run(T0 + 59_999, &[take(Algorithm::FixedWindow, HUNDRED, 0)], &mut states)[0];
+    let check = run(
+        T0 + 59_999,
+        &[take(Algorithm::FixedWindow, HUNDRED, 0)],
+        &mut states,
+    )[0];
     assert!(!check.allowed);
-    let check = run(T0 + 60_000, &[take(Algorithm::FixedWindow, HUNDRED, 0)], &mut states)[0];
+    let check = run(
+        T0 + 60_000,
+        &[take(Algorithm::FixedWindow, HUNDRED, 0)],
+        &mut states,
+    )[0];
     assert!(check.allowed && check.remaining == 100);
 }
 
@@ -80,7 +92,11 @@ fn a_sliding_windows_excess_weighs_on_the_next_window() {
     assert_eq!((second.remaining, second.granted), (0, 60));
     // One more hit fits once 120 × (1 - e/W) + 1 <= 100: e = 10,500 ms into the next window.
     let mut states = [state];
-    let check = run(T0, &[take(Algorithm::SlidingWindow, HUNDRED, 0)], &mut states)[0];
+    let check = run(
+        T0,
+        &[take(Algorithm::SlidingWindow, HUNDRED, 0)],
+        &mut states,
+    )[0];
     assert_eq!(check.retry_after_ms, Some(70_500));
     let at = |t: u64, states: &mut [Option<State>]| {
         run(t, &[take(Algorithm::SlidingWindow, HUNDRED, 0)], states)[0].allowed
@@ -146,7 +162,9 @@ fn a_refused_request_charges_only_its_always_demands() {
         ];
         let mut states = vec![None; 3];
         let verdicts = run(T0, &demands, &mut states);
-        assert!(!allows(demands.iter().zip(verdicts.iter().map(|v| v.allowed))));
+        assert!(!allows(
+            demands.iter().zip(verdicts.iter().map(|v| v.allowed))
+        ));
         assert_eq!(
             verdicts.iter().map(|v| v.granted).collect::<Vec<_>>(),
             [0, 5, 0],
@@ -182,7 +200,11 @@ fn a_peek_shows_the_debt() {
     let seen = peek(T0, Algorithm::FixedWindow, HUNDRED, state);
     assert!(matches!(
         seen.level(&HUNDRED, T0),
-        Level::FixedWindow { count: 120, limit: 100, .. }
+        Level::FixedWindow {
+            count: 120,
+            limit: 100,
+            ..
+        }
     ));
     let (_, _, state) = in_debt(Algorithm::Gcra);
     let seen = peek(T0, Algorithm::Gcra, HUNDRED, state);

@@ -43,7 +43,10 @@ pub(crate) fn config(
         let (algorithm, algorithm_from) =
             resolved_algorithm(None, domain_algorithm, default_algorithm);
         // Merging checked that the parts agree on the charge.
-        let domain_charge = parts.iter().find_map(|p| p.spec.charge.as_ref()).map(|c| c.value);
+        let domain_charge = parts
+            .iter()
+            .find_map(|p| p.spec.charge.as_ref())
+            .map(|c| c.value);
         let (charge, charge_from) = resolved(None, domain_charge, defaults.charge);
         let first_rule = rules.len();
         let mut tree = Level::default();

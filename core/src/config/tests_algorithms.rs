@@ -398,7 +398,10 @@ descriptors:
     let config = load_one(plain, &always).unwrap();
     assert_eq!(charge_of(&config, "k"), (Charge::Always, Origin::Default));
     let config = load_one(plain, &LoadOptions::default()).unwrap();
-    assert_eq!(charge_of(&config, "k"), (Charge::IfAllowed, Origin::Default));
+    assert_eq!(
+        charge_of(&config, "k"),
+        (Charge::IfAllowed, Origin::Default)
+    );
 }
 
 #[test]
@@ -435,7 +438,9 @@ descriptors:
 "#;
     assert_eq!(
         errors(load_one(own, &LoadOptions::default())),
-        ["t.yaml:5:56: `lease` does not apply to a rule whose charges always land (`charge: always`, from its `charge`): a leased hit is paid before the backend sees it, so a charge that does not fit could not be counted; remove `lease` or set `charge: if_allowed`"]
+        [
+            "t.yaml:5:56: `lease` does not apply to a rule whose charges always land (`charge: always`, from its `charge`): a leased hit is paid before the backend sees it, so a charge that does not fit could not be counted; remove `lease` or set `charge: if_allowed`"
+        ]
     );
     let domain = "domain: api\ncharge: always\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 100, lease: 5}\n";
     let errs = errors(load_one(domain, &LoadOptions::default()));
@@ -466,8 +471,14 @@ fn merged_files_agree_on_the_charge() {
     };
     let result = load_sources_with(
         &[
-            src("a.yaml", "domain: api\ncharge: always\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"),
-            src("b.yaml", "domain: api\ncharge: if_allowed\ndescriptors:\n  - key: b\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"),
+            src(
+                "a.yaml",
+                "domain: api\ncharge: always\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+            ),
+            src(
+                "b.yaml",
+                "domain: api\ncharge: if_allowed\ndescriptors:\n  - key: b\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+            ),
         ],
         &options,
     );
