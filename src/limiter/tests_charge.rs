@@ -14,7 +14,7 @@ use crate::resilience::ResilienceOptions;
 use crate::resilience::local::Replicas;
 
 /// `tenant`: 100 per minute, charges always land; `route`: 100 per minute, ordinary; `tight`:
-/// 1 per hour, ordinary.
+/// 1 per hour, ordinary; `closed`: blocks every request (`requests_per_unit: 0`).
 const CONFIG: &str = "domain: ai
 descriptors:
   - key: tenant
@@ -24,6 +24,8 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 100}
   - key: tight
     rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: closed
+    rate_limit: {unit: hour, requests_per_unit: 0}
 ";
 
 fn limiter(cache: bool) -> (Limiter<Arc<MemoryBackend>>, ManualClock) {
@@ -120,6 +122,32 @@ async fn a_refused_request_charges_only_the_always_rule() {
         d.statuses.iter().map(|s| s.code).collect::<Vec<_>>(),
         [Code::OverLimit, Code::Ok, Code::Ok]
     );
+    let left = request(vec![
+        descriptor("tenant", "t", Some(0)),
+        descriptor("route", "r", Some(0)),
+    ]);
+    let d = limiter.decide(&left).await.unwrap();
+    assert_eq!(
+        d.statuses.iter().map(|s| s.remaining).collect::<Vec<_>>(),
+        [70, 100]
+    );
+}
+
+/// A request refused before any bucket is asked (a blocking `requests_per_unit: 0` rule) still
+/// charges its always rule; its ordinary ones are not asked.
+#[tokio::test]
+async fn a_blocked_request_still_charges_the_always_rule() {
+    let (limiter, _) = limiter(true);
+    let blocked = request(vec![
+        descriptor("closed", "x", None),
+        descriptor("tenant", "t", Some(30)),
+        descriptor("route", "r", Some(30)),
+    ]);
+    let d = limiter.decide(&blocked).await.unwrap();
+    assert_eq!(d.overall, Code::OverLimit);
+    assert_eq!(d.statuses[0].basis, Basis::Blocked);
+    assert_eq!(d.statuses[1].basis, Basis::Backend);
+    assert_eq!(d.statuses[2].basis, Basis::NotEvaluated);
     let left = request(vec![
         descriptor("tenant", "t", Some(0)),
         descriptor("route", "r", Some(0)),
