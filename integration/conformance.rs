@@ -783,6 +783,90 @@ async fn byte_values_have_their_own_buckets<B: Backend>(s: &Subject<B>) {
     }
 }
 
+/// The same hit, always charged (`charge: always`): counted whatever the answer, into debt.
+fn always(mut hit: Hit) -> Hit {
+    hit.demand.always = true;
+    hit
+}
+
+/// Always-charged hits of every algorithm put their key into debt, which refuses check-only
+/// hits until it is repaid; a request refused by another key still charges them.
+async fn charges_always_land<B: Backend>(s: &Subject<B>) {
+    let p = params(100, 100, 60_000);
+    // A minute boundary, where the windows start.
+    s.clock.set(T0 + 40_000);
+    let k = key("charges", "tb");
+    s.expect(&[always(take(&k, p, 60))], &[v(true, 40, Some(0), 36_000)])
+        .await;
+    s.expect_granted(
+        &[always(take(&k, p, 60))],
+        &[took(v(false, 0, Some(48_000), 72_000), 60)],
+    )
+    .await;
+    s.expect(&[take(&k, p, 0)], &[v(false, 0, Some(12_600), 72_000)])
+        .await;
+    let k = key("charges", "fw");
+    s.expect(
+        &[always(fixed(&k, 100, 60_000, 60))],
+        &[v(true, 40, Some(0), 60_000)],
+    )
+    .await;
+    s.expect(
+        &[always(fixed(&k, 100, 60_000, 60))],
+        &[v(false, 0, Some(60_000), 60_000)],
+    )
+    .await;
+    s.expect(
+        &[fixed(&k, 100, 60_000, 0)],
+        &[v(false, 0, Some(60_000), 60_000)],
+    )
+    .await;
+    let k = key("charges", "sw");
+    s.expect(
+        &[always(sliding(&k, 100, 60_000, 120))],
+        &[v(false, 0, None, 120_000)],
+    )
+    .await;
+    s.expect(
+        &[sliding(&k, 100, 60_000, 0)],
+        &[v(false, 0, Some(70_500), 120_000)],
+    )
+    .await;
+    let k = key("charges", "gcra");
+    s.expect(
+        &[always(gcra(&k, 100, 100, 60_000, 120))],
+        &[v(false, 0, None, 72_000)],
+    )
+    .await;
+    s.expect(
+        &[gcra(&k, 100, 100, 60_000, 0)],
+        &[v(false, 0, Some(12_600), 72_000)],
+    )
+    .await;
+    // Refused by `tight`: the always-charged key pays, the ordinary one does not.
+    let (tight, paid, spared) = (
+        key("refused", "tight"),
+        key("refused", "paid"),
+        key("refused", "spared"),
+    );
+    let one = params(1, 1, 3_600_000);
+    s.expect(&[take(&tight, one, 1)], &[v(true, 0, Some(0), 3_600_000)])
+        .await;
+    s.expect_granted(
+        &[
+            take(&tight, one, 1),
+            always(take(&paid, p, 5)),
+            take(&spared, p, 5),
+        ],
+        &[
+            v(false, 0, Some(3_600_000), 3_600_000),
+            took(v(true, 95, Some(0), 3_000), 5),
+            v(true, 100, Some(0), 0),
+        ],
+    )
+    .await;
+}
+
 /// Runs every scenario, each isolated so one failure does not hide the others.
 async fn suite<B: Backend>(subject: &Subject<B>) {
     macro_rules! scenarios {
@@ -824,6 +908,7 @@ async fn suite<B: Backend>(subject: &Subject<B>) {
         multiplied_windows_fixed_window,
         multiplied_windows_sliding_window,
         multiplied_windows_gcra,
+        charges_always_land,
     );
 }
 
@@ -964,6 +1049,9 @@ fn random_demand(rng: &mut impl Rng, algorithm: Algorithm, params: BucketParams)
         0 => rng.random_range(1..=limit.clamp(1, u32::MAX.into())),
         _ => 0,
     };
+    // Always-charged takes (`charge: always`, never leased) put keys into debt; their counts
+    // stay below 2^53, where the Lua's doubles and the Rust's integers count alike.
+    let always = lease == 0 && tokens != u64::MAX && rng.random_bool(0.25);
     Demand {
         algorithm,
         params,
@@ -972,6 +1060,7 @@ fn random_demand(rng: &mut impl Rng, algorithm: Algorithm, params: BucketParams)
         shadow: rng.random_bool(0.2),
         quota: rng.random_bool(0.3),
         lease,
+        always,
     }
 }
 

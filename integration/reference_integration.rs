@@ -6,9 +6,11 @@
 //! layout's default) — a real redis-server, and its call sequences over gRPC, with the codes,
 //! current limits and `limit_remaining` it expects.
 //!
-//! Where sluice answers differently on purpose the test asserts sluice's answer and says why:
-//! a rejected request charges none of its descriptors (all or nothing), which is what the
-//! reference answers with `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true`.
+//! The reference counts every hit, over the limit or not, unless
+//! `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true`; sluice in this environment counts the same
+//! (`--default-charge always`, from the variable or, unset, the runtime layout), and with the
+//! variable true charges nothing for a rejected request. Where sluice answers differently on
+//! purpose the test asserts sluice's answer and says why.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -258,44 +260,10 @@ async fn basic_sequence(serve: &Serve, local: bool) {
     );
 
     // key2 (20/minute) and key3 (10/hour) in one request, 15 times: key3 runs out at the 11th.
-    away_from_a_minute_boundary().await;
-    let value = "second";
-    for i in 0..15u32 {
-        let r = call(
-            &mut client,
-            request("another", &[(&key("key2"), value), (&key("key3"), value)]),
-        )
-        .await;
-        if i < 10 {
-            assert_eq!(r.overall_code, OK, "call {i}");
-            assert_eq!(limited(&r.statuses[0]), (OK, 20, MINUTE, 20 - (i + 1)));
-            assert_eq!(limited(&r.statuses[1]), (OK, 10, HOUR, 10 - (i + 1)));
-            continue;
-        }
-        assert_eq!(r.overall_code, OVER_LIMIT, "call {i}");
-        assert_eq!(
-            limited(&r.statuses[1]),
-            (OVER_LIMIT, 10, HOUR, 0),
-            "call {i}"
-        );
-        // sluice differs here on purpose: a rejected request charges none of its descriptors,
-        // so key2 keeps the 10 it had when key3 ran out. The reference keeps counting key2
-        // (remaining 20 - (i + 1)) unless STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true, where
-        // it reports 10 as sluice does.
-        if local && i > 10 {
-            // key3's rejection now comes from the over-limit cache, before Redis is asked, so
-            // key2 was not evaluated: OK, with no limit to report (sluice's, on purpose; the
-            // reference reads key2 from Redis anyway).
-            let status = &r.statuses[0];
-            assert_eq!(
-                (status.code, status.current_limit.is_none()),
-                (OK, true),
-                "call {i}"
-            );
-        } else {
-            assert_eq!(limited(&r.statuses[0]), (OK, 20, MINUTE, 10), "call {i}");
-        }
-    }
+    // Without the local cache this run counts as the reference's environment says
+    // (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT unset: key2 keeps counting); with it, the
+    // variable is true and the over-limit cache answers key3.
+    two_keys_sequence(&mut client, &key, !local, local).await;
     // The reference's counters after both sequences: key2 40 hits, 5 over the limit; key3 15
     // hits, 5 over, 4 of them from the cache when it is on.
     assert_eq!(serve.counter("total_hits", "another", &k2).await, 40);
@@ -330,12 +298,72 @@ async fn basic_sequence(serve: &Serve, local: bool) {
     assert!(second < first, "{second} < {first}");
 }
 
+/// The reference's "key2 keeps counting when the request is over" (`integration_test.go`,
+/// key2 and key3 of one request, 15 times; key3, 10 per hour, runs out at the 11th call). With
+/// `counts` (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT unset or false: `--default-charge always`)
+/// key2 is counted on every call, the request being over or not, and reports `20 - (i + 1)`;
+/// without, it keeps the 10 it had when key3 ran out. `local`: the over-limit cache is on.
+async fn two_keys_sequence(
+    client: &mut RateLimitServiceClient<Channel>,
+    key: &dyn Fn(&str) -> String,
+    counts: bool,
+    local: bool,
+) {
+    away_from_a_minute_boundary().await;
+    let value = "second";
+    for i in 0..15u32 {
+        let r = call(
+            client,
+            request("another", &[(&key("key2"), value), (&key("key3"), value)]),
+        )
+        .await;
+        if i < 10 {
+            assert_eq!(r.overall_code, OK, "call {i}");
+            assert_eq!(limited(&r.statuses[0]), (OK, 20, MINUTE, 20 - (i + 1)));
+            assert_eq!(limited(&r.statuses[1]), (OK, 10, HOUR, 10 - (i + 1)));
+            continue;
+        }
+        assert_eq!(r.overall_code, OVER_LIMIT, "call {i}");
+        assert_eq!(
+            limited(&r.statuses[1]),
+            (OVER_LIMIT, 10, HOUR, 0),
+            "call {i}"
+        );
+        if counts {
+            // As the reference: key2's window counts this call too.
+            assert_eq!(
+                limited(&r.statuses[0]),
+                (OK, 20, MINUTE, 20 - (i + 1)),
+                "call {i}"
+            );
+        } else if local && i > 10 {
+            // key3's rejection now comes from the over-limit cache, before Redis is asked, so
+            // key2 was not evaluated: OK, with no limit to report (sluice's, on purpose; the
+            // reference reads key2 from Redis anyway).
+            let status = &r.statuses[0];
+            assert_eq!(
+                (status.code, status.current_limit.is_none()),
+                (OK, true),
+                "call {i}"
+            );
+        } else {
+            // STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true: key2 keeps the 10 it had, as the
+            // reference reports it then.
+            assert_eq!(limited(&r.statuses[0]), (OK, 20, MINUTE, 10), "call {i}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn basic_config() {
     let redis = RedisServer::start();
     let root = runtime_root();
     let serve = Serve::start(root.path(), &redis, &[("LOCAL_CACHE_SIZE_IN_BYTES", "0")]);
     basic_sequence(&serve, false).await;
+    // The reference's counting: key2's window counted all 15 calls of the second sequence,
+    // key3's its 15 too, 5 past its limit of 10.
+    assert_eq!(window_count(&redis, "key2=second"), 15);
+    assert_eq!(window_count(&redis, "key3=second"), 15);
 }
 
 /// The reference's local-cache, key-prefix and stop-increment variants in one run: the cache
@@ -361,6 +389,36 @@ async fn basic_config_with_local_cache_and_key_prefix() {
         counters.iter().all(|k| k.starts_with("prefix:")),
         "{keys:?}"
     );
+}
+
+/// The reference's over-limit counting with STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true and no
+/// local cache: key2 stops counting once the request is over (the variable unset is
+/// [`basic_config`]). Redis holds what the answers say: key2's window counted 10, not 15.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_cache_key_increment_when_overlimit() {
+    let redis = RedisServer::start();
+    let root = runtime_root();
+    let serve = Serve::start(
+        root.path(),
+        &redis,
+        &[
+            ("LOCAL_CACHE_SIZE_IN_BYTES", "0"),
+            ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
+        ],
+    );
+    let mut client = serve.client().await;
+    two_keys_sequence(&mut client, &|k| k.to_owned(), false, false).await;
+    assert_eq!(window_count(&redis, "key2=second"), 10);
+    assert_eq!(window_count(&redis, "key3=second"), 10);
+}
+
+/// The count (`c`) of the one fixed-window key in Redis whose name contains `part`.
+fn window_count(redis: &RedisServer, part: &str) -> u64 {
+    let keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
+    let found: Vec<&String> = keys.iter().filter(|k| k.contains(part)).collect();
+    assert_eq!(found.len(), 1, "{part} in {keys:?}");
+    let count: Vec<String> = redis.cmd(&["HMGET", found[0], "c"]);
+    count[0].parse().unwrap()
 }
 
 /// `testConfigReload`: the `reload` domain appears when its file is copied into the directory

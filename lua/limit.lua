@@ -16,9 +16,10 @@ ARGV[3 + 6*(i-1) ...] Six values for KEYS[i]:
         algorithm (1 token_bucket, 2 fixed_window, 3 sliding_window, 4 gcra; + 16 on the first
         key of every request of a batch after the first: a group starts there), capacity,
         requests_per_unit, unit_ms, hits, flags = refund (1) + shadow (2) + quota (4) +
-        8 * lease, where lease > 0 makes a take of `hits` also take up to `lease` more whole
-        tokens when it is taken (token_bucket and gcra; the windows ignore it), for the caller to
-        spend locally, and quota marks a quota-mode key (see below).
+        always (8) + 16 * lease, where lease > 0 makes a take of `hits` also take up to `lease`
+        more whole tokens when it is taken (token_bucket and gcra; the windows ignore it), for the
+        caller to spend locally, quota marks a quota-mode key (see below), and always marks an
+        always-charged take (`charge: always`): counted whatever the answer, into debt.
 State   One hash per key, its fields by algorithm (the key itself carries the algorithm, so a
         rule whose algorithm changes never reads another algorithm's state):
           token_bucket    t <tokens> u <updated_ms>      (unchanged since the first release)
@@ -60,8 +61,9 @@ their algorithms, in two passes -- first every key is read, brought to now and a
 demand fits; then, only if the request is allowed, the takes that fit are counted. A request is
 allowed when every ordinary demand passes and, if it has quota-mode demands, at least one of
 them does; a demand passes when it fits or is a shadow one. So a shadow or quota take that does
-not fit counts nothing. Refunds are always applied. So a rejected request counts nothing
-anywhere.
+not fit counts nothing. Refunds are always applied, and so are always-charged takes, fitting or
+not (the key goes into debt: negative tokens, a count past the limit, an arrival time past the
+burst). So a rejected request counts nothing anywhere but on its always-charged keys.
 
 The arithmetic is src/algorithm/{token_bucket,fixed_window,sliding_window,gcra}.rs operation for
 operation (same doubles, same order; each file states its contract), so this script and
@@ -187,7 +189,7 @@ local seen, code_of, ttl_of, write_order = {}, {}, {}, {}
 -- to now (in place; GCRA keeps how far ahead of now it is in `backlog[i]`) and returns whether
 -- its demand fits; `settle(i, b, v, fit, take)` updates `v` to the new state and returns remaining,
 -- retry_after, until_full, granted and the ms until the state settles (the TTL's base).
--- flags = refund (1) + shadow (2) + quota (4) + 8 * lease.
+-- flags = refund (1) + shadow (2) + quota (4) + always (8) + 16 * lease.
 
 -- 1: token bucket. tokens = min(capacity, tokens + elapsed * per_unit / unit_ms); the waits are
 -- ceil(tokens short * unit_ms / per_unit), retry-after corrected by first_fit against the refill.
@@ -219,7 +221,8 @@ local function bucket_settle(i, b, v, fit, take)
     after = min(tokens + hits, capacity)
   elseif take then
     local left = tokens - hits
-    local extra = min(floor(left), floor(flags / 8))
+    -- Never negative: an always-charged take may leave the bucket in debt.
+    local extra = max(0, min(floor(left), floor(flags / 16)))
     granted = hits + extra
     after = left - extra
   end
@@ -232,8 +235,8 @@ local function bucket_settle(i, b, v, fit, take)
   else
     -- The estimate can be a ms off from a fraction of a token; the search finds the first ms
     -- the refill admits.
-    retry = wire(first_fit(ceil((need - tokens) * unit / per_unit), function(d)
-      return min(capacity, tokens + d * per_unit / unit) >= need
+    retry = wire(first_fit(ceil((need - after) * unit / per_unit), function(d)
+      return min(capacity, after + d * per_unit / unit) >= need
     end))
   end
   local until_full = ceil((capacity - after) * unit / per_unit)
@@ -418,7 +421,7 @@ if uses[4] then
     elseif take then
       after = after + hits * interval
       local extra = 0
-      local lease = floor(flags / 8)
+      local lease = floor(flags / 16)
       if lease > 0 then
         extra = most_that_fit((tolerance + slack - after) / interval, lease, function(n)
           return after + n * interval <= tolerance + slack
@@ -518,7 +521,9 @@ for g = 1, #ends do
   for i = first, last do
     local b = WIDTH * (i - 1)
     local code, fit = arg[b + 1], fits[i]
-    local take = not peek and all_allowed and fit and arg[b + 6] % 2 == 0
+    local flags = arg[b + 6]
+    local take = not peek and flags % 2 == 0
+      and (floor(flags / 8) % 2 == 1 or (all_allowed and fit))
     local key = KEYS[i]
     local v = seen[key]
     local remaining, retry, until_full, granted, settles_in

@@ -435,6 +435,8 @@ mod tests {
             quota_mode: false,
             detailed_metric: false,
             cost: 1,
+            charge: crate::rule::Charge::IfAllowed,
+            charge_from: Origin::Default,
             lease: None,
             shards: None,
             failure_mode: None,

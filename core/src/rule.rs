@@ -274,6 +274,46 @@ impl FailureMode {
     }
 }
 
+/// When a rule's hits are counted (`charge`, beside `cost`; a domain's `charge` is the default of
+/// its rules, `--default-charge` the global one).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Charge {
+    /// Only when the request is allowed and the hits fit: a refused request takes nothing.
+    #[default]
+    IfAllowed,
+    /// Whatever the answer: hits that do not fit are counted too and put the key into debt,
+    /// which refill repays before it admits again. For costs known after the response (Envoy's
+    /// `apply_on_stream_done` charges, whose answer Envoy ignores), and envoyproxy/ratelimit's
+    /// counting of over-limit hits.
+    Always,
+}
+
+impl Charge {
+    pub const ALL: [Charge; 2] = [Charge::IfAllowed, Charge::Always];
+
+    /// The config and command-line spelling.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Charge::IfAllowed => "if_allowed",
+            Charge::Always => "always",
+        }
+    }
+
+    /// Parses a config spelling, any case.
+    pub fn parse(s: &str) -> Option<Charge> {
+        Charge::ALL
+            .into_iter()
+            .find(|c| c.as_str().eq_ignore_ascii_case(s))
+    }
+}
+
+impl fmt::Display for Charge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Where a setting that falls back from rule to domain to a global default came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -324,6 +364,10 @@ pub struct Rule {
     pub detailed_metric: bool,
     /// Tokens per hit (weighted endpoints); at least 1.
     pub cost: u64,
+    /// When hits are counted: the descriptor's `charge`, else the domain's, else
+    /// `--default-charge`. Resolved at load time. Never `Always` with a `lease`.
+    pub charge: Charge,
+    pub charge_from: Origin,
     /// `rate_limit.lease`: a replica takes up to this many tokens per backend call and spends
     /// them locally (the service crate's `lease` module). Only on token-bucket and GCRA rules.
     #[serde(skip_serializing_if = "Option::is_none")]

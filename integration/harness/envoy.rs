@@ -102,6 +102,8 @@ pub fn validate(path: &Path) -> Result<(), String> {
 #[derive(Clone, Debug)]
 pub struct Bootstrap {
     pub json: Value,
+    /// Headers the stand-in application adds to every response ([`Bootstrap::app_header`]).
+    app_headers: Vec<(String, String)>,
 }
 
 impl Bootstrap {
@@ -145,7 +147,10 @@ impl Bootstrap {
                 })]
             }
         });
-        Bootstrap { json }
+        Bootstrap {
+            json,
+            app_headers: Vec::new(),
+        }
     }
 
     /// A bootstrap file as shipped (YAML or JSON), to be started with its ports replaced.
@@ -154,7 +159,18 @@ impl Bootstrap {
             .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
         let json = serde_saphyr::from_str::<Value>(&text)
             .unwrap_or_else(|e| panic!("parse {}: {e}", path.display()));
-        Bootstrap { json }
+        Bootstrap {
+            json,
+            app_headers: Vec::new(),
+        }
+    }
+
+    /// The stand-in application (the `app` cluster) also answers every request with header
+    /// `name: value`: what an upstream reports about its response, such as the tokens an LLM
+    /// used (`x-tokens: 60`), for rate limits read at stream done (`%RESP(x-tokens)%`).
+    pub fn app_header(&mut self, name: &str, value: &str) -> &mut Self {
+        self.app_headers.push((name.to_owned(), value.to_owned()));
+        self
     }
 
     /// The `typed_config` of HTTP filter `name` on the `ingress` listener.
@@ -239,7 +255,7 @@ impl Bootstrap {
             .is_some_and(|c| c.iter().any(|c| c["name"] == "app"));
         if has_app {
             self.set_endpoints("app", &[SocketAddr::from(([127, 0, 0, 1], app_port))]);
-            let app = app_listener(app_port);
+            let app = app_listener(app_port, &self.app_headers);
             self.json["static_resources"]["listeners"]
                 .as_array_mut()
                 .expect("listeners")
@@ -296,8 +312,12 @@ fn hcm(stat_prefix: &str, route_config: Value, mut filters: Vec<Value>) -> Value
     })
 }
 
-/// The stand-in application: 200 "ok" for every request.
-fn app_listener(port: u16) -> Value {
+/// The stand-in application: 200 "ok" for every request, with `headers`.
+fn app_listener(port: u16, headers: &[(String, String)]) -> Value {
+    let headers: Vec<Value> = headers
+        .iter()
+        .map(|(key, value)| json!({"header": {"key": key, "value": value}}))
+        .collect();
     json!({
         "name": "app",
         "address": socket(port),
@@ -305,7 +325,8 @@ fn app_listener(port: u16) -> Value {
             "name": "app",
             "virtual_hosts": [{"name": "app", "domains": ["*"], "routes": [{
                 "match": {"prefix": "/"},
-                "direct_response": {"status": 200, "body": {"inline_string": "ok"}}
+                "direct_response": {"status": 200, "body": {"inline_string": "ok"}},
+                "response_headers_to_add": headers
             }]}]
         }), vec![])]}]
     })

@@ -50,6 +50,7 @@ impl Tr<'_> {
         self.bucket_tuning();
         self.xds_client();
         self.switches();
+        self.counting(layout);
         self.tracing();
         self.response_headers(layout);
     }
@@ -170,6 +171,24 @@ impl Tr<'_> {
                 metadata.to_string(),
                 "RESPONSE_DYNAMIC_METADATA",
             );
+        }
+    }
+
+    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: envoyproxy/ratelimit counts every hit, over the
+    /// limit or not, unless it is true; sluice's `charge: always` counts so. Unset, the reference's
+    /// counting applies where its runtime layout is in use (a migrated deployment), as its
+    /// header default does.
+    fn counting(&mut self, layout: bool) {
+        const FROM: &str = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT";
+        match self.bool(FROM) {
+            Some(true) => self.set("SLUICE_DEFAULT_CHARGE", "if_allowed", FROM),
+            Some(false) => self.set("SLUICE_DEFAULT_CHARGE", "always", FROM),
+            None if layout => self.set(
+                "SLUICE_DEFAULT_CHARGE",
+                "always",
+                "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT (unset: envoyproxy/ratelimit's default)",
+            ),
+            None => {}
         }
     }
 

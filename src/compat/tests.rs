@@ -56,6 +56,47 @@ fn the_runtime_layout_is_the_config_directory() {
     assert_eq!(over(&t, "SLUICE_CONFIG_DOTFILES").as_deref(), Some("true"));
 }
 
+/// envoyproxy/ratelimit counts every hit, over the limit or not, unless
+/// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` is true: a migrated deployment (its runtime layout)
+/// counts so through `charge: always` by default; the variable, when set, says which.
+#[test]
+fn stop_cache_key_increment_sets_the_default_charge() {
+    let layout = [("RUNTIME_ROOT", "/data"), ("RUNTIME_SUBDIRECTORY", "rl")];
+    let t = apply(&env(&layout));
+    assert_eq!(over(&t, "SLUICE_DEFAULT_CHARGE").as_deref(), Some("always"));
+    assert!(ignored(&t).is_empty(), "{:?}", t.ignored);
+    for (value, charge) in [
+        ("true", "if_allowed"),
+        ("1", "if_allowed"),
+        ("false", "always"),
+    ] {
+        let mut with = layout.to_vec();
+        with.push(("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", value));
+        let t = apply(&env(&with));
+        assert_eq!(
+            over(&t, "SLUICE_DEFAULT_CHARGE").as_deref(),
+            Some(charge),
+            "{value}"
+        );
+        assert!(!ignored(&t).contains(&"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"));
+        // Without the layout too: the variable itself is the reference's.
+        let t = apply(&env(&[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", value)]));
+        assert_eq!(over(&t, "SLUICE_DEFAULT_CHARGE").as_deref(), Some(charge));
+    }
+    // No envoyproxy/ratelimit environment: sluice's own default stays.
+    let t = apply(&env(&[("REDIS_URL", "redis:6379")]));
+    assert_eq!(over(&t, "SLUICE_DEFAULT_CHARGE"), None);
+    let bad = apply(&env(&[(
+        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+        "maybe",
+    )]));
+    assert_eq!(bad.errors.len(), 1, "{:?}", bad.errors);
+    // sluice's own variable wins.
+    let mut own = layout.to_vec();
+    own.push(("SLUICE_DEFAULT_CHARGE", "if_allowed"));
+    assert_eq!(over(&apply(&env(&own)), "SLUICE_DEFAULT_CHARGE"), None);
+}
+
 #[test]
 fn sluice_variables_win() {
     let t = apply(&env(&[
@@ -395,7 +436,6 @@ fn unsupported_settings_are_reported_unless_harmless() {
         ("CONFIG_GRPC_XDS_SERVER_URL", "xds:18000"),
         ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "a:b"),
         ("XDS_CLIENT_BACKOFF_JITTER", "true"),
-        ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
         ("REDIS_PERSECOND", "false"),
         ("TRACING_EXPORTER_PROTOCOL", "http"),
         ("TRACING_SERVICE_NAME", "RateLimit"),

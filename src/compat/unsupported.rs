@@ -89,11 +89,6 @@ const UNSUPPORTED: &[(&str, Neutral, &str)] = &[
         Neutral::True,
         "xDS reconnect delays always carry jitter",
     ),
-    (
-        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
-        Neutral::True,
-        "sluice never counts a rejected request, whatever the rule's algorithm; it always behaves as if this were true",
-    ),
     // TRACING_ENABLED and TRACING_SAMPLING_RATE map to --tracing and --trace-sampling-ratio.
     (
         "TRACING_EXPORTER_PROTOCOL",

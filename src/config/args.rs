@@ -15,6 +15,7 @@ pub fn load_options(args: &LoadArgs, max_entries: usize) -> LoadOptions {
         quota_all: args.quota_mode,
         max_entries,
         default_algorithm: args.default_algorithm,
+        default_charge: args.default_charge,
     }
 }
 

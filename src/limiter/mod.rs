@@ -32,6 +32,8 @@ mod targets;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_charge;
+#[cfg(test)]
 mod tests_limits;
 
 use std::sync::Arc;
@@ -194,6 +196,10 @@ impl<B: Backend> Limiter<B> {
         let mut plan = self.plan(domain, request);
         if !plan.reject_before_charging() {
             self.charge(&mut plan.buckets).await?;
+        } else {
+            // Rejected already: only the always-charged buckets are still pending, and are
+            // counted (never from a lease).
+            self.ask_backend(&mut plan.buckets).await?;
         }
         Ok(plan.decision())
     }

@@ -77,6 +77,12 @@ impl Bucket {
         self.lease.filter(|_| !demand.refund && demand.tokens > 0)
     }
 
+    /// A take that is counted whatever the answer (`charge: always`, at least one hit).
+    pub(super) fn lands_anyway(&self) -> bool {
+        let demand = &self.hit.demand;
+        demand.always && !demand.refund && demand.tokens > 0
+    }
+
     pub(super) fn is_pending(&self) -> bool {
         matches!(self.outcome, Outcome::Pending)
     }
@@ -259,6 +265,7 @@ impl<B: Backend> Limiter<B> {
             shadow: target.shadow,
             quota: target.quota,
             lease: 0,
+            always: target.always,
         };
         plan.add_hit(index, key, demand, target)
     }
@@ -303,8 +310,9 @@ impl Plan {
     /// anything is charged. When one of them rejects it (an ordinary blocking
     /// `requests_per_unit: 0` rule, or blocked quota descriptors with no quota bucket left to
     /// pass), the request is rejected whatever the buckets say, so none is asked or charged:
-    /// they become [`Outcome::NotEvaluated`], as when the over-limit cache rejects one. Returns
-    /// whether it did.
+    /// they become [`Outcome::NotEvaluated`], as when the over-limit cache rejects one — but the
+    /// always-charged ones ([`Bucket::lands_anyway`]), which stay pending. Returns whether it
+    /// did.
     ///
     /// When a quota descriptor already passed without a bucket (no rule under `--quota-mode`, a
     /// blocked shadow one), the quota demands of the buckets can no longer reject the request:
@@ -332,7 +340,7 @@ impl Plan {
             }
         }
         if rejected {
-            for bucket in &mut self.buckets {
+            for bucket in self.buckets.iter_mut().filter(|b| !b.lands_anyway()) {
                 bucket.outcome = Outcome::NotEvaluated;
             }
         }

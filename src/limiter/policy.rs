@@ -22,14 +22,16 @@ impl<B: Backend> Limiter<B> {
         asked: &[Hit],
         now_ms: u64,
     ) -> bool {
-        // A refund must reach the backend even when the request is rejected, so a request
-        // carrying one is never answered from the cache. Shadow hits cannot reject, and a quota
+        // A refund, and an always-charged take (`charge: always`), must reach the backend even
+        // when the request is rejected, so a request carrying one is never answered from the
+        // cache. Shadow hits cannot reject, and a quota
         // hit rejects only with every other quota hit of the request, so neither ever makes the
         // cache answer for the whole request (the cache answers neither).
         let Some(cache) = self.resilience.over_limit.as_ref() else {
             return false;
         };
-        if asked.iter().any(|h| h.demand.refund) {
+        let lands_anyway = |h: &Hit| h.demand.refund || (h.demand.always && h.demand.tokens > 0);
+        if asked.iter().any(lands_anyway) {
             return false;
         }
         let mut answered = false;

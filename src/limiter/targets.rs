@@ -11,7 +11,7 @@ use crate::clock::Clock;
 use crate::config::Domain;
 use crate::key::RuleTag;
 use crate::request::RequestDescriptor;
-use crate::rule::{FailureMode, Limit, RateLimit, Rule};
+use crate::rule::{Charge, FailureMode, Limit, RateLimit, Rule};
 
 use super::{Basis, Status};
 
@@ -33,6 +33,9 @@ pub(super) struct Target {
     /// A quota-mode descriptor: the rule's `quota_mode`, or `--quota-mode` for an override.
     pub(super) quota: bool,
     pub(super) failure_mode: FailureMode,
+    /// Its hits are counted whatever the answer (`charge: always`): the rule's charge, else the
+    /// domain's (an override without a rule).
+    pub(super) always: bool,
 }
 
 /// Resolves the descriptors of one request, which share what their rules replace and one shard
@@ -116,8 +119,10 @@ impl<'a> Resolver<'a> {
                 unit_multiplier: 1,
                 burst: None,
             };
+            let charge = rule.as_ref().map_or(self.domain.charge, |r| r.charge);
             return Ok(Target {
                 algorithm: rule.as_ref().map_or(self.domain.algorithm, |r| r.algorithm),
+                always: charge == Charge::Always,
                 rule,
                 rate,
                 params: rate.bucket(),
@@ -168,6 +173,7 @@ impl<'a> Resolver<'a> {
             tag,
             algorithm: rule.algorithm,
             failure_mode,
+            always: rule.charge == Charge::Always,
             rule: Some(rule),
         })
     }

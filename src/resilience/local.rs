@@ -114,7 +114,8 @@ impl LocalFallback {
 
     /// Decides `hits` atomically on the local buckets, each at this replica's share. With
     /// `check_only` (the request is already rejected by another descriptor) takes are checked
-    /// without taking anything, as a rejected request takes no tokens.
+    /// without taking anything, as a rejected request takes no tokens (but refunds and
+    /// always-charged takes, which land whatever the answer).
     pub async fn decide(&self, hits: &[Hit], check_only: bool) -> Vec<Verdict> {
         let n = self.replicas.current();
         let local: Vec<Hit> = hits
@@ -122,7 +123,7 @@ impl LocalFallback {
             .map(|hit| {
                 let mut hit = hit.clone();
                 hit.demand.params = share(hit.demand.params, n);
-                if check_only && !hit.demand.refund {
+                if check_only && !hit.demand.refund && !hit.demand.always {
                     hit.demand.tokens = 0;
                 }
                 hit

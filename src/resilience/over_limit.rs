@@ -226,6 +226,7 @@ mod tests {
             shadow: false,
             quota: false,
             lease: 0,
+            always: false,
         }
     }
 

@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args};
 use sluice_core::algorithm::Algorithm;
+use sluice_core::rule::Charge;
 
-use super::flags::{parse_algorithm, parse_duration};
+use super::flags::{parse_algorithm, parse_charge, parse_duration};
 
 /// How files become a config (the same for `serve`, `check-config` and `explain`, so a check
 /// sees what the service will load).
@@ -35,6 +36,12 @@ pub struct LoadArgs {
     /// sliding_window or gcra. fixed_window counts as envoyproxy/ratelimit does.
     #[arg(long, env = "SLUICE_DEFAULT_ALGORITHM", value_parser = parse_algorithm, default_value = "token_bucket")]
     pub default_algorithm: Algorithm,
+
+    /// When hits of rules whose descriptor and domain name no `charge` are counted: if_allowed
+    /// (only when the request is allowed and they fit) or always (whatever the answer, into
+    /// debt; envoyproxy/ratelimit's default).
+    #[arg(long, env = "SLUICE_DEFAULT_CHARGE", value_parser = parse_charge, default_value = "if_allowed")]
+    pub default_charge: Charge,
 }
 
 /// `serve`'s config flags: loading plus hot reload.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 use sluice_core::algorithm::Algorithm;
-use sluice_core::rule::FailureMode;
+use sluice_core::rule::{Charge, FailureMode};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendKind {
@@ -111,6 +111,11 @@ pub(super) fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
             Algorithm::names()
         )
     })
+}
+
+pub(super) fn parse_charge(s: &str) -> Result<Charge, String> {
+    Charge::parse(s)
+        .ok_or_else(|| format!("unknown charge `{s}` (expected one of: if_allowed, always)"))
 }
 
 /// A ratio in (0, 1].

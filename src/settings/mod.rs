@@ -410,6 +410,10 @@ mod tests {
             s.config_ops.load.default_algorithm,
             sluice_core::algorithm::Algorithm::TokenBucket
         );
+        assert_eq!(
+            s.config_ops.load.default_charge,
+            sluice_core::rule::Charge::IfAllowed
+        );
     }
 
     #[test]
@@ -421,6 +425,8 @@ mod tests {
             "c",
             "--default-algorithm",
             "Sliding_Window",
+            "--default-charge",
+            "always",
             "--expiry-jitter-max",
             "30s",
         ])
@@ -432,8 +438,13 @@ mod tests {
             s.config_ops.load.default_algorithm,
             sluice_core::algorithm::Algorithm::SlidingWindow
         );
+        assert_eq!(
+            s.config_ops.load.default_charge,
+            sluice_core::rule::Charge::Always
+        );
         assert_eq!(s.expiry_jitter_max, Duration::from_secs(30));
         assert!(Cli::try_parse_from(["sluice", "serve", "--default-algorithm", "leaky"]).is_err());
+        assert!(Cli::try_parse_from(["sluice", "serve", "--default-charge", "never"]).is_err());
     }
 
     #[test]

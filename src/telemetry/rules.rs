@@ -23,7 +23,7 @@ use opentelemetry::KeyValue;
 use crate::config::Config;
 use crate::decision::{Basis, Decision, Status};
 use crate::request::{Entry, LimitRequest};
-use crate::rule::{FailureMode, Rule};
+use crate::rule::{Charge, FailureMode, Rule};
 
 /// The per-rule counters, in envoyproxy/ratelimit's names (its Prometheus mapper's output).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,16 +34,19 @@ pub enum Counter {
     WithinLimit,
     ShadowMode,
     OverLimitWithLocalCache,
+    /// sluice's own: always-charges that did not fit (`charge: always`).
+    ChargesInDebt,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 6] = [
+    pub const ALL: [Counter; 7] = [
         Counter::TotalHits,
         Counter::OverLimit,
         Counter::NearLimit,
         Counter::WithinLimit,
         Counter::ShadowMode,
         Counter::OverLimitWithLocalCache,
+        Counter::ChargesInDebt,
     ];
 
     pub const fn metric_name(self) -> &'static str {
@@ -56,6 +59,7 @@ impl Counter {
             Counter::OverLimitWithLocalCache => {
                 "ratelimit_service_rate_limit_over_limit_with_local_cache"
             }
+            Counter::ChargesInDebt => "sluice_charges_in_debt_total",
         }
     }
 
@@ -70,6 +74,9 @@ impl Counter {
             Counter::ShadowMode => "Over-limit hits of a shadow-mode rule (answered OK)",
             Counter::OverLimitWithLocalCache => {
                 "Over-limit hits answered from the local over-limit cache without asking the backend"
+            }
+            Counter::ChargesInDebt => {
+                "Charges of a `charge: always` rule counted although they did not fit: each drove or kept its key in debt (below empty, or past the window's limit)"
             }
         }
     }
@@ -88,6 +95,8 @@ pub struct Tally {
     pub within_limit: u64,
     pub shadow_mode: u64,
     pub over_limit_with_local_cache: u64,
+    /// Charges (not hits) that put or kept an always-charged key in debt.
+    pub charges_in_debt: u64,
 }
 
 impl Tally {
@@ -99,6 +108,7 @@ impl Tally {
             Counter::WithinLimit => self.within_limit,
             Counter::ShadowMode => self.shadow_mode,
             Counter::OverLimitWithLocalCache => self.over_limit_with_local_cache,
+            Counter::ChargesInDebt => self.charges_in_debt,
         }
     }
 }
@@ -112,6 +122,8 @@ impl Tally {
 /// `sluice_degraded_decisions_total`), since no bucket was asked; so do descriptors left
 /// unevaluated because a sibling was rejected from the over-limit cache. A rejection from that
 /// cache counts as over limit and as `over_limit_with_local_cache`, as in envoyproxy/ratelimit.
+/// A take of a `charge: always` rule that the backend counted although it did not fit is one
+/// charge in debt.
 pub fn tally(status: &Status, hits: u64, cost: u64, near_ratio: f64) -> Tally {
     let mut t = Tally {
         total_hits: hits,
@@ -138,6 +150,13 @@ pub fn tally(status: &Status, hits: u64, cost: u64, near_ratio: f64) -> Tally {
         }
         Basis::Backend if status.over => {
             t.over_limit = hits;
+            let always = status
+                .rule
+                .as_ref()
+                .is_some_and(|r| r.charge == Charge::Always);
+            if always && hits > 0 {
+                t.charges_in_debt = 1;
+            }
             if status.shadow {
                 t.shadow_mode = hits;
             }
@@ -175,7 +194,7 @@ pub fn near_hits(hits: u64, cost: u64, capacity: u64, remaining: u64, ratio: f64
 pub struct RuleCounters {
     /// `domain`, `key` (the descriptor path below the domain, as envoyproxy/ratelimit's stat key).
     pub attrs: Box<[KeyValue]>,
-    counts: [AtomicU64; 6],
+    counts: [AtomicU64; Counter::ALL.len()],
     detailed: Option<Detailed>,
 }
 
@@ -612,6 +631,29 @@ mod tests {
         assert_eq!(
             tally(&status(Basis::Unlimited, false, false, 10, 0), 1, 1, 0.8),
             Tally::default()
+        );
+    }
+
+    /// A charge of a `charge: always` rule counted although it did not fit is one charge in
+    /// debt, whatever its hits; a check-only call refused in debt, or an ordinary rule's
+    /// refusal, is none.
+    #[test]
+    fn charges_in_debt_count_always_charges_that_did_not_fit() {
+        let config = "domain: d\ndescriptors:\n  - key: t\n    charge: always\n    rate_limit: {unit: minute, requests_per_unit: 100}\n  - key: o\n    rate_limit: {unit: minute, requests_per_unit: 100}\n";
+        let always = reached(config, &[Entry::new("t", "1")]);
+        let ordinary = reached(config, &[Entry::new("o", "1")]);
+        let with = |rule: &Arc<Rule>, over: bool| Status {
+            rule: Some(rule.clone()),
+            ..status(Basis::Backend, over, false, 100, 0)
+        };
+        let debt = tally(&with(&always, true), 60, 1, 0.8);
+        assert_eq!((debt.over_limit, debt.charges_in_debt), (60, 1));
+        assert_eq!(tally(&with(&always, true), 0, 1, 0.8).charges_in_debt, 0);
+        assert_eq!(tally(&with(&always, false), 60, 1, 0.8).charges_in_debt, 0);
+        assert_eq!(tally(&with(&ordinary, true), 60, 1, 0.8).charges_in_debt, 0);
+        assert_eq!(
+            Counter::ChargesInDebt.metric_name(),
+            "sluice_charges_in_debt_total"
         );
     }
 

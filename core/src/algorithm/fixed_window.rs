@@ -10,7 +10,9 @@
 //!    clock stepped back) stays the current one, so stepping back never opens a second window.
 //! 3. `need = max(hits, 1)`; a take fits when `count + need <= L`. Taken only when the whole
 //!    request is allowed: a rejected hit is not counted (envoyproxy/ratelimit counts it unless
-//!    `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`). A refund lowers the count, never below 0.
+//!    `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`), unless it is always-charged (`charge: always`,
+//!    envoyproxy/ratelimit's default): then it is counted whatever the answer and the count may
+//!    pass `L` until the window ends. A refund lowers the count, never below 0.
 //! 4. `remaining = L - count_after`; `retry_after` = the window's end − now for a rejected take
 //!    (`None` when `need > L`); `until_full` (Envoy's `duration_until_reset`) = the window's end −
 //!    now in whole seconds, `W - (now_s % W)` exactly as envoyproxy/ratelimit computes it.
@@ -66,7 +68,7 @@ pub(super) fn settle(
     let count = if demand.refund {
         state.count.saturating_sub(demand.tokens)
     } else if take {
-        state.count + demand.tokens
+        state.count.saturating_add(demand.tokens)
     } else {
         state.count
     };

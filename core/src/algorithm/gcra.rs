@@ -7,8 +7,9 @@
 //!    TAT in the past) is `D = 0`: the full burst is available.
 //! 2. `need = max(hits, 1)`; a take fits when `need <= B` and `D + need × T <= τ + ε`, where
 //!    `ε = min(T / 2^20, 1 ms)` absorbs the rounding of the doubles (so `B` requests at one
-//!    instant all fit); taken (`D += hits × T`) only when the whole request is allowed. A refund
-//!    moves the TAT back by `hits × T`, never before now.
+//!    instant all fit); taken (`D += hits × T`) only when the whole request is allowed, or
+//!    always when always-charged (`charge: always`): then `D` may pass `τ` (debt) and nothing
+//!    fits until time has caught up. A refund moves the TAT back by `hits × T`, never before now.
 //! 3. A lease take (`lease > 0`) that is taken then takes `extra` more: the most `n <= lease`
 //!    with `D + n × T <= τ + ε` (the same search as `remaining`), `D += extra × T`;
 //!    `granted = hits + extra`.

@@ -9,7 +9,10 @@
 //! Every algorithm is decided in two phases so that one request over several keys is
 //! all-or-nothing whatever the keys' algorithms: first each key's state is brought to `now` and
 //! asked whether its demand fits; then, only if the request is allowed, the takes that fit are
-//! applied. Refunds are always applied.
+//! applied. Refunds are always applied, and so are always-charged takes ([`Demand::always`],
+//! a rule's `charge: always`): counted in full whatever the answer, they put a key into debt
+//! (tokens below zero, a window's count past its limit, an arrival time past the burst) that
+//! refill repays; the key refuses every demand, check-only ones included, until it is repaid.
 //!
 //! A request is allowed when every ordinary demand passes and, if it has quota-mode demands
 //! (envoyproxy/ratelimit's `quota_mode`), at least one of those passes; a demand passes when it
@@ -191,6 +194,10 @@ pub struct Demand {
     /// are taken, also take up to this many more whole tokens, as many as the key holds, for the
     /// caller to spend locally. 0 is an exact take. Never makes a demand fit that would not.
     pub lease: u64,
+    /// A `charge: always` take: its `tokens` are counted whether or not they fit and whether or
+    /// not the request is allowed, so the key may go into debt. Its verdict still says whether
+    /// it fit. Never leased (`lease` is 0).
+    pub always: bool,
 }
 
 /// The answer for one key.
@@ -237,7 +244,7 @@ pub fn decide(now_ms: u64, demands: &[Demand], states: &mut [Option<State>]) -> 
         .zip(states.iter_mut())
         .zip(current)
         .map(|((demand, slot), (state, fits))| {
-            let take = allowed && fits && !demand.refund;
+            let take = !demand.refund && (demand.always || (allowed && fits));
             let (after, verdict) = settle(state, now_ms, demand, fits, take);
             *slot = Some(after);
             verdict
@@ -417,6 +424,15 @@ pub(crate) mod testing {
             shadow: false,
             quota: false,
             lease: 0,
+            always: false,
+        }
+    }
+
+    /// An always-charged take (`charge: always`) of `tokens` hits by `algorithm`.
+    pub fn charge(algorithm: Algorithm, params: BucketParams, tokens: u64) -> Demand {
+        Demand {
+            always: true,
+            ..take(algorithm, params, tokens)
         }
     }
 
@@ -462,6 +478,9 @@ pub(crate) mod testing {
 }
 
 #[cfg(test)]
+mod tests_debt;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -480,6 +499,7 @@ mod tests {
             shadow: false,
             quota: false,
             lease: 0,
+            always: false,
         }
     }
 

@@ -28,6 +28,7 @@ pub fn peek(now_ms: u64, algorithm: Algorithm, params: BucketParams, state: Opti
         shadow: false,
         quota: false,
         lease: 0,
+        always: false,
     };
     let (current, fits) = refresh(state, now_ms, &demand);
     let (state, verdict) = settle(current, now_ms, &demand, fits, false);

@@ -9,7 +9,8 @@
 //! 2. `elapsed = max(0, now - start)`; `estimate = previous * (W - elapsed) / W + current`, in
 //!    doubles, in that order.
 //! 3. `need = max(hits, 1)`; a take fits when `estimate + need <= L`. Taken (added to the current
-//!    count) only when the whole request is allowed. A refund comes off the current count first,
+//!    count) only when the whole request is allowed, or always when always-charged (`charge:
+//!    always`): then the count may pass `L`, and the excess weighs on the next window too. A refund comes off the current count first,
 //!    then the previous one, never below 0.
 //! 4. `remaining` = the most hits `n <= L` with `estimate_after + n <= L`; `retry_after` = the
 //!    first millisecond at which the demand fits (`None` when `need > L`), both found by a short
@@ -89,7 +90,7 @@ pub(super) fn settle(
         after.current = state.current - from_current;
         after.previous = state.previous.saturating_sub(demand.tokens - from_current);
     } else if take {
-        after.current = state.current + demand.tokens;
+        after.current = state.current.saturating_add(demand.tokens);
     }
     let estimated = estimate(&after, now_ms, p);
     let remaining = most_that_fit(limit - estimated, limit, |n| estimated + n <= limit);

@@ -6,14 +6,17 @@
 //!    is `max(updated, now)` so a clock that steps back never refills twice.
 //! 2. `need = max(tokens_demanded, 1)` for takes; a take fits when `tokens >= need`.
 //! 3. The request is allowed when every non-shadow key fits; only then are takes deducted (a
-//!    shadow take is deducted only when it alone can pay, so a bucket never goes negative).
-//!    Refunds are always applied, capped at capacity.
+//!    shadow take is deducted only when it alone can pay). Refunds are always applied, capped at
+//!    capacity. An always-charged take (`charge: always`) is always deducted, fitting or not:
+//!    the bucket goes into debt (negative tokens), nothing fits until refill brings it back to
+//!    `need`, `remaining` is 0 and `until_full` counts the repayment.
 //! 4. A lease take (`lease > 0`) that is taken also takes
-//!    `extra = min(lease, floor(tokens - tokens_demanded))` whole tokens: as many as the bucket
+//!    `extra = max(0, min(lease, floor(tokens - tokens_demanded)))` whole tokens: as many as the bucket
 //!    holds beyond the demand, up to the lease. `granted = tokens_demanded + extra` when taken.
-//! 5. `remaining = floor(tokens_after)`; for a rejected take
-//!    `retry_after` is the first ms `d >= 1` at which `min(capacity, tokens + d * requests_per_unit
-//!    / unit_ms) >= need`, searched from `ceil((need - tokens) * unit_ms / requests_per_unit)`; `None` when
+//! 5. `remaining = max(0, floor(tokens_after))`; for a rejected take
+//!    `retry_after` is the first ms `d >= 1` at which `min(capacity, tokens_after + d *
+//!    requests_per_unit / unit_ms) >= need`, searched from `ceil((need - tokens_after) * unit_ms /
+//!    requests_per_unit)`; `None` when
 //!    `need > capacity`; `until_full = ceil((capacity - tokens_after) * unit_ms / requests_per_unit)`.
 //!
 //! All in doubles, left to right: each product before its division, never through a rate per
@@ -65,7 +68,9 @@ pub(super) fn settle(
         (tokens + demand.tokens as f64).min(capacity)
     } else if take {
         let left = tokens - demand.tokens as f64;
-        let extra = left.floor().min(demand.lease as f64);
+        // Never negative: an always-charged take may leave the bucket in debt, which no lease
+        // may round back up.
+        let extra = left.floor().min(demand.lease as f64).max(0.0);
         granted = demand.tokens.saturating_add(extra as u64);
         left - extra
     } else {
@@ -79,8 +84,10 @@ pub(super) fn settle(
     } else {
         // The estimate can be a ms off where the bucket holds a fraction (`needed - tokens` and
         // the refill's addition each round); the search lands on the first ms the refill admits.
-        let fits_at = |d: f64| (tokens + demand.params.tokens_over(d)).min(capacity) >= needed;
-        Some(first_fit(wait_ms(needed - tokens, &demand.params), fits_at) as u64)
+        // From the bucket as left: a demand that did not fit took nothing, unless it was
+        // always-charged, whose repeat waits for its debt to be repaid as well.
+        let fits_at = |d: f64| (after + demand.params.tokens_over(d)).min(capacity) >= needed;
+        Some(first_fit(wait_ms(needed - after, &demand.params), fits_at) as u64)
     };
     let verdict = Verdict {
         allowed: fits,
@@ -538,7 +545,7 @@ mod tests {
             let mut state = None;
             for (dt, tokens, is_refund, is_shadow) in steps {
                 now = now.saturating_add_signed(dt);
-                let demand = Demand { algorithm: Algorithm::TokenBucket, params: p, tokens, refund: is_refund, shadow: is_shadow, quota: false, lease: 0 };
+                let demand = Demand { algorithm: Algorithm::TokenBucket, params: p, tokens, refund: is_refund, shadow: is_shadow, quota: false, lease: 0, always: false };
                 let (v, s) = decide_one(now, demand, state);
                 prop_assert!(s.tokens >= 0.0 && s.tokens <= p.capacity as f64, "{s:?}");
                 prop_assert!(v.remaining <= p.capacity);
@@ -572,12 +579,13 @@ mod tests {
         }
 
         /// One request over several buckets: either every non-shadow bucket can pay and each
-        /// paying bucket loses exactly its tokens, or nothing is taken anywhere; refunds apply
-        /// either way, capped at capacity.
+        /// paying bucket loses exactly its tokens, or nothing is taken anywhere but from the
+        /// always-charged buckets, which pay whatever the answer; refunds apply either way,
+        /// capped at capacity.
         #[test]
         fn requests_are_all_or_nothing(
             buckets in prop::collection::vec(
-                (any_params(), 0.0f64..=1.0, 0u64..1_500, any::<bool>(), any::<bool>()),
+                (any_params(), 0.0f64..=1.0, 0u64..1_500, any::<bool>(), any::<bool>(), any::<bool>()),
                 1..6,
             ),
             dt in 0u64..10_000,
@@ -585,7 +593,7 @@ mod tests {
             let now = 1_000_000 + dt;
             let demands: Vec<Demand> = buckets
                 .iter()
-                .map(|&(p, _, tokens, refund, shadow)| Demand { algorithm: Algorithm::TokenBucket, params: p, tokens, refund, shadow, quota: false, lease: 0 })
+                .map(|&(p, _, tokens, refund, shadow, always)| Demand { algorithm: Algorithm::TokenBucket, params: p, tokens, refund, shadow, quota: false, lease: 0, always })
                 .collect();
             let mut states: Vec<Option<BucketState>> = buckets
                 .iter()
@@ -605,7 +613,7 @@ mod tests {
                 let capacity = d.params.capacity as f64;
                 let expected = if d.refund {
                     (before[i] + d.tokens as f64).min(capacity)
-                } else if request_allowed && fits(i) {
+                } else if d.always || (request_allowed && fits(i)) {
                     before[i] - d.tokens as f64
                 } else {
                     before[i]

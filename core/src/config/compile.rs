@@ -8,7 +8,7 @@ use super::validate::{DescriptorSpec, DomainSpec, RuleSpec};
 use super::{Config, Domain};
 use crate::algorithm::Algorithm;
 use crate::descriptor::{Level, Node, Pattern};
-use crate::rule::{FailureMode, MetricLevel, Origin, Rule, RuleId, window_label};
+use crate::rule::{Charge, FailureMode, MetricLevel, Origin, Rule, RuleId, window_label};
 
 /// One file's share of a domain: all of it, unless several files are merged into one domain.
 pub(crate) struct Part {
@@ -17,14 +17,15 @@ pub(crate) struct Part {
 }
 
 /// Builds the config from checked domains in load order, each from one or more parts (merged in
-/// order). `all` puts every rule in shadow or quota mode; `default_algorithm` counts the rules
-/// whose rule and domain name no algorithm.
+/// order). `all` puts every rule in shadow or quota mode; `defaults` count the rules whose rule
+/// and domain name no algorithm or charge.
 pub(crate) fn config(
     domains_parts: Vec<Vec<Part>>,
     digest: String,
     all: Modes,
-    default_algorithm: Algorithm,
+    defaults: Defaults,
 ) -> Config {
+    let default_algorithm = defaults.algorithm;
     let mut rules = Vec::new();
     let mut domains = Vec::with_capacity(domains_parts.len());
     for parts in domains_parts {
@@ -41,6 +42,12 @@ pub(crate) fn config(
             .map(|a| a.value);
         let (algorithm, algorithm_from) =
             resolved_algorithm(None, domain_algorithm, default_algorithm);
+        // Merging checked that the parts agree on the charge.
+        let domain_charge = parts
+            .iter()
+            .find_map(|p| p.spec.charge.as_ref())
+            .map(|c| c.value);
+        let (charge, charge_from) = resolved(None, domain_charge, defaults.charge);
         let first_rule = rules.len();
         let mut tree = Level::default();
         for part in &parts {
@@ -50,6 +57,8 @@ pub(crate) fn config(
                 failure_mode,
                 domain_algorithm,
                 default_algorithm,
+                domain_charge,
+                default_charge: defaults.charge,
                 all,
                 rules: &mut rules,
             };
@@ -60,6 +69,8 @@ pub(crate) fn config(
             failure_mode,
             algorithm,
             algorithm_from,
+            charge,
+            charge_from,
             file,
             tree,
             rules: rules[first_rule..].to_vec(),
@@ -86,11 +97,26 @@ pub(crate) fn resolved_algorithm(
     domain: Option<Algorithm>,
     global: Algorithm,
 ) -> (Algorithm, Origin) {
+    resolved(own, domain, global)
+}
+
+/// A setting that falls back from the rule to its domain to the global default, and where it
+/// came from.
+fn resolved<T>(own: Option<T>, domain: Option<T>, global: T) -> (T, Origin) {
     match (own, domain) {
         (Some(own), _) => (own, Origin::Rule),
         (None, Some(domain)) => (domain, Origin::Domain),
         (None, None) => (global, Origin::Default),
     }
+}
+
+/// The global defaults of rules whose rule and domain name none.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Defaults {
+    /// `--default-algorithm`.
+    pub algorithm: Algorithm,
+    /// `--default-charge`.
+    pub charge: Charge,
 }
 
 /// Modes a global setting puts every rule in, whatever its file says.
@@ -110,6 +136,10 @@ struct Builder<'a> {
     domain_algorithm: Option<Algorithm>,
     /// `--default-algorithm`, for rules whose rule and domain name none.
     default_algorithm: Algorithm,
+    /// The domain's `charge`, for rules that name none.
+    domain_charge: Option<Charge>,
+    /// `--default-charge`, for rules whose descriptor and domain name none.
+    default_charge: Charge,
     all: Modes,
     rules: &'a mut Vec<Arc<Rule>>,
 }
@@ -202,6 +232,11 @@ impl Builder<'_> {
             self.domain_algorithm,
             self.default_algorithm,
         );
+        let (charge, charge_from) = resolved(
+            r.charge.as_ref().map(|c| c.value),
+            self.domain_charge,
+            self.default_charge,
+        );
         Arc::new(Rule {
             id,
             domain: self.domain.clone(),
@@ -214,6 +249,8 @@ impl Builder<'_> {
             quota_mode: r.quota_mode || self.all.quota,
             detailed_metric: r.detailed_metric,
             cost: r.cost,
+            charge,
+            charge_from,
             lease: r.lease,
             shards: r.shards,
             failure_mode: r.failure_mode.or(self.failure_mode),

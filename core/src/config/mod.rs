@@ -6,6 +6,7 @@
 //! one run lists every problem of every file.
 
 mod compile;
+mod defaults;
 mod lint;
 mod load;
 mod raw;
@@ -20,7 +21,7 @@ use std::sync::Arc;
 use crate::algorithm::Algorithm;
 use crate::descriptor::{Explanation, Level};
 use crate::request::Entry;
-use crate::rule::{FailureMode, Origin, Rule, RuleId};
+use crate::rule::{Charge, FailureMode, Origin, Rule, RuleId};
 
 pub use load::{load_path, load_path_with};
 
@@ -100,6 +101,8 @@ pub struct LoadOptions {
     pub max_entries: usize,
     /// Algorithm of rules whose domain and `rate_limit` name none (`--default-algorithm`).
     pub default_algorithm: Algorithm,
+    /// `charge` of rules whose descriptor and domain name none (`--default-charge`).
+    pub default_charge: Charge,
 }
 
 impl Default for LoadOptions {
@@ -111,6 +114,7 @@ impl Default for LoadOptions {
             quota_all: false,
             max_entries: 32,
             default_algorithm: Algorithm::TokenBucket,
+            default_charge: Charge::IfAllowed,
         }
     }
 }
@@ -124,6 +128,10 @@ pub struct Domain {
     /// that reach no rule: the domain's `algorithm`, else `--default-algorithm`.
     pub algorithm: Algorithm,
     pub algorithm_from: Origin,
+    /// The `charge` of this domain's rules that name none, and of request `limit` overrides
+    /// that reach no rule: the domain's `charge`, else `--default-charge`.
+    pub charge: Charge,
+    pub charge_from: Origin,
     file: Arc<str>,
     tree: Level,
     rules: Vec<Arc<Rule>>,
@@ -136,7 +144,7 @@ impl Default for Config {
             Vec::new(),
             digest(&[]),
             compile::Modes::default(),
-            Algorithm::default(),
+            compile::Defaults::default(),
         )
     }
 }
@@ -196,6 +204,8 @@ impl Config {
                     "failure_mode": d.failure_mode,
                     "algorithm": d.algorithm,
                     "algorithm_from": d.algorithm_from,
+                    "charge": d.charge,
+                    "charge_from": d.charge_from,
                     "rules": d.rules,
                 })
             })
@@ -351,13 +361,22 @@ fn check_domain(
             .as_ref()
             .map(|a| (a, sources[*index].0.as_str()))
     });
-    let default = validate::AlgorithmDefault {
+    let default = defaults::AlgorithmDefault {
         domain,
         global: options.default_algorithm,
     };
+    let charge = defaults::ChargeDefault {
+        domain: group.iter().find_map(|(index, spec)| {
+            spec.charge
+                .as_ref()
+                .map(|c| (c, sources[*index].0.as_str()))
+        }),
+        global: options.default_charge,
+    };
     for (index, spec) in group {
         let mut sink = Sink::new(&sources[*index].0, &mut per_file[*index]);
-        validate::algorithm_fields(&spec.descriptors, default, &mut sink);
+        defaults::algorithm_fields(&spec.descriptors, default, &mut sink);
+        defaults::charge_fields(&spec.descriptors, charge, &mut sink);
     }
 }
 
@@ -387,7 +406,10 @@ fn compile_domains(
             shadow: options.shadow_all,
             quota: options.quota_all,
         },
-        options.default_algorithm,
+        compile::Defaults {
+            algorithm: options.default_algorithm,
+            charge: options.default_charge,
+        },
     );
     config.warnings = warnings;
     config
@@ -421,6 +443,7 @@ struct MergeSeen<'a> {
     names: HashMap<&'a str, (usize, Pos)>,
     failure_mode: Option<(usize, FailureMode)>,
     algorithm: Option<(usize, Algorithm)>,
+    charge: Option<(usize, Charge)>,
 }
 
 impl<'a> MergeSeen<'a> {
@@ -459,6 +482,19 @@ impl<'a> MergeSeen<'a> {
                 ),
                 Some(_) => {}
                 None => self.algorithm = Some((index, own.value)),
+            }
+        }
+        if let Some(own) = &spec.charge {
+            match self.charge {
+                Some((first, earlier)) if earlier != own.value => report(
+                    own.at,
+                    format!(
+                        "domain `{}` has charge `{}` here but `{}` in {}",
+                        spec.name.value, own.value, earlier, sources[first].0
+                    ),
+                ),
+                Some(_) => {}
+                None => self.charge = Some((index, own.value)),
             }
         }
     }
@@ -501,7 +537,7 @@ impl<'a> MergeSeen<'a> {
         report: &mut impl FnMut(Pos, String),
     ) {
         let mut named = Vec::new();
-        validate::named_rules(&spec.descriptors, &mut named);
+        defaults::named_rules(&spec.descriptors, &mut named);
         for (name, at) in named {
             match self.names.get(name) {
                 Some((first, first_at)) if *first != index => report(

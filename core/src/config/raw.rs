@@ -55,6 +55,7 @@ pub(crate) struct RawDomain {
     pub domain: Field<String>,
     pub failure_mode: Field<String>,
     pub algorithm: Field<String>,
+    pub charge: Field<String>,
     pub descriptors: Vec<RawDescriptor>,
 }
 
@@ -71,6 +72,7 @@ pub(crate) struct RawDescriptor {
     pub quota_mode: Field<bool>,
     pub detailed_metric: Field<bool>,
     pub cost: Field<i128>,
+    pub charge: Field<String>,
     pub failure_mode: Field<String>,
     pub share_threshold: Field<bool>,
     pub value_to_metric: Field<bool>,
@@ -99,7 +101,13 @@ pub(crate) struct RawReplace {
     pub name: Field<String>,
 }
 
-const DOMAIN_FIELDS: &[&str] = &["domain", "failure_mode", "algorithm", "descriptors"];
+const DOMAIN_FIELDS: &[&str] = &[
+    "domain",
+    "failure_mode",
+    "algorithm",
+    "charge",
+    "descriptors",
+];
 const DESCRIPTOR_FIELDS: &[&str] = &[
     "key",
     "value",
@@ -110,6 +118,7 @@ const DESCRIPTOR_FIELDS: &[&str] = &[
     "quota_mode",
     "detailed_metric",
     "cost",
+    "charge",
     "failure_mode",
     "share_threshold",
     "value_to_metric",
@@ -159,6 +168,7 @@ pub(crate) fn read_domain(doc: &Node, sink: &mut Sink) -> Option<RawDomain> {
         domain: fields.string("domain", sink),
         failure_mode: fields.string("failure_mode", sink),
         algorithm: fields.string("algorithm", sink),
+        charge: fields.string("charge", sink),
         descriptors: fields.descriptors(sink),
     })
 }
@@ -175,6 +185,7 @@ fn read_descriptor(node: &Node, sink: &mut Sink) -> Option<RawDescriptor> {
         quota_mode: fields.boolean("quota_mode", sink),
         detailed_metric: fields.boolean("detailed_metric", sink),
         cost: fields.integer("cost", sink),
+        charge: fields.string("charge", sink),
         failure_mode: fields.string("failure_mode", sink),
         share_threshold: fields.boolean("share_threshold", sink),
         value_to_metric: fields.boolean("value_to_metric", sink),

@@ -83,7 +83,7 @@ descriptors:
         errors(src),
         [
             "2:15: invalid failure_mode `sometimes`; expected one of: open, closed, local, error",
-            "3:1: unknown field `extra` in the config file; expected one of: domain, failure_mode, algorithm, descriptors",
+            "3:1: unknown field `extra` in the config file; expected one of: domain, failure_mode, algorithm, charge, descriptors",
             "5:5: descriptor is missing required field `key`",
             "7:13: invalid unit `fortnight`; expected one of: second, minute, hour, day, week, month, year",
             "8:26: `requests_per_unit` must be an integer from 0 to 4294967295, got -3",
@@ -238,9 +238,9 @@ descriptors:
     assert_eq!(
         errors(src),
         [
-            "1:1: unknown field `domian` in the config file; expected one of: domain, failure_mode, algorithm, descriptors",
+            "1:1: unknown field `domian` in the config file; expected one of: domain, failure_mode, algorithm, charge, descriptors",
             "1:1: missing required field `domain`",
-            "4:5: unknown field `rate_limt` in a descriptor; expected one of: key, value, rate_limit, rate_limits, descriptors, shadow_mode, quota_mode, detailed_metric, cost, failure_mode, share_threshold, value_to_metric, metadata",
+            "4:5: unknown field `rate_limt` in a descriptor; expected one of: key, value, rate_limit, rate_limits, descriptors, shadow_mode, quota_mode, detailed_metric, cost, charge, failure_mode, share_threshold, value_to_metric, metadata",
             "11:11: unknown field `why` in a `replaces` entry; expected one of: name",
         ]
     );

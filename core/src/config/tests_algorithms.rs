@@ -2,7 +2,7 @@
 //! mean nothing for an algorithm.
 
 use super::*;
-use crate::rule::Limit;
+use crate::rule::{Charge, Limit};
 
 fn src(name: &str, text: &str) -> (String, String) {
     (name.to_owned(), text.to_owned())
@@ -549,5 +549,131 @@ descriptors:
     assert!(
         has("t.yaml:19:18: `rate_limits` must be a list"),
         "{errs:#?}"
+    );
+}
+
+/// (charge, where it came from) of the rule `key=v` reaches.
+fn charge_of(config: &Config, key: &str) -> (Charge, Origin) {
+    let rule = config
+        .domain("api")
+        .unwrap()
+        .find(&[Entry::new(key, "v")])
+        .unwrap_or_else(|| panic!("no rule for {key}"));
+    (rule.charge, rule.charge_from)
+}
+
+#[test]
+fn a_rules_charge_comes_from_itself_then_its_domain_then_the_default() {
+    let text = r#"domain: api
+charge: always
+descriptors:
+  - key: own
+    charge: IF_ALLOWED
+    rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: inherited
+    rate_limit: {unit: minute, requests_per_unit: 60}
+"#;
+    let config = load_one(text, &LoadOptions::default()).unwrap();
+    assert_eq!(charge_of(&config, "own"), (Charge::IfAllowed, Origin::Rule));
+    assert_eq!(
+        charge_of(&config, "inherited"),
+        (Charge::Always, Origin::Domain)
+    );
+    assert_eq!(config.domain("api").unwrap().charge, Charge::Always);
+    let plain = "domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 60}\n";
+    let always = LoadOptions {
+        default_charge: Charge::Always,
+        ..LoadOptions::default()
+    };
+    let config = load_one(plain, &always).unwrap();
+    assert_eq!(charge_of(&config, "k"), (Charge::Always, Origin::Default));
+    let config = load_one(plain, &LoadOptions::default()).unwrap();
+    assert_eq!(
+        charge_of(&config, "k"),
+        (Charge::IfAllowed, Origin::Default)
+    );
+}
+
+#[test]
+fn charge_problems_are_located() {
+    let text = r#"domain: api
+charge: sometimes
+descriptors:
+  - key: node
+    charge: always
+    descriptors:
+      - key: k
+        charge: later
+        rate_limit: {unit: minute, requests_per_unit: 60}
+"#;
+    assert_eq!(
+        errors(load_one(text, &LoadOptions::default())),
+        [
+            "t.yaml:2:9: invalid charge `sometimes`; expected one of: if_allowed, always",
+            "t.yaml:5:5: `charge` applies only to a descriptor with a `rate_limit` (it is not inherited)",
+            "t.yaml:8:17: invalid charge `later`; expected one of: if_allowed, always",
+        ]
+    );
+}
+
+/// A leased hit is paid before the backend sees it: a rule whose charges always land cannot
+/// lease, whichever level says `always`.
+#[test]
+fn lease_is_rejected_where_charges_always_land() {
+    let own = r#"domain: api
+descriptors:
+  - key: k
+    charge: always
+    rate_limit: {unit: minute, requests_per_unit: 100, lease: 5}
+"#;
+    assert_eq!(
+        errors(load_one(own, &LoadOptions::default())),
+        [
+            "t.yaml:5:56: `lease` does not apply to a rule whose charges always land (`charge: always`, from its `charge`): a leased hit is paid before the backend sees it, so a charge that does not fit could not be counted; remove `lease` or set `charge: if_allowed`"
+        ]
+    );
+    let domain = "domain: api\ncharge: always\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 100, lease: 5}\n";
+    let errs = errors(load_one(domain, &LoadOptions::default()));
+    assert!(
+        errs.len() == 1 && errs[0].contains("from the domain's `charge` at t.yaml:2:9"),
+        "{errs:?}"
+    );
+    let plain = "domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 100, lease: 5}\n";
+    let always = LoadOptions {
+        default_charge: Charge::Always,
+        ..LoadOptions::default()
+    };
+    let errs = errors(load_one(plain, &always));
+    assert!(
+        errs.len() == 1 && errs[0].contains("from --default-charge"),
+        "{errs:?}"
+    );
+    // The rule's own `if_allowed` leases under any default.
+    let opted_out = "domain: api\ncharge: always\ndescriptors:\n  - key: k\n    charge: if_allowed\n    rate_limit: {unit: minute, requests_per_unit: 100, lease: 5}\n";
+    assert!(load_one(opted_out, &always).is_ok());
+}
+
+#[test]
+fn merged_files_agree_on_the_charge() {
+    let options = LoadOptions {
+        merge_domains: true,
+        ..LoadOptions::default()
+    };
+    let result = load_sources_with(
+        &[
+            src(
+                "a.yaml",
+                "domain: api\ncharge: always\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+            ),
+            src(
+                "b.yaml",
+                "domain: api\ncharge: if_allowed\ndescriptors:\n  - key: b\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+            ),
+        ],
+        &options,
+    );
+    assert_eq!(
+        errors(result),
+        ["b.yaml:2:9: domain `api` has charge `if_allowed` here but `always` in a.yaml"]
     );
 }

@@ -6,11 +6,11 @@
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
+use super::Sink;
 use super::raw::{Field, RawDescriptor, RawDomain, RawRateLimit, RawReplace, Sp};
 use super::yaml::Pos;
-use super::{Sink, compile};
 use crate::algorithm::Algorithm;
-use crate::rule::{FailureMode, Limit, MAX_WINDOW_SECS, Origin, RateLimit, Unit};
+use crate::rule::{Charge, FailureMode, Limit, MAX_WINDOW_SECS, RateLimit, Unit};
 
 /// One domain whose every field is known good.
 #[derive(Clone, Debug, PartialEq)]
@@ -19,6 +19,8 @@ pub(crate) struct DomainSpec {
     pub failure_mode: Option<FailureMode>,
     /// The domain's default algorithm, where its value is written.
     pub algorithm: Option<Sp<Algorithm>>,
+    /// The domain's default `charge`, where its value is written.
+    pub charge: Option<Sp<Charge>>,
     pub descriptors: Vec<DescriptorSpec>,
 }
 
@@ -48,6 +50,8 @@ pub(crate) struct RuleSpec {
     /// envoyproxy/ratelimit's `metadata` of the descriptor holding the rule.
     pub metadata: Option<serde_json::Value>,
     pub cost: u64,
+    /// The descriptor's own `charge`, where its value is written.
+    pub charge: Option<Sp<Charge>>,
     pub failure_mode: Option<FailureMode>,
     /// The rule's own `rate_limit.algorithm`, where its value is written.
     pub algorithm: Option<Sp<Algorithm>>,
@@ -96,6 +100,7 @@ pub(crate) const SHARDS_MAX: i128 = 64;
 pub(crate) fn domain(raw: &RawDomain, sink: &mut Sink) -> Option<DomainSpec> {
     let failure_mode = failure_mode(&raw.failure_mode, sink);
     let algorithm = algorithm(&raw.algorithm, sink);
+    let charge = charge(&raw.charge, sink);
     let name = match &raw.domain {
         Field::Absent => {
             sink.error(raw.at, "missing required field `domain`");
@@ -114,6 +119,7 @@ pub(crate) fn domain(raw: &RawDomain, sink: &mut Sink) -> Option<DomainSpec> {
         name: name?,
         failure_mode,
         algorithm,
+        charge,
         descriptors,
     })
 }
@@ -199,6 +205,7 @@ fn rule(
     sink: &mut Sink,
 ) -> Option<RuleSpec> {
     let cost = count("cost", &raw.cost, sink);
+    let charge = charge(&raw.charge, sink);
     let failure_mode = failure_mode(&raw.failure_mode, sink);
     let rate_limit = match (&raw.rate_limit, &raw.rate_limits) {
         (Field::Given(_), Field::Given(list)) => {
@@ -209,7 +216,7 @@ fn rule(
             return None;
         }
         (Field::Absent, Field::Given(list)) => {
-            return several(raw, list, (cost, failure_mode), names, sink);
+            return several(raw, list, (cost, charge, failure_mode), names, sink);
         }
         (Field::Given(rl), _) => rl,
         (Field::Invalid, _) | (_, Field::Invalid) => return None,
@@ -217,6 +224,7 @@ fn rule(
             // Rule settings on a pure tree node would silently do nothing: they are not inherited.
             let stray = [
                 ("cost", raw.cost.given().map(|f| f.key_at)),
+                ("charge", raw.charge.given().map(|f| f.key_at)),
                 ("failure_mode", raw.failure_mode.given().map(|f| f.key_at)),
             ];
             for (field, at) in stray {
@@ -232,15 +240,18 @@ fn rule(
             return None;
         }
     };
-    spec(raw, rate_limit, (cost, failure_mode), names, sink)
+    spec(raw, rate_limit, (cost, charge, failure_mode), names, sink)
 }
 
-/// The rule of one `rate_limit` (or one entry of `rate_limits`) on descriptor `raw`, whose `cost`
-/// and `failure_mode` are already read.
+/// What a descriptor's rules share: its `cost`, `charge` and `failure_mode`, read once.
+type RuleFields = (Option<u32>, Option<Sp<Charge>>, Option<FailureMode>);
+
+/// The rule of one `rate_limit` (or one entry of `rate_limits`) on descriptor `raw`, whose `cost`,
+/// `charge` and `failure_mode` are already read.
 fn spec(
     raw: &RawDescriptor,
     rate_limit: &Sp<RawRateLimit>,
-    (cost, failure_mode): (Option<u32>, Option<FailureMode>),
+    (cost, charge, failure_mode): RuleFields,
     names: &mut HashMap<String, Pos>,
     sink: &mut Sink,
 ) -> Option<RuleSpec> {
@@ -259,6 +270,7 @@ fn spec(
         detailed_metric: flag(&raw.detailed_metric),
         metadata: raw.metadata.given().map(|m| m.value.clone()),
         cost: cost.map_or(1, u64::from),
+        charge,
         failure_mode,
         algorithm,
         burst_at: rate_limit.value.burst.given().map(|b| b.key_at),
@@ -275,7 +287,7 @@ fn spec(
 fn several(
     raw: &RawDescriptor,
     list: &Sp<Vec<Sp<RawRateLimit>>>,
-    rule_fields: (Option<u32>, Option<FailureMode>),
+    rule_fields: RuleFields,
     names: &mut HashMap<String, Pos>,
     sink: &mut Sink,
 ) -> Option<RuleSpec> {
@@ -288,7 +300,7 @@ fn several(
     let mut ok = true;
     for item in &list.value {
         ok &= single_bucket_fields_absent(&item.value, sink);
-        let Some(mut spec) = spec(raw, item, rule_fields, names, sink) else {
+        let Some(mut spec) = spec(raw, item, rule_fields.clone(), names, sink) else {
             ok = false;
             continue;
         };
@@ -671,6 +683,26 @@ fn failure_mode(field: &Field<String>, sink: &mut Sink) -> Option<FailureMode> {
     parsed
 }
 
+/// A descriptor's or a domain's `charge`, any case.
+fn charge(field: &Field<String>, sink: &mut Sink) -> Option<Sp<Charge>> {
+    let given = field.given()?;
+    let parsed = Charge::parse(&given.value);
+    if parsed.is_none() {
+        sink.error(
+            given.at,
+            format!(
+                "invalid charge `{}`; expected one of: if_allowed, always",
+                given.value
+            ),
+        );
+    }
+    Some(Sp {
+        value: parsed?,
+        at: given.at,
+        key_at: given.key_at,
+    })
+}
+
 /// `rate_limit.algorithm` or a domain's `algorithm`, any case.
 fn algorithm(field: &Field<String>, sink: &mut Sink) -> Option<Sp<Algorithm>> {
     let given = field.given()?;
@@ -694,86 +726,6 @@ fn algorithm(field: &Field<String>, sink: &mut Sink) -> Option<Sp<Algorithm>> {
     }
 }
 
-/// Where a domain's rules get their algorithm when they name none.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct AlgorithmDefault<'a> {
-    /// The domain's `algorithm` and the file it is written in.
-    pub domain: Option<(&'a Sp<Algorithm>, &'a str)>,
-    /// `--default-algorithm`.
-    pub global: Algorithm,
-}
-
-/// Fields that mean nothing for the algorithm a rule ends up with: `burst` with a window. Run once
-/// the domain's default is known (after merging the files of a domain).
-pub(crate) fn algorithm_fields(
-    descriptors: &[DescriptorSpec],
-    default: AlgorithmDefault<'_>,
-    sink: &mut Sink,
-) {
-    for d in descriptors {
-        for rule in d.limits() {
-            limit_algorithm_fields(rule, default, sink);
-        }
-        algorithm_fields(&d.children, default, sink);
-    }
-}
-
-/// [`algorithm_fields`] of one limit.
-fn limit_algorithm_fields(rule: &RuleSpec, default: AlgorithmDefault<'_>, sink: &mut Sink) {
-    if let Some(lease_at) = rule.lease_at {
-        let (algorithm, from) = resolved_algorithm(rule, default);
-        if !algorithm.takes_lease() {
-            sink.error(
-                lease_at,
-                format!(
-                    "`lease` does not apply to `{algorithm}` (from {from}): a token taken in one window could be spent in the next; use `token_bucket` or `gcra` to lease"
-                ),
-            );
-        }
-    }
-    if let Some(burst_at) = rule.burst_at {
-        let (algorithm, from) = resolved_algorithm(rule, default);
-        if !algorithm.takes_burst() {
-            sink.error(
-                burst_at,
-                format!(
-                    "`burst` does not apply to `{algorithm}` (from {from}): a window admits `requests_per_unit` per window; remove it, or use `token_bucket` or `gcra` for a burst"
-                ),
-            );
-        }
-    }
-}
-
-/// The algorithm a rule ends up with ([`compile::resolved_algorithm`]), and where it comes from
-/// in words (for messages).
-fn resolved_algorithm(rule: &RuleSpec, default: AlgorithmDefault<'_>) -> (Algorithm, String) {
-    let (algorithm, origin) = compile::resolved_algorithm(
-        rule.algorithm.as_ref().map(|a| a.value),
-        default.domain.map(|(domain, _)| domain.value),
-        default.global,
-    );
-    let from = match (origin, default.domain) {
-        (Origin::Rule, _) => "its `algorithm`".to_owned(),
-        (Origin::Domain, Some((domain, file))) => format!(
-            "the domain's `algorithm` at {file}:{}:{}",
-            domain.at.line, domain.at.column
-        ),
-        (Origin::Domain | Origin::Default, _) => "--default-algorithm".to_owned(),
-    };
-    (algorithm, from)
-}
-
 fn flag(field: &Field<bool>) -> bool {
     field.given().is_some_and(|f| f.value)
-}
-
-/// Every named rule under `descriptors` with its descriptor's position, depth-first in config
-/// order (for checks across the files of a merged domain).
-pub(crate) fn named_rules<'a>(descriptors: &'a [DescriptorSpec], out: &mut Vec<(&'a str, Pos)>) {
-    for d in descriptors {
-        for name in d.limits().filter_map(|r| r.name.as_deref()) {
-            out.push((name, d.at));
-        }
-        named_rules(&d.children, out);
-    }
 }

@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::descriptor::{Miss, Selected, Step};
 use crate::key::{RuleTag, write_shared_bucket_key};
 use crate::request::Entry;
-use crate::rule::{FailureMode, Limit, RateLimit, Rule, Unit, Window};
+use crate::rule::{Charge, FailureMode, Limit, RateLimit, Rule, Unit, Window};
 
 pub use bucket::{BucketReport, RepeatedKey, explain_bucket};
 pub use stored::{NotStored, Stored, StoredKey, stored_buckets, stored_pool};
@@ -141,6 +141,10 @@ pub struct RuleView {
     pub failure_mode: FailureMode,
     /// `config` (the rule or its domain) or `default` (`--failure-mode`).
     pub failure_mode_from: &'static str,
+    /// When hits are counted: `if_allowed`, or `always` (into debt; `charge`).
+    pub charge: Charge,
+    /// `rule` (the descriptor's `charge`), `domain` or `default` (`--default-charge`).
+    pub charge_from: &'static str,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub replaces: Vec<String>,
     /// The storage key of this descriptor's bucket; absent for `unlimited: true` and for a
@@ -339,6 +343,8 @@ fn rule_view(
         quota: rule.quota_mode,
         failure_mode,
         failure_mode_from,
+        charge: rule.charge,
+        charge_from: rule.charge_from.as_str(),
         replaces: rule.replaces.iter().map(|r| r.to_string()).collect(),
         key,
         shard_keys,
@@ -560,6 +566,13 @@ impl Report {
                 rule.failure_mode.as_str(),
                 rule.failure_mode_from
             );
+            if rule.charge == Charge::Always {
+                let _ = writeln!(
+                    out,
+                    "charge:      always (from {}): hits are counted whether they fit or not; a key in debt refuses until refill repays it",
+                    rule.charge_from
+                );
+            }
             if !rule.replaces.is_empty() {
                 let _ = writeln!(out, "replaces:    {}", rule.replaces.join(", "));
             }

@@ -510,3 +510,28 @@ descriptors:
         five.outcome
     );
 }
+
+#[test]
+fn an_always_charged_rule_says_so_with_its_origin() {
+    let text = "domain: ai\ncharge: always\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 100}\n  - key: plain\n    charge: if_allowed\n    rate_limit: {unit: minute, requests_per_unit: 100}\n";
+    let config = crate::config::load_sources(&[("ai.yaml".into(), text.into())]).unwrap();
+    let options = options();
+    let entries = [crate::request::Entry::new("tenant", "acme")];
+    let e = explain(&config, "ai", &entries, &options);
+    let rule = e.rule.as_ref().expect("a rule");
+    assert_eq!((rule.charge, rule.charge_from), (Charge::Always, "domain"));
+    assert!(
+        e.to_text().contains("charge:      always (from domain)"),
+        "{}",
+        e.to_text()
+    );
+    let json = serde_json::to_value(&e).unwrap();
+    assert_eq!(json["rule"]["charge"], "always");
+    let plain = explain(
+        &config,
+        "ai",
+        &[crate::request::Entry::new("plain", "x")],
+        &options,
+    );
+    assert!(!plain.to_text().contains("charge:"), "{}", plain.to_text());
+}

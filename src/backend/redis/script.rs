@@ -28,9 +28,10 @@ const WIRE_SATURATED: i64 = -2;
 const FLAG_REFUND: u64 = 1;
 const FLAG_SHADOW: u64 = 2;
 const FLAG_QUOTA: u64 = 4;
-/// The lease size rides above the three flag bits:
-/// `flags = refund + shadow + quota + LEASE_UNIT * lease`.
-const LEASE_UNIT: u64 = 8;
+const FLAG_ALWAYS: u64 = 8;
+/// The lease size rides above the four flag bits:
+/// `flags = refund + shadow + quota + always + LEASE_UNIT * lease`.
+const LEASE_UNIT: u64 = 16;
 
 /// What a call passes besides the hits.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -87,11 +88,13 @@ where
             shadow,
             quota,
             lease,
+            always,
         } = hit.demand;
         let bits = [
             (refund, FLAG_REFUND),
             (shadow, FLAG_SHADOW),
             (quota, FLAG_QUOTA),
+            (always, FLAG_ALWAYS),
         ]
         .iter()
         .filter(|(set, _)| *set)
@@ -373,7 +376,7 @@ mod tests {
             1,
             CallArgs::default(),
         );
-        assert_eq!(args(&cmd)[10..], ["1", "74"], "shadow (2) + 8 × 9");
+        assert_eq!(args(&cmd)[10..], ["1", "146"], "shadow (2) + 16 × 9");
         lease.demand.quota = true;
         lease.demand.shadow = false;
         let cmd = command(
@@ -383,7 +386,17 @@ mod tests {
             1,
             CallArgs::default(),
         );
-        assert_eq!(args(&cmd)[10..], ["1", "76"], "quota (4) + 8 × 9");
+        assert_eq!(args(&cmd)[10..], ["1", "148"], "quota (4) + 16 × 9");
+        let mut charge = Hit::new("{t}c", PARAMS, 60);
+        charge.demand.always = true;
+        let cmd = command(
+            "EVALSHA",
+            &SHA,
+            std::iter::once((&charge, false)),
+            1,
+            CallArgs::default(),
+        );
+        assert_eq!(args(&cmd)[10..], ["60", "8"], "always (8)");
         let window = Hit::new("{t}a", PARAMS, 2).using(Algorithm::FixedWindow);
         let cmd = command("EVAL", SOURCE, std::iter::once((&window, false)), 1, at);
         assert_eq!(
