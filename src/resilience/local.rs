@@ -210,4 +210,28 @@ mod tests {
         assert!(fallback.decide(std::slice::from_ref(&hit), false).await[0].allowed);
         assert!(!fallback.decide(std::slice::from_ref(&hit), false).await[0].allowed);
     }
+
+    /// An always-charged hit (`charge: always`) is counted on the local bucket even when the
+    /// request is already rejected, into debt.
+    #[tokio::test]
+    async fn an_always_charged_hit_lands_on_the_local_bucket_whatever_the_answer() {
+        let clock = ManualClock::new(1_000_000);
+        let store = Arc::new(MemoryBackend::new(
+            Arc::new(clock.clone()),
+            MemoryOptions::default(),
+        ));
+        let fallback = LocalFallback::new(store, Arc::new(Replicas::fixed(1)));
+        let mut charge = Hit::new("k", HUNDRED_PER_MINUTE, 60);
+        charge.demand.always = true;
+        let v = fallback.decide(std::slice::from_ref(&charge), true).await[0];
+        assert_eq!((v.allowed, v.granted), (true, 60), "taken though rejected");
+        let v = fallback.decide(std::slice::from_ref(&charge), true).await[0];
+        assert_eq!(
+            (v.allowed, v.granted, v.remaining),
+            (false, 60, 0),
+            "into debt"
+        );
+        let check = Hit::new("k", HUNDRED_PER_MINUTE, 0);
+        assert!(!fallback.decide(&[check], false).await[0].allowed);
+    }
 }

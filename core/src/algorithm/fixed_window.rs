@@ -253,19 +253,20 @@ mod tests {
     }
 
     proptest! {
-        /// Any span of one window length holds at most two windows' worth (the boundary
-        /// effect), and any aligned window at most one.
+        /// Any span of one window length holds at most two windows' worth of admitted hits (the
+        /// boundary effect), and any aligned window at most one — always-charged hits that did
+        /// not fit, counted past the limit, included among the takes.
         #[test]
         fn at_most_twice_the_limit_over_any_window_length(
             p in any_params(),
-            steps in prop::collection::vec((0u64..2_500, 0u64..4), 1..150),
+            steps in prop::collection::vec((0u64..2_500, 0u64..4, any::<bool>()), 1..150),
         ) {
             let mut now = T0 - 7;
             let mut state = None;
             let mut grants = Vec::new();
-            for (dt, hits) in steps {
+            for (dt, hits, always) in steps {
                 now += dt * p.unit_ms / 1_000;
-                let (v, s) = one(now, take(p, hits), state);
+                let (v, s) = one(now, Demand { always, ..take(p, hits) }, state);
                 state = Some(s);
                 if v.allowed {
                     grants.push((now, hits));
@@ -289,17 +290,19 @@ mod tests {
         }
 
         /// `remaining` hits are allowed right now and one more is not; a rejected demand
-        /// that can fit is allowed after exactly `retry_after_ms`.
+        /// that can fit is allowed after exactly `retry_after_ms` (also when it was
+        /// always-charged and counted past the limit).
         #[test]
         fn remaining_and_retry_after_are_exact(
             p in any_params(),
             count in 0u64..=50,
             offset in 0u64..3_600_000,
             hits in 0u64..60,
+            always in any::<bool>(),
         ) {
             let now = T0 + offset;
             let state = Some(WindowState { start_ms: window_start(now, p.unit_ms), count: count.min(p.requests_per_unit) });
-            let (v, s) = one(now, take(p, hits), state);
+            let (v, s) = one(now, Demand { always, ..take(p, hits) }, state);
             if v.remaining > 0 {
                 prop_assert!(one(now, take(p, v.remaining), Some(s)).0.allowed);
             }

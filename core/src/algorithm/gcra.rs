@@ -338,17 +338,19 @@ mod tests {
 
         /// `remaining` hits fit right now and one more does not; a rejected demand that can fit
         /// is allowed after exactly `retry_after_ms`; the whole burst is back after
-        /// `until_full_ms`.
+        /// `until_full_ms` — also after an always-charged demand that did not fit and put the
+        /// arrival time past the burst.
         #[test]
         fn remaining_retry_after_and_reset_are_exact(
             p in any_params(),
             ahead in 0.0f64..=1.0,
             offset in 0u64..10_000,
             hits in 0u64..70,
+            always in any::<bool>(),
         ) {
             let now = T0 + offset;
             let start = GcraState::at(now, ahead * shape(&p).tolerance);
-            let (v, s) = one(now, take(p, hits), Some(start));
+            let (v, s) = one(now, Demand { always, ..take(p, hits) }, Some(start));
             if v.remaining > 0 {
                 prop_assert!(one(now, take(p, v.remaining), Some(s)).0.allowed);
             }
