@@ -126,6 +126,7 @@ fn algorithm(c: &mut Criterion) {
             shadow: false,
             quota: false,
             lease: 0,
+            holder: 0,
         };
         let state = match algorithm {
             Algorithm::TokenBucket => Some(State::TokenBucket(BucketState {

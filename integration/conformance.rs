@@ -21,6 +21,10 @@ use sluice::backend::{Backend, Hit};
 use sluice::clock::ManualClock;
 
 use sluice_harness as harness;
+
+#[path = "conformance_in_flight.rs"]
+mod in_flight;
+use in_flight::{a_full_cap_takes_nothing_elsewhere, slots_are_held_released_and_expire};
 use sluice_harness::{RedisCluster, RedisServer};
 
 /// Start of every scenario's timeline: a realistic epoch in ms, so large-number precision counts.
@@ -721,6 +725,8 @@ async fn suite<B: Backend>(subject: &Subject<B>) {
         mixed_algorithms_all_or_nothing,
         lease_takes,
         byte_values_have_their_own_buckets,
+        slots_are_held_released_and_expire,
+        a_full_cap_takes_nothing_elsewhere,
     );
 }
 
@@ -842,6 +848,7 @@ fn random_params(rng: &mut impl Rng, algorithm: Algorithm) -> BucketParams {
                 UNITS[rng.random_range(0..3)],
             ),
         },
+        Algorithm::InFlight => unreachable!("drawn from Algorithm::ALL, the rate algorithms"),
     }
 }
 
@@ -869,6 +876,7 @@ fn random_demand(rng: &mut impl Rng, algorithm: Algorithm, params: BucketParams)
         shadow: rng.random_bool(0.2),
         quota: rng.random_bool(0.3),
         lease,
+        holder: 0,
     }
 }
 
@@ -901,6 +909,7 @@ fn assert_stored(inspect: &mut redis::Connection, key: &str, state: &State, cont
         State::FixedWindow(_) => &["w", "c"],
         State::SlidingWindow(_) => &["w", "c", "p"],
         State::Gcra(_) => &["a", "f"],
+        State::InFlight(_) => unreachable!("the differential test draws rate algorithms only"),
     };
     let stored: Vec<String> = redis::cmd("HMGET")
         .arg(key)
@@ -960,6 +969,7 @@ fn assert_stored(inspect: &mut redis::Connection, key: &str, state: &State, cont
                 s.tat_frac
             );
         }
+        State::InFlight(_) => {}
     }
 }
 

@@ -436,6 +436,7 @@ mod tests {
             cost: 1,
             lease: None,
             shards: None,
+            in_flight: None,
             failure_mode: None,
             replaces: Vec::new(),
             shared_values: Arc::default(),

@@ -40,6 +40,7 @@ impl Hit {
                 shadow: false,
                 quota: false,
                 lease: 0,
+                holder: 0,
             },
             rule: None,
         }

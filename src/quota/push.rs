@@ -240,6 +240,7 @@ fn take_hit(key: &str, rule: &Rule, params: crate::algorithm::BucketParams, n: u
             shadow: false,
             quota: false,
             lease: if leases { n - 1 } else { 0 },
+            holder: 0,
         },
         rule: Some(rule.id),
     }
@@ -256,6 +257,7 @@ fn refund_hit(key: &str, rule: &Rule, params: crate::algorithm::BucketParams, n:
             shadow: false,
             quota: false,
             lease: 0,
+            holder: 0,
         },
         rule: Some(rule.id),
     }

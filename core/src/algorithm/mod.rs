@@ -25,6 +25,7 @@
 
 pub mod fixed_window;
 pub mod gcra;
+pub mod in_flight;
 pub mod peek;
 pub mod sliding_window;
 pub mod token_bucket;
@@ -35,6 +36,7 @@ use serde::{Deserialize, Serialize};
 
 pub use fixed_window::WindowState;
 pub use gcra::GcraState;
+pub use in_flight::{Ledger, Slots};
 pub use peek::{Level, Peek, peek};
 pub use sliding_window::SlidingState;
 
@@ -47,9 +49,14 @@ pub enum Algorithm {
     FixedWindow,
     SlidingWindow,
     Gcra,
+    /// An in-flight cap (`in_flight` on a descriptor, not a `rate_limit.algorithm`): at most
+    /// `capacity` holders at once, see [`in_flight`].
+    InFlight,
 }
 
 impl Algorithm {
+    /// The rate algorithms a `rate_limit.algorithm` may name ([`Algorithm::InFlight`] is a
+    /// descriptor's `in_flight`, not one of them).
     pub const ALL: [Algorithm; 4] = [
         Algorithm::TokenBucket,
         Algorithm::FixedWindow,
@@ -64,6 +71,7 @@ impl Algorithm {
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::SlidingWindow => "sliding_window",
             Algorithm::Gcra => "gcra",
+            Algorithm::InFlight => "in_flight",
         }
     }
 
@@ -86,6 +94,7 @@ impl Algorithm {
             Algorithm::FixedWindow => 2,
             Algorithm::SlidingWindow => 3,
             Algorithm::Gcra => 4,
+            Algorithm::InFlight => 5,
         }
     }
 
@@ -98,6 +107,7 @@ impl Algorithm {
             Algorithm::FixedWindow => Some("fw"),
             Algorithm::SlidingWindow => Some("sw"),
             Algorithm::Gcra => Some("gcra"),
+            Algorithm::InFlight => Some("if"),
         }
     }
 
@@ -156,6 +166,9 @@ pub enum State {
     FixedWindow(WindowState),
     SlidingWindow(SlidingState),
     Gcra(GcraState),
+    /// An in-flight cap's slots as the deciding holder sees them (the backend keeps the
+    /// [`Ledger`] itself and writes back what the decision made of the holder's slot).
+    InFlight(Slots),
 }
 
 impl State {
@@ -167,6 +180,7 @@ impl State {
             State::FixedWindow(s) => fixed_window::settled_at_ms(s, params),
             State::SlidingWindow(s) => sliding_window::settled_at_ms(s, params),
             State::Gcra(s) => gcra::settled_at_ms(s),
+            State::InFlight(s) => in_flight::settled_at_ms(s),
         }
     }
 }
@@ -191,6 +205,9 @@ pub struct Demand {
     /// are taken, also take up to this many more whole tokens, as many as the key holds, for the
     /// caller to spend locally. 0 is an exact take. Never makes a demand fit that would not.
     pub lease: u64,
+    /// An in-flight cap's holder ([`in_flight::holder_id`] of the holder entry's value); 0 for
+    /// the other algorithms, which ignore it.
+    pub holder: u64,
 }
 
 /// The answer for one key.
@@ -271,6 +288,7 @@ enum Current {
     SlidingWindow(SlidingState),
     /// GCRA's backlog: how far the theoretical arrival time is ahead of now, in ms.
     Gcra(f64),
+    InFlight(Slots),
 }
 
 /// Phase one: the state as of `now`, and whether the demand fits it.
@@ -311,6 +329,13 @@ fn refresh(state: Option<State>, now_ms: u64, demand: &Demand) -> (Current, bool
             let backlog = gcra::backlog(own, now_ms);
             (Current::Gcra(backlog), gcra::fits(backlog, demand))
         }
+        Algorithm::InFlight => {
+            let own = match state {
+                Some(State::InFlight(s)) => s,
+                _ => Slots::default(),
+            };
+            (Current::InFlight(own), in_flight::fits(&own, demand))
+        }
     }
 }
 
@@ -338,6 +363,10 @@ fn settle(
         Current::Gcra(backlog) => {
             let (s, v) = gcra::settle(backlog, now_ms, demand, fits, take);
             (State::Gcra(s), v)
+        }
+        Current::InFlight(s) => {
+            let (s, v) = in_flight::settle(s, now_ms, demand, fits, take);
+            (State::InFlight(s), v)
         }
     }
 }
@@ -417,6 +446,7 @@ pub(crate) mod testing {
             shadow: false,
             quota: false,
             lease: 0,
+            holder: 0,
         }
     }
 
@@ -480,6 +510,7 @@ mod tests {
             shadow: false,
             quota: false,
             lease: 0,
+            holder: 0,
         }
     }
 

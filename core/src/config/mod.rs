@@ -6,6 +6,7 @@
 //! one run lists every problem of every file.
 
 mod compile;
+mod in_flight;
 mod lint;
 mod load;
 mod raw;

@@ -64,6 +64,7 @@ pub(crate) struct RawDescriptor {
     pub key: Field<String>,
     pub value: Field<String>,
     pub rate_limit: Field<RawRateLimit>,
+    pub in_flight: Field<RawInFlight>,
     pub shadow_mode: Field<bool>,
     pub quota_mode: Field<bool>,
     pub detailed_metric: Field<bool>,
@@ -89,6 +90,14 @@ pub(crate) struct RawRateLimit {
     pub replaces: Vec<RawReplace>,
 }
 
+/// `in_flight`: a cap on requests in flight instead of a `rate_limit`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct RawInFlight {
+    pub max: Field<i128>,
+    pub holder: Field<String>,
+    pub max_hold: Field<String>,
+}
+
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct RawReplace {
     pub at: Pos,
@@ -109,6 +118,7 @@ const DESCRIPTOR_FIELDS: &[&str] = &[
     "share_threshold",
     "value_to_metric",
     "metadata",
+    "in_flight",
 ];
 const RATE_LIMIT_FIELDS: &[&str] = &[
     "unit",
@@ -122,6 +132,7 @@ const RATE_LIMIT_FIELDS: &[&str] = &[
     "replaces",
 ];
 const REPLACE_FIELDS: &[&str] = &["name"];
+const IN_FLIGHT_FIELDS: &[&str] = &["max", "holder", "max_hold"];
 
 /// Every field name envoyproxy/ratelimit accepts. It checks names, not places: one of these in a
 /// mapping where it means nothing (`unit` on a descriptor) loads there and is ignored, so sluice
@@ -164,6 +175,7 @@ fn read_descriptor(node: &Node, sink: &mut Sink) -> Option<RawDescriptor> {
         key: fields.string("key", sink),
         value: fields.string("value", sink),
         rate_limit: fields.rate_limit(sink),
+        in_flight: fields.in_flight(sink),
         shadow_mode: fields.boolean("shadow_mode", sink),
         quota_mode: fields.boolean("quota_mode", sink),
         detailed_metric: fields.boolean("detailed_metric", sink),
@@ -374,6 +386,26 @@ impl<'n> Fields<'n> {
         }
         match Fields::read(node, "`rate_limit`", RATE_LIMIT_FIELDS, sink) {
             Some(fields) => Self::located(read_rate_limit(&fields, sink), key, node),
+            None => Field::Invalid,
+        }
+    }
+}
+
+impl Fields<'_> {
+    fn in_flight(&self, sink: &mut Sink) -> Field<RawInFlight> {
+        let Some((key, node)) = self.get("in_flight") else {
+            return Field::Absent;
+        };
+        match Fields::read(node, "`in_flight`", IN_FLIGHT_FIELDS, sink) {
+            Some(fields) => Self::located(
+                RawInFlight {
+                    max: fields.integer("max", sink),
+                    holder: fields.string("holder", sink),
+                    max_hold: fields.string("max_hold", sink),
+                },
+                key,
+                node,
+            ),
             None => Field::Invalid,
         }
     }

@@ -23,6 +23,7 @@
 //! rule's share, so every other rule keeps storing new buckets.
 
 mod shard;
+mod slots;
 #[cfg(test)]
 mod tests;
 
@@ -33,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use crate::algorithm::{self, Demand, State, Verdict};
+use crate::algorithm::{self, Algorithm, Demand, State, Verdict};
 use crate::backend::{Backend, BackendError, Hit, KeyPeek};
 use crate::clock::SharedClock;
 use crate::settings::Settings;
@@ -210,8 +211,19 @@ impl MemoryBackend {
         let mut states: Vec<Option<State>> = hits
             .iter()
             .zip(&shard_of)
-            .map(|(hit, &s)| guards[guard_of(s)].state(&hit.key, now_ms))
+            .map(|(hit, &s)| {
+                let shard = &mut guards[guard_of(s)];
+                if hit.demand.algorithm == Algorithm::InFlight {
+                    let holder = Some(hit.demand.holder);
+                    Some(State::InFlight(
+                        shard.ledgers.view(&hit.key, holder, now_ms),
+                    ))
+                } else {
+                    shard.state(&hit.key, now_ms)
+                }
+            })
             .collect();
+        let before = states.clone();
         let demands: Vec<Demand> = hits.iter().map(|h| h.demand).collect();
         let verdicts = algorithm::decide(now_ms, &demands, &mut states);
 
@@ -219,6 +231,12 @@ impl MemoryBackend {
         // one of them (full again before this request) and then find no room for it.
         let mut new = Vec::new();
         for (at, ((hit, &s), state)) in hits.iter().zip(&shard_of).zip(states).enumerate() {
+            if let Some(State::InFlight(prior)) = &before[at] {
+                let expiry = now_ms.saturating_add(hit.demand.params.unit_ms);
+                let ledgers = &mut guards[guard_of(s)].ledgers;
+                ledgers.apply(&hit.key, hit.demand.holder, (prior, state.as_ref()), expiry);
+                continue;
+            }
             let state = state.expect("decide returns a state for every key");
             let slot = Slot {
                 state,
@@ -249,8 +267,15 @@ impl MemoryBackend {
     fn peek_one(&self, hit: &Hit) -> KeyPeek {
         let shard = lock(&self.shards[self.shard_index(&hit.key)]);
         let now_ms = self.clock.now_ms();
-        let state = shard.state(&hit.key, now_ms);
-        let settles_at = shard.settles_at(&hit.key, now_ms);
+        let (state, settles_at) = if hit.demand.algorithm == Algorithm::InFlight {
+            let slots = shard.ledgers.peek(&hit.key, now_ms);
+            (slots.map(State::InFlight), slots.map(|s| s.last_expiry_ms))
+        } else {
+            (
+                shard.state(&hit.key, now_ms),
+                shard.settles_at(&hit.key, now_ms),
+            )
+        };
         drop(shard);
         let demand = &hit.demand;
         KeyPeek {
@@ -266,6 +291,9 @@ impl MemoryBackend {
     fn reset_one(&self, hit: &Hit) -> bool {
         let mut shard = lock(&self.shards[self.shard_index(&hit.key)]);
         let now_ms = self.clock.now_ms();
+        if hit.demand.algorithm == Algorithm::InFlight {
+            return shard.ledgers.remove(&hit.key, now_ms);
+        }
         let counted = shard.state(&hit.key, now_ms).is_some();
         shard.remove(&hit.key);
         counted
