@@ -41,7 +41,7 @@ pub(super) async fn slots_are_held_released_and_expire<B: Backend>(s: &Subject<B
     s.expect_granted(&[slot(&k, 2, 1, 1)], &[v(true, 0, Some(0), 1_800)])
         .await;
     s.clock.set(T0 + 400);
-    s.expect_granted(&[release(&k, 2, 1)], &[v(true, 1, Some(0), 1_700)])
+    s.expect_granted(&[release(&k, 2, 1)], &[took(v(true, 1, Some(0), 1_700), 1)])
         .await;
     s.clock.set(T0 + 500);
     s.expect_granted(&[slot(&k, 2, 3, 1)], &[took(v(true, 0, Some(0), HOLD), 1)])
@@ -80,7 +80,7 @@ pub(super) async fn a_full_cap_takes_nothing_elsewhere<B: Backend>(s: &Subject<B
         &[v(false, 0, Some(1_000), HOLD), v(true, 4, Some(0), 200)],
     )
     .await;
-    s.expect_granted(&[release(&c, 1, 1)], &[v(true, 1, Some(0), 0)])
+    s.expect_granted(&[release(&c, 1, 1)], &[took(v(true, 1, Some(0), 0), 1)])
         .await;
     s.expect_granted(
         &[slot(&c, 1, 2, 1), tb(9)],

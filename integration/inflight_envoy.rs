@@ -152,6 +152,15 @@ fn six_under_two(args_for: impl FnOnce(&RedisServer) -> SluiceProcess) {
     );
     assert_eq!(app.seen("acme").served, 2);
     assert_eq!(app.seen("acme").max, 2);
+    // What the operator sees: 2 slots taken and released, 4 releases that freed nothing.
+    let count = |event: &str| {
+        let labels = [("domain", "edge"), ("key", "inflight"), ("event", event)];
+        sluice.metric("sluice_in_flight_slots_total", &labels)
+    };
+    sluice_harness::wait_until("both releases counted", Duration::from_secs(5), || {
+        count("released") == 2.0
+    });
+    assert_eq!((count("taken"), count("released_nothing")), (2.0, 4.0));
 }
 
 #[test]
@@ -209,4 +218,60 @@ fn a_killed_envoys_slots_free_after_max_hold() {
         .collect();
     let statuses: Vec<u16> = pair.into_iter().map(|p| p.join().unwrap()).collect();
     assert_eq!(statuses, [200, 200]);
+}
+
+/// `GET /buckets` shows the slots two held requests take (one key per tenant, the holder entry
+/// left out of it), and `DELETE /buckets` frees every slot at once.
+fn peek_and_reset(sluice: &SluiceProcess) {
+    let app = SlowApp::start(Duration::from_millis(200));
+    let envoy = envoy_for(sluice.grpc, &app);
+    let addr = envoy.ingress;
+    let holders: Vec<_> = (0..2)
+        .map(|_| thread::spawn(move || get(&mut HttpClient::new(addr), "acme", 3_000)))
+        .collect();
+    sluice_harness::wait_until("both slots held", Duration::from_secs(10), || {
+        app.seen("acme").now == 2
+    });
+    let path = "/buckets?domain=edge&descriptor=inflight=acme";
+    let (status, body) = sluice_harness::rls::http(sluice.admin, "GET", path);
+    assert_eq!(status, 200, "{body}");
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let key = &body["keys"][0];
+    assert_eq!(body["keys"].as_array().map(Vec::len), Some(1), "{body}");
+    assert_eq!(key["key"], "sluice:{edge|inflight=acme}~if", "{body}");
+    assert_eq!(key["state"]["algorithm"], "in_flight", "{body}");
+    assert_eq!(key["state"]["held"], 2, "{body}");
+    assert_eq!(key["remaining"], 0, "{body}");
+    let mut client = envoy.client();
+    assert_eq!(get(&mut client, "acme", 0), 429);
+    let (status, body) = sluice_harness::rls::http(sluice.admin, "DELETE", path);
+    assert_eq!(status, 200, "{body}");
+    // Both slots are free: two more requests are admitted while the first two are still held.
+    let pair: Vec<_> = (0..2)
+        .map(|_| thread::spawn(move || get(&mut HttpClient::new(addr), "acme", 300)))
+        .collect();
+    let statuses: Vec<u16> = pair.into_iter().map(|p| p.join().unwrap()).collect();
+    assert_eq!(statuses, [200, 200]);
+    assert_eq!(app.seen("acme").max, 4);
+    for holder in holders {
+        assert_eq!(holder.join().unwrap(), 200);
+    }
+}
+
+#[test]
+fn buckets_peeks_and_resets_slots_on_redis() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let args = ["--backend", "redis", "--redis-url", &url, "--admin-write"];
+    let rules = rules("300s");
+    peek_and_reset(&SluiceProcess::start(&[("edge.yaml", &rules)], &args));
+}
+
+#[test]
+fn buckets_peeks_and_resets_slots_in_memory() {
+    let rules = rules("300s");
+    peek_and_reset(&SluiceProcess::start(
+        &[("edge.yaml", &rules)],
+        &["--admin-write"],
+    ));
 }

@@ -39,7 +39,8 @@ State   One hash per key, its fields by algorithm (the key itself carries the al
 Returns A flat array, 5 integers per key, in KEYS order:
         allowed (0/1), remaining, retry_after_ms (-1 = never: demand above the limit),
         until_full_ms (the reset Envoy reports), granted (tokens this call took from the key:
-        hits plus a lease take's extra; 0 when nothing was taken);
+        hits plus a lease take's extra; 0 when nothing was taken; in_flight: 1 for a slot taken
+        or freed by its holder's release);
         then r, the number of keys repaired, and r integers: the position in KEYS (from 1) of
         each. A key that is not a hash (WRONGTYPE: foreign data, say a SET by hand) is deleted
         and decided as a fresh bucket, so one bad key never fails the call (nor, through the
@@ -523,6 +524,7 @@ if uses[5] then
       if holds[i] then
         redis.call('ZREM', key, holder_of[i])
         n = n - 1
+        granted = 1
       end
     elseif take and hits > 0 and not holds[i] then
       local expiry = now + hold

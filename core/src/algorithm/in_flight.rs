@@ -15,7 +15,8 @@
 //!    the release of a stranger (a refused request, an expired slot) frees nothing.
 //! 4. `remaining = capacity - live` after the call; `until_full` = until the latest expiry (every
 //!    slot free at the latest); `retry_after` = until the earliest expiry, at most
-//!    [`RETRY_HINT_MS`] (a release may free a slot at any time), `granted` 1 for a new slot.
+//!    [`RETRY_HINT_MS`] (a release may free a slot at any time), `granted` 1 for a new slot or a
+//!    freed one (a release of the holder's own slot), else 0.
 //!
 //! The bound: at no time do more than `capacity` holders hold a slot of one key, whatever the
 //! replicas and the order of calls, because every take and release of a key is decided in one
@@ -123,6 +124,7 @@ pub fn settle(s: Slots, now_ms: u64, demand: &Demand, fits: bool, take: bool) ->
         if s.holds {
             after.holds = false;
             after.live -= 1;
+            granted = 1;
         }
     } else if take && demand.tokens > 0 && !s.holds {
         let expiry = now_ms.saturating_add(p.unit_ms);
@@ -243,9 +245,12 @@ mod tests {
         let stranger = call(&mut l, 1, demand(3, 1, true));
         assert_eq!((stranger.allowed, stranger.remaining), (true, 0));
         assert!(!call(&mut l, 2, demand(4, 1, false)).allowed);
+        assert_eq!(stranger.granted, 0, "freed nothing");
         // A holder's own release frees its slot, once.
-        assert_eq!(call(&mut l, 3, demand(1, 1, true)).remaining, 1);
-        assert_eq!(call(&mut l, 3, demand(1, 1, true)).remaining, 1);
+        let own = call(&mut l, 3, demand(1, 1, true));
+        assert_eq!((own.remaining, own.granted), (1, 1));
+        let again = call(&mut l, 3, demand(1, 1, true));
+        assert_eq!((again.remaining, again.granted), (1, 0));
         assert!(call(&mut l, 4, demand(4, 1, false)).allowed);
         assert!(!call(&mut l, 4, demand(5, 1, false)).allowed);
     }

@@ -226,7 +226,8 @@ pub struct Verdict {
     /// in the sliding windows, the arrival time has passed.
     pub until_full_ms: u64,
     /// Tokens this call took from the key: `tokens` plus the extra a lease take got, or 0 when
-    /// nothing was taken (a rejected request, a refund, a check-only demand).
+    /// nothing was taken (a rejected request, a refund, a check-only demand). For an in-flight
+    /// cap: 1 for a slot taken, or freed by its holder's release.
     pub granted: u64,
 }
 
