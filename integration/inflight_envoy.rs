@@ -161,6 +161,15 @@ fn six_under_two(args_for: impl FnOnce(&RedisServer) -> SluiceProcess) {
         count("released") == 2.0
     });
     assert_eq!((count("taken"), count("released_nothing")), (2.0, 4.0));
+    // `/top` names the tenant, not each request: the holder entry is no part of its key.
+    let (status, body) = sluice_harness::rls::http(sluice.admin, "GET", "/top?n=5");
+    assert_eq!(status, 200, "{body}");
+    let top: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let rule = &top["rules"][0];
+    assert_eq!(rule["rule"], "edge.inflight", "{top}");
+    assert_eq!(rule["limited"][0]["key"], "inflight=acme", "{top}");
+    assert_eq!(rule["limited"][0]["count"], 4, "{top}");
+    assert_eq!(rule["active"].as_array().map(Vec::len), Some(1), "{top}");
 }
 
 #[test]

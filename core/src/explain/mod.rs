@@ -565,7 +565,11 @@ fn write_limit(out: &mut String, rule: &RuleView) {
             let _ = writeln!(out, "limit:       unlimited");
         }
         (Some(b), _) => {
-            let _ = writeln!(out, "limit:       {} per {}", b.requests_per_unit, b.unit);
+            if b.in_flight.is_some() {
+                let _ = writeln!(out, "limit:       {} in flight", b.requests_per_unit);
+            } else {
+                let _ = writeln!(out, "limit:       {} per {}", b.requests_per_unit, b.unit);
+            }
             if let (Some(algorithm), Some(from)) = (rule.algorithm, rule.algorithm_from) {
                 let _ = writeln!(out, "algorithm:   {algorithm} (from {from})");
                 let _ = writeln!(out, "{}", shape_line(algorithm, b));
