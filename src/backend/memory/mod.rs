@@ -230,11 +230,15 @@ impl MemoryBackend {
         // Stored keys are written first, so the sweep that makes room for a new key cannot drop
         // one of them (full again before this request) and then find no room for it.
         let mut new = Vec::new();
+        let mut no_room = Vec::new();
         for (at, ((hit, &s), state)) in hits.iter().zip(&shard_of).zip(states).enumerate() {
             if let Some(State::InFlight(prior)) = &before[at] {
                 let expiry = now_ms.saturating_add(hit.demand.params.unit_ms);
                 let ledgers = &mut guards[guard_of(s)].ledgers;
-                ledgers.apply(&hit.key, hit.demand.holder, (prior, state.as_ref()), expiry);
+                let slot = (prior, state.as_ref());
+                if !ledgers.apply(&hit.key, hit.demand.holder, slot, (now_ms, expiry)) {
+                    no_room.push(at);
+                }
                 continue;
             }
             let state = state.expect("decide returns a state for every key");
@@ -249,13 +253,14 @@ impl MemoryBackend {
         }
         // A refused key only ever took from its own fresh bucket (a rejected demand leaves a
         // fresh bucket fresh, which needs no place), so the other verdicts stand as decided.
-        let refused: Vec<usize> = new
+        let mut refused: Vec<usize> = new
             .into_iter()
             .filter(|&(at, slot)| {
                 !guards[guard_of(shard_of[at])].insert(&hits[at].key, slot, now_ms)
             })
             .map(|(at, _)| at)
             .collect();
+        refused.extend(no_room);
         if !refused.is_empty() {
             self.refused
                 .fetch_add(refused.len() as u64, Ordering::Relaxed);

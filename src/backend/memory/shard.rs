@@ -45,7 +45,7 @@ impl Shard {
             earliest_full_ms: u64::MAX,
             rule_capacity,
             members: HashMap::new(),
-            ledgers: Ledgers::default(),
+            ledgers: Ledgers::new(capacity),
         }
     }
 
