@@ -127,6 +127,7 @@ fn algorithm(c: &mut Criterion) {
             quota: false,
             lease: 0,
             always: false,
+            holder: 0,
         };
         let state = match algorithm {
             Algorithm::TokenBucket => Some(State::TokenBucket(BucketState {

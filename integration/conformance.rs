@@ -22,6 +22,10 @@ use sluice::clock::ManualClock;
 use sluice::rule::{RateLimit, Unit};
 
 use sluice_harness as harness;
+
+#[path = "conformance_in_flight.rs"]
+mod in_flight;
+use in_flight::{a_full_cap_takes_nothing_elsewhere, slots_are_held_released_and_expire};
 use sluice_harness::{RedisCluster, RedisServer};
 
 /// Start of every scenario's timeline: a realistic epoch in ms, so large-number precision counts.
@@ -909,6 +913,8 @@ async fn suite<B: Backend>(subject: &Subject<B>) {
         multiplied_windows_sliding_window,
         multiplied_windows_gcra,
         charges_always_land,
+        slots_are_held_released_and_expire,
+        a_full_cap_takes_nothing_elsewhere,
     );
 }
 
@@ -1030,6 +1036,7 @@ fn random_params(rng: &mut impl Rng, algorithm: Algorithm) -> BucketParams {
                 UNITS[rng.random_range(0..3)],
             ),
         },
+        Algorithm::InFlight => unreachable!("drawn from Algorithm::ALL, the rate algorithms"),
     }
 }
 
@@ -1061,6 +1068,7 @@ fn random_demand(rng: &mut impl Rng, algorithm: Algorithm, params: BucketParams)
         quota: rng.random_bool(0.3),
         lease,
         always,
+        holder: 0,
     }
 }
 
@@ -1093,6 +1101,7 @@ fn assert_stored(inspect: &mut redis::Connection, key: &str, state: &State, cont
         State::FixedWindow(_) => &["w", "c"],
         State::SlidingWindow(_) => &["w", "c", "p"],
         State::Gcra(_) => &["a", "f"],
+        State::InFlight(_) => unreachable!("the differential test draws rate algorithms only"),
     };
     let stored: Vec<String> = redis::cmd("HMGET")
         .arg(key)
@@ -1152,6 +1161,7 @@ fn assert_stored(inspect: &mut redis::Connection, key: &str, state: &State, cont
                 s.tat_frac
             );
         }
+        State::InFlight(_) => {}
     }
 }
 

@@ -13,19 +13,26 @@ ARGV[2] Expiry jitter in ms (>= 0), added to every key's TTL so keys written tog
         and answered as a check-only demand, and nothing is written: no HSET, no PEXPIRE, no
         repair (a key holding foreign data is read as fresh and reported, not deleted).
 ARGV[3 + 6*(i-1) ...] Six values for KEYS[i]:
-        algorithm (1 token_bucket, 2 fixed_window, 3 sliding_window, 4 gcra; + 16 on the first
+        algorithm (1 token_bucket, 2 fixed_window, 3 sliding_window, 4 gcra, 5 in_flight; + 16 on the first
         key of every request of a batch after the first: a group starts there), capacity,
         requests_per_unit, unit_ms, hits, flags = refund (1) + shadow (2) + quota (4) +
         always (8) + 16 * lease, where lease > 0 makes a take of `hits` also take up to `lease`
         more whole tokens when it is taken (token_bucket and gcra; the windows ignore it), for the
         caller to spend locally, quota marks a quota-mode key (see below), and always marks an
         always-charged take (`charge: always`): counted whatever the answer, into debt.
+        For in_flight, capacity is the cap (slots), unit_ms the longest hold, hits >= 1 a take,
+        0 a check, refund a release; requests_per_unit is only reported.
+ARGV[3 + 6*#KEYS + h] The holder of the h-th in_flight key (in KEYS order): an opaque string (the
+        caller's 16 hex digits); present for every in_flight key, peeks included (ignored there).
 State   One hash per key, its fields by algorithm (the key itself carries the algorithm, so a
         rule whose algorithm changes never reads another algorithm's state):
           token_bucket    t <tokens> u <updated_ms>      (unchanged since the first release)
           fixed_window    w <window start> c <count>
           sliding_window  w <window start> c <count> p <previous window's count>
           gcra            a <arrival time, whole ms> f <its fraction of a ms>
+          in_flight       a ZSET, not a hash: member = holder, score = its slot's expiry (ms);
+                          members scored <= now are expired and removed when the key is read
+                          (src/algorithm/in_flight.rs, written at once, not at the flush)
         Fractions are written with %.17g, which round-trips a double exactly (tostring keeps 14
         digits and would drift from the Rust side). A missing key has nothing counted, so a key
         expires once its state settles (bucket full, windows over, arrival time passed), plus
@@ -33,7 +40,8 @@ State   One hash per key, its fields by algorithm (the key itself carries the al
 Returns A flat array, 5 integers per key, in KEYS order:
         allowed (0/1), remaining, retry_after_ms (-1 = never: demand above the limit),
         until_full_ms (the reset Envoy reports), granted (tokens this call took from the key:
-        hits plus a lease take's extra; 0 when nothing was taken);
+        hits plus a lease take's extra; 0 when nothing was taken; in_flight: 1 for a slot taken
+        or freed by its holder's release);
         then r, the number of keys repaired, and r integers: the position in KEYS (from 1) of
         each. A key that is not a hash (WRONGTYPE: foreign data, say a SET by hand) is deleted
         and decided as a fresh bucket, so one bad key never fails the call (nor, through the
@@ -46,7 +54,8 @@ Returns A flat array, 5 integers per key, in KEYS order:
         A peek returns 9 values per key: the 5 above (granted is 0), the key's PTTL (-2: no key,
         -1: no expiry, -3: PTTL refused, say by an ACL without it), and the state brought to now
         as three strings, the algorithm's fields in the State order below, %.17g, "" past the
-        last; then now (ms), then r and the positions of the keys that are not hashes.
+        last (in_flight: slots held, first expiry, last expiry); then now (ms), then r and
+        the positions of the keys that are not hashes (or, for in_flight, ZSETs).
 
 Why groups: concurrent requests on one connection can share a call (the caller batches them),
 which pays Redis's fixed cost of a call -- the command, EVALSHA's lookup, the script's set-up,
@@ -70,7 +79,9 @@ operation (same doubles, same order; each file states its contract), so this scr
 `algorithm::decide` give bit-identical answers. need = max(hits, 1) everywhere.
 One HMGET (in redis.pcall, for the repair) per distinct key to read and one HSET + PEXPIRE per
 distinct key to write, at the end:
-O(keys), no scans; the searches for retry-after and remaining take at most 8 steps per key.
+O(keys), no scans; the searches for retry-after and remaining take at most 8 steps per key. An
+in_flight key costs O(log n) ZSET commands on its n slots (ZREMRANGEBYSCORE, ZCOUNT, ZSCORE, two
+one-member ZRANGEBYSCOREs, ZADD or ZREM, PEXPIRE), written at once.
 Needs Redis >= 5 (effects replication, so reading TIME before writing is allowed).
 --]]
 
@@ -86,8 +97,8 @@ local GROUP_START = 16
 local floor, ceil, min, max, format = math.floor, math.ceil, math.min, math.max, string.format
 local tonumber = tonumber
 local nkeys = #KEYS
-if nkeys == 0 or #ARGV ~= 2 + WIDTH * nkeys then
-  return redis.error_reply('ERR sluice limit: expected 2 + 6 ARGV per key')
+if nkeys == 0 or #ARGV < 2 + WIDTH * nkeys then
+  return redis.error_reply('ERR sluice limit: expected 2 + 6 ARGV per key + 1 per in_flight key')
 end
 
 local now
@@ -113,7 +124,9 @@ end
 -- having changed nothing: `arg[b + 1 .. b + 6]`, b = 6 * (i - 1), are key i's algorithm code
 -- (group mark removed), capacity, per_unit, unit_ms, hits and flags. `ends` lists the last key
 -- of every group; `uses[code]` which algorithms the call needs.
-local arg, ends, uses = {}, {}, {false, false, false, false}
+local arg, ends, uses = {}, {}, {false, false, false, false, false}
+-- `holder_of[i]`: the holder of in_flight key i.
+local holder_of, nholders = {}, 0
 for i = 1, nkeys do
   local b = WIDTH * (i - 1)
   local code = tonumber(ARGV[b + 3])
@@ -136,10 +149,17 @@ for i = 1, nkeys do
     return redis.error_reply('ERR sluice limit: unknown algorithm ' .. code .. ' for key ' .. i)
   end
   uses[code] = true
+  if code == 5 then
+    nholders = nholders + 1
+    holder_of[i] = ARGV[2 + WIDTH * nkeys + nholders]
+  end
   arg[b + 1], arg[b + 2], arg[b + 3], arg[b + 4], arg[b + 5], arg[b + 6] =
     code, capacity, per_unit, unit, hits, flags
 end
 ends[#ends + 1] = nkeys
+if #ARGV ~= 2 + WIDTH * nkeys + nholders then
+  return redis.error_reply('ERR sluice limit: expected 2 + 6 ARGV per key + 1 per in_flight key')
+end
 
 local TWO_63 = 9223372036854775808
 local TWO_64 = 18446744073709551616
@@ -150,6 +170,8 @@ local EXPIRY_MARGIN_MS = 1000
 -- Steps of the searches from an estimate to the exact answer (the estimates are off by a
 -- rounding at most); the bound keeps them finite where doubles stop counting.
 local SEARCH_STEPS = 4
+-- The longest retry-after of an in_flight refusal (RETRY_HINT_MS in src/algorithm/in_flight.rs).
+local RETRY_HINT_MS = 1000
 
 local function wire(x)
   if x ~= x or x <= 0 then return 0 end
@@ -458,6 +480,82 @@ if uses[4] then
   end
 end
 
+local slots_read, slots_empty, slots_fit, slots_settle, slots_state
+if uses[5] then
+  -- 5: in-flight cap. The ZSET is read and written at once, not kept in `seen`: each request of
+  -- a batch has its own holder, and a group reads what the groups before it wrote. Bringing the
+  -- key to now removes the expired slots (a peek only counts around them). `live`, `holds`,
+  -- `first` and `last` per key are the Slots of src/algorithm/in_flight.rs.
+  local live, holds, first, last = {}, {}, {}, {}
+  local function bound(key, lo, hi, rev)
+    local cmd = 'ZRANGEBYSCORE'
+    if rev then cmd = 'ZREVRANGEBYSCORE' end
+    local r = redis.call(cmd, key, lo, hi, 'WITHSCORES', 'LIMIT', 0, 1)
+    if r[2] then return tonumber(r[2]) end
+    return 0
+  end
+
+  -- Returns true, or the error reply of a key that is not a ZSET.
+  slots_read = function(i, key)
+    local after = '(' .. format('%.0f', now)
+    if not peek then
+      local removed = redis.pcall('ZREMRANGEBYSCORE', key, '-inf', format('%.0f', now))
+      if type(removed) == 'table' then return removed end
+    end
+    local n = redis.pcall('ZCOUNT', key, after, '+inf')
+    if type(n) == 'table' then return n end
+    live[i] = n
+    holds[i] = not peek and redis.call('ZSCORE', key, holder_of[i]) ~= false
+    first[i] = bound(key, after, '+inf', false)
+    last[i] = bound(key, '+inf', after, true)
+    return true
+  end
+
+  -- A key read as holding no slot (a repaired one).
+  slots_empty = function(i)
+    live[i], holds[i], first[i], last[i] = 0, false, 0, 0
+  end
+
+  slots_fit = function(i, b)
+    return arg[b + 6] % 2 == 1 or holds[i] or live[i] < arg[b + 2]
+  end
+
+  slots_settle = function(i, b, key, fit, take)
+    local capacity, hold, hits = arg[b + 2], arg[b + 4], arg[b + 5]
+    local n, f, l, granted = live[i], first[i], last[i], 0
+    if arg[b + 6] % 2 == 1 then
+      if holds[i] then
+        redis.call('ZREM', key, holder_of[i])
+        n = n - 1
+        granted = 1
+      end
+    elseif take and hits > 0 and not holds[i] then
+      local expiry = now + hold
+      redis.call('ZADD', key, format('%.0f', expiry), holder_of[i])
+      if n == 0 then f = expiry else f = min(f, expiry) end
+      l = max(l, expiry)
+      n = n + 1
+      granted = 1
+      local ttl = l - now + EXPIRY_MARGIN_MS + jitter
+      if ttl > MAX_TTL_MS then ttl = MAX_TTL_MS end
+      redis.call('PEXPIRE', key, format('%.0f', ttl))
+    end
+    if n == 0 then f, l = 0, 0 end
+    local retry = 0
+    if not fit then
+      retry = f - now
+      if retry < 1 then retry = 1 end
+      if retry > RETRY_HINT_MS then retry = RETRY_HINT_MS end
+    end
+    live[i], first[i], last[i] = n, f, l
+    return wire(max(capacity - n, 0)), retry, wire(max(l - now, 0)), granted
+  end
+
+  slots_state = function(i)
+    return {live[i], first[i], last[i]}
+  end
+end
+
 local reply, fits, repaired = {}, {}, {}
 local width = 5
 if peek then width = 9 end
@@ -471,7 +569,15 @@ for g = 1, #ends do
     local code = arg[b + 1]
     local key = KEYS[i]
     local v = seen[key]
-    if v then
+    if code == 5 then
+      local read = slots_read(i, key)
+      if read ~= true then
+        if not string.find(read.err, 'WRONGTYPE', 1, true) then return read end
+        if not peek then redis.call('PEXPIRE', key, 0) end
+        repaired[#repaired + 1] = i
+        slots_empty(i)
+      end
+    elseif v then
       if code_of[key] ~= code then
         error('sluice limit: key ' .. key .. ' has two algorithms in one call')
       end
@@ -498,7 +604,9 @@ for g = 1, #ends do
       seen[key], code_of[key] = v, code
     end
     local fit
-    if code == 1 then
+    if code == 5 then
+      fit = slots_fit(i, b)
+    elseif code == 1 then
       fit = bucket_load(i, b, v)
     elseif code == 2 then
       fit = window_load(i, b, v)
@@ -527,7 +635,10 @@ for g = 1, #ends do
     local key = KEYS[i]
     local v = seen[key]
     local remaining, retry, until_full, granted, settles_in
-    if code == 1 then
+    if code == 5 then
+      remaining, retry, until_full, granted = slots_settle(i, b, key, fit, take)
+      v = slots_state(i)
+    elseif code == 1 then
       remaining, retry, until_full, granted, settles_in = bucket_settle(i, b, v, fit, take)
     elseif code == 2 then
       remaining, retry, until_full, granted, settles_in = window_settle(i, b, v, fit, take)
@@ -536,11 +647,14 @@ for g = 1, #ends do
     else
       remaining, retry, until_full, granted, settles_in = gcra_settle(i, b, v, fit, take)
     end
-    -- The key is written at the flush with this state, to expire once it settles.
-    local ttl = settles_in + EXPIRY_MARGIN_MS + jitter
-    if ttl > MAX_TTL_MS then ttl = MAX_TTL_MS end
-    if not ttl_of[key] then write_order[#write_order + 1] = key end
-    ttl_of[key] = ttl
+    -- The key is written at the flush with this state, to expire once it settles (an
+    -- in_flight key is written already).
+    if code ~= 5 then
+      local ttl = settles_in + EXPIRY_MARGIN_MS + jitter
+      if ttl > MAX_TTL_MS then ttl = MAX_TTL_MS end
+      if not ttl_of[key] then write_order[#write_order + 1] = key end
+      ttl_of[key] = ttl
+    end
     local at = width * (i - 1)
     reply[at + 1] = fit and 1 or 0
     reply[at + 2] = remaining

@@ -124,6 +124,7 @@ impl Origin {
                 shadow: false,
                 quota: false,
                 lease: 0,
+                holder: 0,
                 ..self.demand
             },
             rule: self.rule,

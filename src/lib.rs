@@ -43,7 +43,7 @@
 
 // The pure core, re-exported so `sluice::rule`, `crate::key`, ... name one module wherever used.
 pub use sluice_core::{
-    advertised, algorithm, clock, decision, descriptor, explain, key, request, rule,
+    advertised, algorithm, clock, decision, descriptor, explain, holder, key, request, rule,
 };
 
 pub mod admin;

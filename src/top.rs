@@ -15,7 +15,8 @@ use std::time::Duration;
 use serde::Serialize;
 use sluice_core::clock::SharedClock;
 use sluice_core::decision::{Decision, Status};
-use sluice_core::request::{LimitRequest, RequestDescriptor};
+use sluice_core::holder;
+use sluice_core::request::{Entry, LimitRequest, RequestDescriptor};
 use sluice_core::top::{RuleView, Seen, TopKeys, TopOptions, merged_view};
 
 /// Descriptors of a request hashed before taking the lock (the rest, rare, under it).
@@ -97,7 +98,7 @@ impl TopRecorder {
             .zip(&decision.statuses)
         {
             if limited(status) {
-                *hash = self.hash(descriptor);
+                *hash = self.hash(keyed(descriptor, status));
             }
         }
         let now_ms = self.clock.now_ms();
@@ -114,12 +115,14 @@ impl TopRecorder {
             let hash = hashes
                 .get(i)
                 .copied()
-                .unwrap_or_else(|| self.hash(descriptor));
+                .unwrap_or_else(|| self.hash(keyed(descriptor, status)));
             let seen = Seen {
                 hash,
                 over: status.over,
             };
-            keys.record(now_ms, &rule.path, seen, || label(descriptor));
+            keys.record(now_ms, &rule.path, seen, || {
+                label(keyed(descriptor, status))
+            });
         }
     }
 
@@ -142,9 +145,9 @@ impl TopRecorder {
         }
     }
 
-    fn hash(&self, descriptor: &RequestDescriptor) -> u64 {
+    fn hash(&self, entries: &[Entry]) -> u64 {
         let mut h = self.hasher.build_hasher();
-        for entry in &descriptor.entries {
+        for entry in entries {
             h.write(entry.key.as_bytes());
             h.write_u8(0xff);
             h.write(entry.value.as_bytes());
@@ -154,10 +157,19 @@ impl TopRecorder {
     }
 }
 
+/// The entries that name a descriptor's key: an in-flight cap's holder entry left out, so a
+/// tenant is one key however many requests it holds.
+fn keyed<'a>(descriptor: &'a RequestDescriptor, status: &Status) -> &'a [Entry] {
+    match status.rule.as_ref().and_then(|r| r.in_flight.as_ref()) {
+        Some(cap) => holder::split(cap, &descriptor.entries).0,
+        None => &descriptor.entries,
+    }
+}
+
 /// `k=v, k2=v2`, cut at [`MAX_LABEL_BYTES`].
-fn label(descriptor: &RequestDescriptor) -> Arc<str> {
+fn label(entries: &[Entry]) -> Arc<str> {
     let mut text = String::new();
-    for (i, entry) in descriptor.entries.iter().enumerate() {
+    for (i, entry) in entries.iter().enumerate() {
         if i > 0 {
             text.push_str(", ");
         }

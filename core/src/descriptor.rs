@@ -439,6 +439,7 @@ mod tests {
             charge_from: Origin::Default,
             lease: None,
             shards: None,
+            in_flight: None,
             failure_mode: None,
             replaces: Vec::new(),
             shared_values: Arc::default(),

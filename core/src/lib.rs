@@ -11,10 +11,11 @@
 //! - [`descriptor`]: the compiled descriptor tree; request entries → the rule they reach.
 //! - [`key`]: a bucket's storage key — injective, hash-tagged for Redis Cluster, tagged by algorithm.
 //! - [`algorithm`]: the four algorithms' arithmetic (token bucket, fixed window, sliding window,
-//!   GCRA); time is an argument. `lua/limit.lua` mirrors it.
+//!   GCRA) and in-flight caps' slots; time is an argument. `lua/limit.lua` mirrors it.
 //! - [`clock`]: injected time, so tests step it.
 //! - [`config`]: the YAML model, validation with `file:line:column` errors, loading a file or a
 //!   directory into a compiled [`config::Config`].
+//! - [`holder`]: the holder entry of an in-flight cap's descriptor, kept out of its key.
 //! - [`explain`]: which rule a descriptor reaches (or why none), its bucket and storage key.
 //! - [`decision`]: what a decision says — per-descriptor statuses and the overall code.
 //! - [`advertised`]: a status as a client reads it (hits, not tokens; remaining ≤ limit).
@@ -28,6 +29,7 @@ pub mod config;
 pub mod decision;
 pub mod descriptor;
 pub mod explain;
+pub mod holder;
 pub mod key;
 pub mod quota;
 pub mod request;

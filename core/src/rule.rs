@@ -377,6 +377,10 @@ pub struct Rule {
     /// judged by one of them. 2..=64, dividing `requests_per_unit` and `burst`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shards: Option<u32>,
+    /// `in_flight`: the rule caps requests in flight (its `limit` is a bucket of `max` per
+    /// second, only reported; [`Algorithm::InFlight`] decides).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_flight: Option<InFlightRule>,
     /// Descriptor override, else the domain's; `None` means the global default.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure_mode: Option<FailureMode>,
@@ -422,6 +426,16 @@ pub fn window_label(secs: u64) -> String {
         s if s >= 60 && s % 60 == 0 => format!("{}m", s / 60),
         s => format!("{s}s"),
     }
+}
+
+/// What `in_flight` adds to a rule: who holds a slot and for how long at most.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct InFlightRule {
+    /// The key of the descriptor entry naming the holder (e.g. `request_id`, from Envoy's
+    /// `x-request-id`): the entry right after the rule's own, kept out of the storage key.
+    pub holder: Arc<str>,
+    /// A slot not released by then frees itself.
+    pub max_hold_ms: u64,
 }
 
 /// How one level of a rule's path names itself in per-rule metrics (envoyproxy/ratelimit's

@@ -224,6 +224,22 @@ impl Bootstrap {
             .unwrap_or_else(|| panic!("no cluster named {name}"))
     }
 
+    /// Adds a plain HTTP/1.1 cluster `name` of `addrs` and routes `ingress` to it (an upstream
+    /// the test runs itself, such as [`crate::SlowApp`]).
+    pub fn route_to(&mut self, name: &str, addrs: &[SocketAddr]) {
+        let cluster = json!({
+            "name": name,
+            "type": "STATIC",
+            "connect_timeout": "1s",
+            "load_assignment": load_assignment(name, addrs),
+        });
+        self.json["static_resources"]["clusters"]
+            .as_array_mut()
+            .expect("clusters")
+            .push(cluster);
+        self.virtual_host()["routes"][0]["route"]["cluster"] = json!(name);
+    }
+
     /// Points cluster `name` at `addrs` (one locality, one endpoint each).
     pub fn set_endpoints(&mut self, name: &str, addrs: &[SocketAddr]) {
         self.cluster(name)["load_assignment"] = load_assignment(name, addrs);
@@ -483,6 +499,17 @@ impl Envoy {
         });
         self.child = None;
         status.expect("exited")
+    }
+
+    /// SIGKILL (a crashed node): no drain, no stream-done calls; waits for the exit.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: kill(2) on the process group this struct created and has not reaped.
+            unsafe {
+                libc::kill(-(child.id() as i32), libc::SIGKILL);
+            }
+            let _ = child.wait();
+        }
     }
 
     /// True while the process runs (a crash makes it false).

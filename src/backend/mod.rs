@@ -41,6 +41,7 @@ impl Hit {
                 quota: false,
                 lease: 0,
                 always: false,
+                holder: 0,
             },
             rule: None,
         }

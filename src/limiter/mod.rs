@@ -28,6 +28,7 @@
 mod leasing;
 mod plan;
 mod policy;
+mod slots;
 mod targets;
 #[cfg(test)]
 mod tests;
@@ -51,6 +52,7 @@ use crate::rule::FailureMode;
 use crate::settings::Settings;
 
 pub use crate::decision::{AppliedLimit, Basis, Code, Decision, Status};
+pub use slots::{SlotEvent, SlotStats};
 pub use targets::shard_of;
 
 use plan::{Bucket, Outcome};
@@ -108,6 +110,8 @@ pub struct Limiter<B> {
     /// Advanced once per request that reaches a sharded rule; [`shard_of`] scatters it over the
     /// shards. Starts at a random value so replicas do not walk the shards in step.
     shard_cursor: AtomicU64,
+    /// What decisions did to in-flight caps' slots.
+    slots: Arc<SlotStats>,
 }
 
 impl<B: Backend> Limiter<B> {
@@ -130,6 +134,7 @@ impl<B: Backend> Limiter<B> {
             resilience,
             leases: None,
             shard_cursor: AtomicU64::new(rand::random()),
+            slots: Arc::default(),
         }
     }
 
@@ -166,6 +171,11 @@ impl<B: Backend> Limiter<B> {
             .unwrap_or_default()
     }
 
+    /// Slots taken and released by in-flight caps, per rule (metrics).
+    pub fn slot_stats(&self) -> &Arc<SlotStats> {
+        &self.slots
+    }
+
     pub fn config(&self) -> &Arc<ArcSwap<Config>> {
         &self.config
     }
@@ -196,6 +206,7 @@ impl<B: Backend> Limiter<B> {
         let mut plan = self.plan(domain, request);
         if !plan.reject_before_charging() {
             self.charge(&mut plan.buckets).await?;
+            self.slots.record(&config, &plan.buckets);
         } else {
             // Rejected already: only the always-charged buckets are still pending, and are
             // counted (never from a lease).

@@ -5,12 +5,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::algorithm::in_flight::holder_id;
 use crate::algorithm::{self, BucketParams, Demand, Verdict};
 use crate::backend::{Backend, BackendError, Hit};
 use crate::config::Domain;
+use crate::holder;
 use crate::key::{RuleTag, without_shard, write_shared_bucket_key};
 use crate::lease::Reservation;
-use crate::request::{LimitRequest, RequestDescriptor};
+use crate::request::{Entry, LimitRequest, RequestDescriptor};
 use crate::resilience::over_limit::CachedRejection;
 use crate::rule::{FailureMode, Rule};
 
@@ -241,6 +243,7 @@ impl<B: Backend> Limiter<B> {
         descriptor: &RequestDescriptor,
         target: &Target,
     ) -> usize {
+        let (entries, holder) = holder_of(target, &descriptor.entries);
         let mut key = String::new();
         // A request's own `limit` is its own bucket, never a shared one.
         let shared = match (&target.rule, target.tag) {
@@ -251,7 +254,7 @@ impl<B: Backend> Limiter<B> {
             &mut key,
             &self.options.key_prefix,
             &request.domain,
-            &descriptor.entries,
+            entries,
             shared,
             target.tag,
             target.algorithm,
@@ -266,9 +269,25 @@ impl<B: Backend> Limiter<B> {
             quota: target.quota,
             lease: 0,
             always: target.always,
+            holder,
         };
         plan.add_hit(index, key, demand, target)
     }
+}
+
+/// The entries that name a descriptor's bucket and, for an in-flight cap, its holder: the
+/// holder entry's [`holder_id`], or, when the descriptor has no holder entry, an anonymous holder
+/// of its own, whose slot only `max_hold` frees (a take nobody can release).
+fn holder_of<'a>(target: &Target, entries: &'a [Entry]) -> (&'a [Entry], u64) {
+    let Some(cap) = target.rule.as_ref().and_then(|r| r.in_flight.as_ref()) else {
+        return (entries, 0);
+    };
+    let (bucket, holder) = holder::split(cap, entries);
+    let id = match holder {
+        Some(value) => holder_id(value),
+        None => rand::random(),
+    };
+    (bucket, id)
 }
 
 impl Plan {

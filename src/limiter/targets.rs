@@ -123,9 +123,9 @@ impl<'a> Resolver<'a> {
             return Ok(Target {
                 algorithm: rule.as_ref().map_or(self.domain.algorithm, |r| r.algorithm),
                 always: charge == Charge::Always,
+                params: held_for(rule.as_deref(), rate.bucket()),
                 rule,
                 rate,
-                params: rate.bucket(),
                 tag: RuleTag::Override(o),
                 name: None,
                 shadow: false,
@@ -162,7 +162,10 @@ impl<'a> Resolver<'a> {
                 let shard = shard_of(self.shard_seq, n);
                 (rate.split(n).bucket(), RuleTag::Shard(shard))
             }
-            None => (rate.bucket(), RuleTag::configured(&rule)),
+            None => (
+                held_for(Some(&rule), rate.bucket()),
+                RuleTag::configured(&rule),
+            ),
         };
         Ok(Target {
             name: rule.name.clone(),
@@ -177,6 +180,15 @@ impl<'a> Resolver<'a> {
             rule: Some(rule),
         })
     }
+}
+
+/// An in-flight cap's shape: `capacity` slots (the limit's `requests_per_unit`), each held at
+/// most `max_hold` (carried as `unit_ms`, see [`crate::algorithm::in_flight`]).
+fn held_for(rule: Option<&Rule>, mut params: BucketParams) -> BucketParams {
+    if let Some(cap) = rule.and_then(|r| r.in_flight.as_ref()) {
+        params.unit_ms = cap.max_hold_ms;
+    }
+    params
 }
 
 /// 2^64 / φ: multiplying by it scatters consecutive counts evenly over the unit interval

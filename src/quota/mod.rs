@@ -405,7 +405,10 @@ impl<B: Backend> Quotas<B> {
         match rule.limit {
             Limit::Unlimited => Binding::Standing(Strategy::AllowAll),
             Limit::Blocked { .. } => Binding::Standing(Strategy::DenyAll),
-            Limit::Bucket(_) if rule.shadow_mode => Binding::Standing(Strategy::AllowAll),
+            // An in-flight cap needs each request's release, which RLQS never sends.
+            Limit::Bucket(_) if rule.shadow_mode || rule.in_flight.is_some() => {
+                Binding::Standing(Strategy::AllowAll)
+            }
             Limit::Bucket(_) => {
                 let mut key = String::new();
                 write_shared_bucket_key(

@@ -241,6 +241,7 @@ fn take_hit(key: &str, rule: &Rule, params: crate::algorithm::BucketParams, n: u
             quota: false,
             lease: if leases { n - 1 } else { 0 },
             always: false,
+            holder: 0,
         },
         rule: Some(rule.id),
     }
@@ -258,6 +259,7 @@ fn refund_hit(key: &str, rule: &Rule, params: crate::algorithm::BucketParams, n:
             quota: false,
             lease: 0,
             always: false,
+            holder: 0,
         },
         rule: Some(rule.id),
     }

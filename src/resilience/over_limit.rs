@@ -23,7 +23,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use indexmap::IndexMap;
 
-use crate::algorithm::{BucketParams, Demand, Verdict};
+use crate::algorithm::{Algorithm, BucketParams, Demand, Verdict};
 
 /// Entries sampled when a full shard must evict one.
 const EVICTION_SAMPLE: usize = 8;
@@ -107,7 +107,12 @@ impl OverLimitCache {
             self.forget(key);
             return;
         }
-        if verdict.allowed || demand.shadow || demand.quota {
+        // An in-flight cap's slot may be released at any moment: never answered from here.
+        if verdict.allowed
+            || demand.shadow
+            || demand.quota
+            || demand.algorithm == Algorithm::InFlight
+        {
             return;
         }
         let Some(wait) = verdict.retry_after_ms.filter(|&w| w > 0) else {
@@ -227,6 +232,7 @@ mod tests {
             quota: false,
             lease: 0,
             always: false,
+            holder: 0,
         }
     }
 

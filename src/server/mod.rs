@@ -377,6 +377,8 @@ async fn build<B: Backend>(
         )
         .with_leases(leases),
     );
+    let slots = Arc::downgrade(limiter.slot_stats());
+    metrics.observe_slots(move |points| slots.upgrade().map_or((), |s| s.points(points)));
     let (service, top) = rls_service(settings, &limiter, &metrics);
     let quotas = Arc::new(Quotas::new(limiter.clone(), QuotaOptions::from(settings)));
     metrics.observe_quota(quotas.stats().clone());

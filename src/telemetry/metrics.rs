@@ -154,6 +154,8 @@ pub enum MetricsError {
 
 type BreakerSource = Box<dyn Fn() -> Vec<BreakerReading> + Send + Sync>;
 type GaugeSource = Box<dyn Fn() -> u64 + Send + Sync>;
+/// Calls its argument with each point of a labelled counter.
+type PointsSource = Box<dyn Fn(&mut dyn FnMut(u64, &[KeyValue])) + Send + Sync>;
 
 /// The atomics and sources the observable instruments read.
 struct Shared {
@@ -172,6 +174,7 @@ struct Shared {
     connections: Mutex<Option<Arc<ConnectionStats>>>,
     quota: Mutex<Option<Arc<QuotaStats>>>,
     replicas: Mutex<Option<Arc<Replicas>>>,
+    slots: Mutex<Option<PointsSource>>,
 }
 
 const REDIS_ERROR_KINDS: [&str; 5] = [
@@ -264,6 +267,7 @@ impl Metrics {
             connections: Mutex::new(None),
             quota: Mutex::new(None),
             replicas: Mutex::new(None),
+            slots: Mutex::new(None),
         });
         register_observables(&meter, &shared);
         let response_time = meter
@@ -361,6 +365,17 @@ impl Metrics {
     pub fn observe_memory_refusals(&self, source: impl Fn() -> u64 + Send + Sync + 'static) {
         if let Some(inner) = &self.0 {
             *lock(&inner.shared.memory_refused) = Some(Box::new(source));
+        }
+    }
+
+    /// Feeds `sluice_in_flight_slots_total` from `source`, which calls its argument with each
+    /// rule's count and labels (`domain`, `key`, `event`).
+    pub fn observe_slots(
+        &self,
+        source: impl Fn(&mut dyn FnMut(u64, &[KeyValue])) + Send + Sync + 'static,
+    ) {
+        if let Some(inner) = &self.0 {
+            *lock(&inner.shared.slots) = Some(Box::new(source));
         }
     }
 
@@ -615,6 +630,15 @@ const OBSERVABLES: &[Observable] = &[
         name: "sluice_degraded_decisions_total",
         description: "Descriptors decided by a failure policy because the backend could not answer",
         reading: Reading::Counter(|s, points| s.rules.each_degraded(points)),
+    },
+    Observable {
+        name: "sluice_in_flight_slots_total",
+        description: "In-flight caps' slots by event: taken, released (a holder's release freed its slot), released_nothing (a release that freed nothing: a refused request's, or a slot max_hold had expired); taken - released over a span counts the slots max_hold freed",
+        reading: Reading::Counter(|s, points| {
+            if let Some(source) = lock(&s.slots).as_ref() {
+                source(points);
+            }
+        }),
     },
     Observable {
         name: "sluice_lease_local_total",

@@ -28,6 +28,7 @@
 
 pub mod fixed_window;
 pub mod gcra;
+pub mod in_flight;
 pub mod peek;
 pub mod sliding_window;
 pub mod token_bucket;
@@ -38,6 +39,7 @@ use serde::{Deserialize, Serialize};
 
 pub use fixed_window::WindowState;
 pub use gcra::GcraState;
+pub use in_flight::{Ledger, Slots};
 pub use peek::{Level, Peek, peek};
 pub use sliding_window::SlidingState;
 
@@ -50,9 +52,14 @@ pub enum Algorithm {
     FixedWindow,
     SlidingWindow,
     Gcra,
+    /// An in-flight cap (`in_flight` on a descriptor, not a `rate_limit.algorithm`): at most
+    /// `capacity` holders at once, see [`in_flight`].
+    InFlight,
 }
 
 impl Algorithm {
+    /// The rate algorithms a `rate_limit.algorithm` may name ([`Algorithm::InFlight`] is a
+    /// descriptor's `in_flight`, not one of them).
     pub const ALL: [Algorithm; 4] = [
         Algorithm::TokenBucket,
         Algorithm::FixedWindow,
@@ -67,6 +74,7 @@ impl Algorithm {
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::SlidingWindow => "sliding_window",
             Algorithm::Gcra => "gcra",
+            Algorithm::InFlight => "in_flight",
         }
     }
 
@@ -89,6 +97,7 @@ impl Algorithm {
             Algorithm::FixedWindow => 2,
             Algorithm::SlidingWindow => 3,
             Algorithm::Gcra => 4,
+            Algorithm::InFlight => 5,
         }
     }
 
@@ -101,6 +110,7 @@ impl Algorithm {
             Algorithm::FixedWindow => Some("fw"),
             Algorithm::SlidingWindow => Some("sw"),
             Algorithm::Gcra => Some("gcra"),
+            Algorithm::InFlight => Some("if"),
         }
     }
 
@@ -159,6 +169,9 @@ pub enum State {
     FixedWindow(WindowState),
     SlidingWindow(SlidingState),
     Gcra(GcraState),
+    /// An in-flight cap's slots as the deciding holder sees them (the backend keeps the
+    /// [`Ledger`] itself and writes back what the decision made of the holder's slot).
+    InFlight(Slots),
 }
 
 impl State {
@@ -170,6 +183,7 @@ impl State {
             State::FixedWindow(s) => fixed_window::settled_at_ms(s, params),
             State::SlidingWindow(s) => sliding_window::settled_at_ms(s, params),
             State::Gcra(s) => gcra::settled_at_ms(s),
+            State::InFlight(s) => in_flight::settled_at_ms(s),
         }
     }
 }
@@ -198,6 +212,9 @@ pub struct Demand {
     /// not the request is allowed, so the key may go into debt. Its verdict still says whether
     /// it fit. Never leased (`lease` is 0).
     pub always: bool,
+    /// An in-flight cap's holder ([`in_flight::holder_id`] of the holder entry's value); 0 for
+    /// the other algorithms, which ignore it.
+    pub holder: u64,
 }
 
 /// The answer for one key.
@@ -216,7 +233,8 @@ pub struct Verdict {
     /// in the sliding windows, the arrival time has passed.
     pub until_full_ms: u64,
     /// Tokens this call took from the key: `tokens` plus the extra a lease take got, or 0 when
-    /// nothing was taken (a rejected request, a refund, a check-only demand).
+    /// nothing was taken (a rejected request, a refund, a check-only demand). For an in-flight
+    /// cap: 1 for a slot taken, or freed by its holder's release.
     pub granted: u64,
 }
 
@@ -278,6 +296,7 @@ enum Current {
     SlidingWindow(SlidingState),
     /// GCRA's backlog: how far the theoretical arrival time is ahead of now, in ms.
     Gcra(f64),
+    InFlight(Slots),
 }
 
 /// Phase one: the state as of `now`, and whether the demand fits it.
@@ -318,6 +337,13 @@ fn refresh(state: Option<State>, now_ms: u64, demand: &Demand) -> (Current, bool
             let backlog = gcra::backlog(own, now_ms);
             (Current::Gcra(backlog), gcra::fits(backlog, demand))
         }
+        Algorithm::InFlight => {
+            let own = match state {
+                Some(State::InFlight(s)) => s,
+                _ => Slots::default(),
+            };
+            (Current::InFlight(own), in_flight::fits(&own, demand))
+        }
     }
 }
 
@@ -345,6 +371,10 @@ fn settle(
         Current::Gcra(backlog) => {
             let (s, v) = gcra::settle(backlog, now_ms, demand, fits, take);
             (State::Gcra(s), v)
+        }
+        Current::InFlight(s) => {
+            let (s, v) = in_flight::settle(s, now_ms, demand, fits, take);
+            (State::InFlight(s), v)
         }
     }
 }
@@ -425,6 +455,7 @@ pub(crate) mod testing {
             quota: false,
             lease: 0,
             always: false,
+            holder: 0,
         }
     }
 
@@ -500,6 +531,7 @@ mod tests {
             quota: false,
             lease: 0,
             always: false,
+            holder: 0,
         }
     }
 

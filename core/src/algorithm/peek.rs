@@ -29,6 +29,7 @@ pub fn peek(now_ms: u64, algorithm: Algorithm, params: BucketParams, state: Opti
         quota: false,
         lease: 0,
         always: false,
+        holder: 0,
     };
     let (current, fits) = refresh(state, now_ms, &demand);
     let (state, verdict) = settle(current, now_ms, &demand, fits, false);
@@ -75,6 +76,14 @@ pub enum Level {
         burst: u64,
         emission_interval_ms: f64,
     },
+    InFlight {
+        /// Slots held (not expired).
+        held: u64,
+        max: u64,
+        /// Until the slot that frees first, and the last one, expire (0: none held).
+        next_expiry_in_ms: u64,
+        last_expiry_in_ms: u64,
+    },
 }
 
 impl Peek {
@@ -113,6 +122,12 @@ impl Peek {
                     emission_interval_ms: window as f64 / params.requests_per_unit.max(1) as f64,
                 }
             }
+            State::InFlight(s) => Level::InFlight {
+                held: s.live,
+                max: params.capacity,
+                next_expiry_in_ms: s.first_expiry_ms.saturating_sub(now_ms),
+                last_expiry_in_ms: s.last_expiry_ms.saturating_sub(now_ms),
+            },
         }
     }
 }

@@ -203,6 +203,18 @@ impl Builder<'_> {
             });
             let mut children = Level::default();
             self.fill(&mut children, &spec.children, &path, &shared, &metric);
+            // An in-flight cap's descriptor ends with its holder entry, whatever its value:
+            // it reaches the same rule (which keeps it out of the storage key).
+            if let Some(rule) = rule.as_ref().filter(|r| r.in_flight.is_some())
+                && let Some(cap) = &rule.in_flight
+            {
+                let holder = Node::new(Some(rule.clone()), Level::default());
+                let inserted = children.insert(&cap.holder, Pattern::parse(None), holder);
+                debug_assert!(
+                    inserted.is_ok(),
+                    "validation refuses a child on the holder key"
+                );
+            }
             let inserted = level.insert(
                 &spec.key,
                 Pattern::parse(spec.value.as_deref()),
@@ -253,6 +265,7 @@ impl Builder<'_> {
             charge_from,
             lease: r.lease,
             shards: r.shards,
+            in_flight: r.in_flight.clone(),
             failure_mode: r.failure_mode.or(self.failure_mode),
             replaces: r.replaces.iter().map(|n| Arc::from(n.as_str())).collect(),
             shared_values: place.shared_values.clone(),

@@ -7,6 +7,7 @@
 
 mod compile;
 mod defaults;
+mod in_flight;
 mod lint;
 mod load;
 mod raw;

@@ -68,6 +68,7 @@ pub(crate) struct RawDescriptor {
     /// Several limits on one descriptor, all enforced (a sluice extension); each item has the
     /// shape of a `rate_limit`. `Absent` when not written.
     pub rate_limits: Field<Vec<Sp<RawRateLimit>>>,
+    pub in_flight: Field<RawInFlight>,
     pub shadow_mode: Field<bool>,
     pub quota_mode: Field<bool>,
     pub detailed_metric: Field<bool>,
@@ -93,6 +94,14 @@ pub(crate) struct RawRateLimit {
     pub name: Field<String>,
     pub unlimited: Field<bool>,
     pub replaces: Vec<RawReplace>,
+}
+
+/// `in_flight`: a cap on requests in flight instead of a `rate_limit`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct RawInFlight {
+    pub max: Field<i128>,
+    pub holder: Field<String>,
+    pub max_hold: Field<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -123,6 +132,7 @@ const DESCRIPTOR_FIELDS: &[&str] = &[
     "share_threshold",
     "value_to_metric",
     "metadata",
+    "in_flight",
 ];
 const RATE_LIMIT_FIELDS: &[&str] = &[
     "unit",
@@ -137,6 +147,7 @@ const RATE_LIMIT_FIELDS: &[&str] = &[
     "replaces",
 ];
 const REPLACE_FIELDS: &[&str] = &["name"];
+const IN_FLIGHT_FIELDS: &[&str] = &["max", "holder", "max_hold"];
 
 /// Every field name envoyproxy/ratelimit accepts. It checks names, not places: one of these in a
 /// mapping where it means nothing (`unit` on a descriptor) loads there and is ignored, so sluice
@@ -181,6 +192,7 @@ fn read_descriptor(node: &Node, sink: &mut Sink) -> Option<RawDescriptor> {
         value: fields.string("value", sink),
         rate_limit: fields.rate_limit(sink),
         rate_limits: fields.rate_limits(sink),
+        in_flight: fields.in_flight(sink),
         shadow_mode: fields.boolean("shadow_mode", sink),
         quota_mode: fields.boolean("quota_mode", sink),
         detailed_metric: fields.boolean("detailed_metric", sink),
@@ -424,6 +436,24 @@ impl Fields<'_> {
             })
             .collect();
         Self::located(items, key, node)
+    }
+
+    fn in_flight(&self, sink: &mut Sink) -> Field<RawInFlight> {
+        let Some((key, node)) = self.get("in_flight") else {
+            return Field::Absent;
+        };
+        match Fields::read(node, "`in_flight`", IN_FLIGHT_FIELDS, sink) {
+            Some(fields) => Self::located(
+                RawInFlight {
+                    max: fields.integer("max", sink),
+                    holder: fields.string("holder", sink),
+                    max_hold: fields.string("max_hold", sink),
+                },
+                key,
+                node,
+            ),
+            None => Field::Invalid,
+        }
     }
 }
 

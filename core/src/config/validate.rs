@@ -7,10 +7,11 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
 use super::Sink;
+use super::in_flight;
 use super::raw::{Field, RawDescriptor, RawDomain, RawRateLimit, RawReplace, Sp};
 use super::yaml::Pos;
 use crate::algorithm::Algorithm;
-use crate::rule::{Charge, FailureMode, Limit, MAX_WINDOW_SECS, RateLimit, Unit};
+use crate::rule::{Charge, FailureMode, InFlightRule, Limit, MAX_WINDOW_SECS, RateLimit, Unit};
 
 /// One domain whose every field is known good.
 #[derive(Clone, Debug, PartialEq)]
@@ -65,6 +66,8 @@ pub(crate) struct RuleSpec {
     /// `rate_limit.shards`, checked against the rate, burst, lease and cost here; it applies to
     /// every algorithm.
     pub shards: Option<u32>,
+    /// `in_flight`: the rule caps requests in flight.
+    pub in_flight: Option<InFlightRule>,
     /// A limit of a `rate_limits` list: its window in seconds, which tags its storage key so
     /// each limit keeps its own state (and keeps it when another limit is added or removed).
     /// `None` for a `rate_limit`.
@@ -204,6 +207,9 @@ fn rule(
     names: &mut HashMap<String, Pos>,
     sink: &mut Sink,
 ) -> Option<RuleSpec> {
+    if let Field::Given(cap) = &raw.in_flight {
+        return in_flight_rule(raw, cap, sink);
+    }
     let cost = count("cost", &raw.cost, sink);
     let charge = charge(&raw.charge, sink);
     let failure_mode = failure_mode(&raw.failure_mode, sink);
@@ -277,6 +283,38 @@ fn spec(
         lease,
         lease_at: rate_limit.value.lease.given().map(|l| l.key_at),
         shards,
+        window_tag: None,
+        also: Vec::new(),
+        in_flight: None,
+    })
+}
+
+/// The rule of a descriptor with `in_flight` ([`in_flight::check`]); unnamed (nothing replaces
+/// a cap), one slot per request.
+fn in_flight_rule(
+    raw: &RawDescriptor,
+    cap: &Sp<super::raw::RawInFlight>,
+    sink: &mut Sink,
+) -> Option<RuleSpec> {
+    let failure_mode = failure_mode(&raw.failure_mode, sink);
+    let checked = in_flight::check(raw, cap, sink)?;
+    Some(RuleSpec {
+        limit: checked.limit,
+        name: None,
+        replaces: Vec::new(),
+        shadow_mode: flag(&raw.shadow_mode),
+        quota_mode: flag(&raw.quota_mode),
+        detailed_metric: flag(&raw.detailed_metric),
+        metadata: raw.metadata.given().map(|m| m.value.clone()),
+        cost: 1,
+        failure_mode,
+        algorithm: Some(checked.algorithm),
+        burst_at: None,
+        lease: None,
+        lease_at: None,
+        shards: None,
+        in_flight: Some(checked.rule),
+        charge: None,
         window_tag: None,
         also: Vec::new(),
     })

@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::descriptor::{Miss, Selected, Step};
 use crate::key::{RuleTag, write_shared_bucket_key};
 use crate::request::Entry;
-use crate::rule::{Charge, FailureMode, Limit, RateLimit, Rule, Unit, Window};
+use crate::rule::{Charge, FailureMode, InFlightRule, Limit, RateLimit, Rule, Unit, Window};
 
 pub use bucket::{BucketReport, RepeatedKey, explain_bucket};
 pub use stored::{NotStored, Stored, StoredKey, stored_buckets, stored_pool};
@@ -179,6 +179,9 @@ pub struct BucketView {
     /// `shards`: the bucket is split into this many sub-buckets, each of the `shard` shape.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shards: Option<ShardView>,
+    /// `in_flight`: `capacity` slots, the holder entry and the longest hold.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_flight: Option<InFlightRule>,
 }
 
 impl BucketView {
@@ -392,6 +395,7 @@ fn bucket_of(
                 refill_per_second: p.tokens_over(1_000.0),
             }
         }),
+        in_flight: rule.in_flight.clone(),
     };
     let key = |tag| storage_key(rule, domain, entries, options, tag);
     let mut outcome = if rule.shadow_mode {
@@ -435,6 +439,10 @@ fn storage_key(
     tag: RuleTag,
 ) -> String {
     let mut key = String::new();
+    let entries = match &rule.in_flight {
+        Some(cap) => crate::holder::split(cap, entries).0,
+        None => entries,
+    };
     write_shared_bucket_key(
         &mut key,
         &options.key_prefix,
@@ -466,6 +474,10 @@ fn outcome(algorithm: Algorithm, b: &BucketView) -> String {
         Algorithm::Gcra => format!(
             "OK while the hit keeps to the schedule (one every {} ms, up to {} at once), OVER_LIMIT otherwise",
             trim_float(1_000.0 / b.refill_per_second),
+            b.capacity
+        ),
+        Algorithm::InFlight => format!(
+            "OK while fewer than {} holders hold a slot (a holder holding one already is OK, taking no second), OVER_LIMIT otherwise; a release (is_negative_hits) frees only its holder's slot",
             b.capacity
         ),
     }
@@ -611,12 +623,16 @@ fn write_limit(out: &mut String, rule: &RuleView) {
             let _ = writeln!(out, "limit:       unlimited");
         }
         (Some(b), _) => {
-            let _ = writeln!(
-                out,
-                "limit:       {} per {}",
-                b.requests_per_unit,
-                b.window()
-            );
+            if b.in_flight.is_some() {
+                let _ = writeln!(out, "limit:       {} in flight", b.requests_per_unit);
+            } else {
+                let _ = writeln!(
+                    out,
+                    "limit:       {} per {}",
+                    b.requests_per_unit,
+                    b.window()
+                );
+            }
             if let (Some(algorithm), Some(from)) = (rule.algorithm, rule.algorithm_from) {
                 let _ = writeln!(out, "algorithm:   {algorithm} (from {from})");
                 let _ = writeln!(out, "{}", shape_line(algorithm, b));
@@ -669,6 +685,13 @@ fn shape_line(algorithm: Algorithm, b: &BucketView) -> String {
             b.capacity,
             b.cost
         ),
+        Algorithm::InFlight => match &b.in_flight {
+            Some(cap) => format!(
+                "slots:       at most {} in flight, held by the `{}` entry (kept out of the key), freed by its release or after {} ms",
+                b.capacity, cap.holder, cap.max_hold_ms
+            ),
+            None => format!("slots:       at most {} in flight", b.capacity),
+        },
     }
 }
 

@@ -109,6 +109,14 @@ fn matched<'c>(config: &'c Config, report: &Report) -> Result<(&'c Domain, RuleV
     }
 }
 
+/// An in-flight cap's shape: its longest hold rides as `unit_ms`, as the request path sends it.
+fn held_for(rule: &Rule, mut params: BucketParams) -> BucketParams {
+    if let Some(cap) = &rule.in_flight {
+        params.unit_ms = cap.max_hold_ms;
+    }
+    params
+}
+
 /// The keys of `rule` for `entries`; `sharded`: every shard of a sharded rule (an RLS
 /// descriptor's buckets), else its unsharded key (an RLQS pool's).
 fn keys_of(
@@ -140,7 +148,11 @@ fn keys_of(
         shard,
     };
     Ok(match rule.shards.filter(|_| sharded) {
-        None => vec![stored(RuleTag::configured(rule), rate.bucket(), None)],
+        None => vec![stored(
+            RuleTag::configured(rule),
+            held_for(rule, rate.bucket()),
+            None,
+        )],
         Some(n) => {
             let params = rate.split(n).bucket();
             (0..n)

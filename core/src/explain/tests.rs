@@ -535,3 +535,39 @@ fn an_always_charged_rule_says_so_with_its_origin() {
     );
     assert!(!plain.to_text().contains("charge:"), "{}", plain.to_text());
 }
+
+/// An in-flight cap's descriptor reaches its rule with or without the holder entry, and the
+/// holder entry stays out of the storage key: one key per tenant.
+#[test]
+fn in_flight_caps_keep_the_holder_out_of_the_key() {
+    let text = "domain: edge\ndescriptors:\n  - key: inflight\n    in_flight: {max: 2, holder: request_id, max_hold: 2s}\n";
+    let config = load_sources(&[("edge.yaml".to_owned(), text.to_owned())]).unwrap();
+    let options = options();
+    let with = [
+        Entry::new("inflight", "acme"),
+        Entry::new("request_id", "r-1"),
+    ];
+    let report = explain(&config, "edge", &with, &options);
+    assert!(report.matched, "{report:?}");
+    let text = report.to_text();
+    assert!(text.contains("limit:       2 in flight"), "{text}");
+    assert!(
+        text.contains("algorithm:   in_flight (from rule)"),
+        "{text}"
+    );
+    assert!(text.contains("held by the `request_id` entry"), "{text}");
+    assert!(
+        text.contains("key:         sluice:{edge|inflight=acme}~if\n"),
+        "{text}"
+    );
+    let without = explain(&config, "edge", &with[..1], &options);
+    assert_eq!(
+        without
+            .to_text()
+            .lines()
+            .filter(|l| l.starts_with("key:"))
+            .count(),
+        1
+    );
+    assert!(without.to_text().contains("sluice:{edge|inflight=acme}~if"));
+}

@@ -23,6 +23,7 @@
 //! rule's share, so every other rule keeps storing new buckets.
 
 mod shard;
+mod slots;
 #[cfg(test)]
 mod tests;
 
@@ -33,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use crate::algorithm::{self, Demand, State, Verdict};
+use crate::algorithm::{self, Algorithm, Demand, State, Verdict};
 use crate::backend::{Backend, BackendError, Hit, KeyPeek};
 use crate::clock::SharedClock;
 use crate::settings::Settings;
@@ -210,15 +211,36 @@ impl MemoryBackend {
         let mut states: Vec<Option<State>> = hits
             .iter()
             .zip(&shard_of)
-            .map(|(hit, &s)| guards[guard_of(s)].state(&hit.key, now_ms))
+            .map(|(hit, &s)| {
+                let shard = &mut guards[guard_of(s)];
+                if hit.demand.algorithm == Algorithm::InFlight {
+                    let holder = Some(hit.demand.holder);
+                    Some(State::InFlight(
+                        shard.ledgers.view(&hit.key, holder, now_ms),
+                    ))
+                } else {
+                    shard.state(&hit.key, now_ms)
+                }
+            })
             .collect();
+        let before = states.clone();
         let demands: Vec<Demand> = hits.iter().map(|h| h.demand).collect();
         let verdicts = algorithm::decide(now_ms, &demands, &mut states);
 
         // Stored keys are written first, so the sweep that makes room for a new key cannot drop
         // one of them (full again before this request) and then find no room for it.
         let mut new = Vec::new();
+        let mut no_room = Vec::new();
         for (at, ((hit, &s), state)) in hits.iter().zip(&shard_of).zip(states).enumerate() {
+            if let Some(State::InFlight(prior)) = &before[at] {
+                let expiry = now_ms.saturating_add(hit.demand.params.unit_ms);
+                let ledgers = &mut guards[guard_of(s)].ledgers;
+                let slot = (prior, state.as_ref());
+                if !ledgers.apply(&hit.key, hit.demand.holder, slot, (now_ms, expiry)) {
+                    no_room.push(at);
+                }
+                continue;
+            }
             let state = state.expect("decide returns a state for every key");
             let slot = Slot {
                 state,
@@ -231,13 +253,14 @@ impl MemoryBackend {
         }
         // A refused key only ever took from its own fresh bucket (a rejected demand leaves a
         // fresh bucket fresh, which needs no place), so the other verdicts stand as decided.
-        let refused: Vec<usize> = new
+        let mut refused: Vec<usize> = new
             .into_iter()
             .filter(|&(at, slot)| {
                 !guards[guard_of(shard_of[at])].insert(&hits[at].key, slot, now_ms)
             })
             .map(|(at, _)| at)
             .collect();
+        refused.extend(no_room);
         if !refused.is_empty() {
             self.refused
                 .fetch_add(refused.len() as u64, Ordering::Relaxed);
@@ -249,8 +272,15 @@ impl MemoryBackend {
     fn peek_one(&self, hit: &Hit) -> KeyPeek {
         let shard = lock(&self.shards[self.shard_index(&hit.key)]);
         let now_ms = self.clock.now_ms();
-        let state = shard.state(&hit.key, now_ms);
-        let settles_at = shard.settles_at(&hit.key, now_ms);
+        let (state, settles_at) = if hit.demand.algorithm == Algorithm::InFlight {
+            let slots = shard.ledgers.peek(&hit.key, now_ms);
+            (slots.map(State::InFlight), slots.map(|s| s.last_expiry_ms))
+        } else {
+            (
+                shard.state(&hit.key, now_ms),
+                shard.settles_at(&hit.key, now_ms),
+            )
+        };
         drop(shard);
         let demand = &hit.demand;
         KeyPeek {
@@ -266,6 +296,9 @@ impl MemoryBackend {
     fn reset_one(&self, hit: &Hit) -> bool {
         let mut shard = lock(&self.shards[self.shard_index(&hit.key)]);
         let now_ms = self.clock.now_ms();
+        if hit.demand.algorithm == Algorithm::InFlight {
+            return shard.ledgers.remove(&hit.key, now_ms);
+        }
         let counted = shard.state(&hit.key, now_ms).is_some();
         shard.remove(&hit.key);
         counted

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use indexmap::{IndexMap, IndexSet};
 
+use super::slots::Ledgers;
 use crate::algorithm::State;
 use crate::rule::RuleId;
 
@@ -32,6 +33,8 @@ pub(super) struct Shard {
     /// Positions in `buckets` of each rule's buckets (kept only with a `rule_capacity`), so a
     /// rule's share is known in O(1).
     pub(super) members: HashMap<Option<RuleId>, IndexSet<usize>>,
+    /// In-flight caps' slots, by key.
+    pub(super) ledgers: Ledgers,
 }
 
 impl Shard {
@@ -42,6 +45,7 @@ impl Shard {
             earliest_full_ms: u64::MAX,
             rule_capacity,
             members: HashMap::new(),
+            ledgers: Ledgers::new(capacity),
         }
     }
 
@@ -171,8 +175,9 @@ impl Shard {
 
     /// Drops every bucket that is full again at `now_ms`; returns how many.
     pub(super) fn sweep(&mut self, now_ms: u64) -> usize {
+        let expired = self.ledgers.sweep(now_ms);
         if now_ms < self.earliest_full_ms {
-            return 0;
+            return expired;
         }
         let before = self.buckets.len();
         let mut earliest = u64::MAX;
@@ -188,6 +193,6 @@ impl Shard {
         if swept > 0 {
             self.rebuild_members();
         }
-        swept
+        swept + expired
     }
 }

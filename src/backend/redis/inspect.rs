@@ -15,7 +15,9 @@ use redis::Value;
 use redis::aio::ConnectionLike;
 
 use super::{Link, RedisBackend, bounded, classify, script};
-use crate::algorithm::{Algorithm, BucketState, GcraState, Peek, SlidingState, State, WindowState};
+use crate::algorithm::{
+    Algorithm, BucketState, GcraState, Peek, SlidingState, Slots, State, WindowState,
+};
 use crate::backend::{BackendError, Hit, KeyPeek};
 
 /// Least time an admin call is given: it is no decision, and a loaded server may take longer than
@@ -178,6 +180,12 @@ fn state_of(algorithm: Algorithm, fields: [Option<f64>; 3]) -> Result<State, Bac
         Algorithm::Gcra => State::Gcra(GcraState {
             tat_ms: a,
             tat_frac: b,
+        }),
+        Algorithm::InFlight => State::InFlight(Slots {
+            live: a as u64,
+            holds: false,
+            first_expiry_ms: b as u64,
+            last_expiry_ms: c.ok_or_else(missing)? as u64,
         }),
     })
 }

@@ -7,7 +7,7 @@ use std::sync::LazyLock;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
-use crate::algorithm::{Demand, Verdict};
+use crate::algorithm::{Algorithm, Demand, Verdict};
 use crate::backend::{BackendError, Hit};
 
 /// The script source, sent with `SCRIPT LOAD` at start and with `EVAL` after a `NOSCRIPT`.
@@ -79,6 +79,7 @@ where
     } else {
         cmd.arg(args.jitter_ms);
     }
+    let hits_again = hits.clone();
     for (hit, starts_group) in hits {
         let Demand {
             algorithm,
@@ -89,6 +90,7 @@ where
             quota,
             lease,
             always,
+            holder: _,
         } = hit.demand;
         let bits = [
             (refund, FLAG_REFUND),
@@ -109,7 +111,18 @@ where
             .arg(tokens)
             .arg(flags);
     }
+    // Then the holder of every in-flight key, in key order.
+    for (hit, _) in hits_again {
+        if hit.demand.algorithm == Algorithm::InFlight {
+            cmd.arg(holder_member(hit.demand.holder));
+        }
+    }
     cmd
+}
+
+/// An in-flight holder as its ZSET member: 16 hex digits.
+pub(super) fn holder_member(holder: u64) -> String {
+    format!("{holder:016x}")
 }
 
 /// Runs the script over `hits` (all in one slot) in one round trip; after a `NOSCRIPT` (a
