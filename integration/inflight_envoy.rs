@@ -104,6 +104,11 @@ fn the_cap_holds_across_two_envoys_and_two_replicas() {
     let admitted = statuses.iter().filter(|s| **s == 200).count();
     let refused = statuses.iter().filter(|s| **s == 429).count();
     assert_eq!(admitted + refused, statuses.len(), "{statuses:?}");
+    println!(
+        "admitted {admitted}, refused {refused}; acme {:?}, globex {:?}",
+        app.seen("acme"),
+        app.seen("globex")
+    );
     for tenant in ["acme", "globex"] {
         let seen = app.seen(tenant);
         assert!(

@@ -211,17 +211,7 @@ impl MemoryBackend {
         let mut states: Vec<Option<State>> = hits
             .iter()
             .zip(&shard_of)
-            .map(|(hit, &s)| {
-                let shard = &mut guards[guard_of(s)];
-                if hit.demand.algorithm == Algorithm::InFlight {
-                    let holder = Some(hit.demand.holder);
-                    Some(State::InFlight(
-                        shard.ledgers.view(&hit.key, holder, now_ms),
-                    ))
-                } else {
-                    shard.state(&hit.key, now_ms)
-                }
-            })
+            .map(|(hit, &s)| read_state(&mut guards[guard_of(s)], hit, now_ms))
             .collect();
         let before = states.clone();
         let demands: Vec<Demand> = hits.iter().map(|h| h.demand).collect();
@@ -315,6 +305,18 @@ impl MemoryBackend {
         }
         outcomes
     }
+}
+
+/// A hit's state as `now_ms` finds it: its bucket's, or an in-flight cap's slots as its holder
+/// sees them.
+fn read_state(shard: &mut Shard, hit: &Hit, now_ms: u64) -> Option<State> {
+    if hit.demand.algorithm == Algorithm::InFlight {
+        let holder = Some(hit.demand.holder);
+        return Some(State::InFlight(
+            shard.ledgers.view(&hit.key, holder, now_ms),
+        ));
+    }
+    shard.state(&hit.key, now_ms)
 }
 
 /// Why a new bucket was refused.
