@@ -21,14 +21,20 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 10}
   - key: blocked
     rate_limit: {unit: second, requests_per_unit: 0}
+  - key: daily
+    rate_limit: {unit: day, requests_per_unit: 1}
 ";
 
 fn quotas(clock: &ManualClock) -> Arc<Quotas<MemoryBackend>> {
+    quotas_with(clock, ResilienceOptions::default())
+}
+
+fn quotas_with(clock: &ManualClock, options: ResilienceOptions) -> Arc<Quotas<MemoryBackend>> {
     let sources = vec![("mesh.yaml".to_string(), CONFIG.to_string())];
     let config = Arc::new(ArcSwap::from_pointee(load_sources(&sources).unwrap()));
     let backend = MemoryBackend::new(Arc::new(clock.clone()), MemoryOptions::default());
     let resilience = Resilience::new(
-        &ResilienceOptions::default(),
+        &options,
         Arc::new(clock.clone()),
         Arc::new(Replicas::fixed(1)),
     );
@@ -226,4 +232,71 @@ async fn a_closed_streams_subscriptions_give_their_memory_back() {
         "the pools' map kept {} slots",
         state.pools.capacity()
     );
+}
+
+/// A `1/day` rule shared by two data planes: one token cannot be split in two, so the pool holds
+/// it and RLS on the same descriptor is rejected (the rejection cached, as on Redis, with its
+/// day-long retry-after). When both data planes go, the pool gives the token back, and the cache
+/// forgets the rejection it learnt: RLS is admitted again at once.
+#[tokio::test]
+async fn a_pool_giving_tokens_back_makes_the_over_limit_cache_forget_the_key() {
+    let clock = ManualClock::new(1_000_000);
+    let options = ResilienceOptions {
+        over_limit_cache_keys: Some(1_000),
+        ..ResilienceOptions::default()
+    };
+    let quotas = quotas_with(&clock, options);
+    let daily: BucketId = Arc::new([("daily".to_string(), "d".to_string())].into());
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        let (stream, outbox) = quotas.open("mesh");
+        let usage = Usage {
+            bucket: daily.clone(),
+            allowed: 0,
+            denied: 0,
+        };
+        quotas.report_all(stream, vec![usage]);
+        streams.push((stream, outbox));
+    }
+    quotas.push().await;
+    let rls = LimitRequest {
+        domain: "mesh".into(),
+        descriptors: vec![RequestDescriptor::new(vec![Entry::new("daily", "d")])],
+        hits_addend: 0,
+    };
+    let decide = async || quotas.limiter.decide(&rls).await.unwrap().overall;
+    assert_eq!(decide().await, Code::OverLimit);
+    let cache = quotas.limiter.resilience().over_limit.as_ref().unwrap();
+    assert_eq!(cache.len(), 1, "the rejection is cached, for about a day");
+    assert_eq!(decide().await, Code::OverLimit);
+    for (stream, _) in &streams {
+        quotas.close(*stream);
+    }
+    clock.advance(1_000);
+    quotas.push().await;
+    assert!(
+        cache.is_empty(),
+        "the refund made the cached rejection stale"
+    );
+    assert_eq!(decide().await, Code::Ok);
+}
+
+/// A `1/day` rule with one data plane: its one token is assigned at the first push.
+#[tokio::test]
+async fn a_one_per_day_rule_assigns_its_token_at_the_first_push() {
+    let clock = ManualClock::new(1_000_000);
+    let quotas = quotas(&clock);
+    let (stream, outbox) = quotas.open("mesh");
+    let daily: BucketId = Arc::new([("daily".to_string(), "d".to_string())].into());
+    let usage = Usage {
+        bucket: daily,
+        allowed: 0,
+        denied: 0,
+    };
+    quotas.report_all(stream, vec![usage]);
+    quotas.push().await;
+    match assigned(&outbox)[..] {
+        [Strategy::TokenBucket(b)] => assert_eq!(b.max_tokens, 1, "{b:?}"),
+        ref other => panic!("the one token at the first push, got {other:?}"),
+    }
 }
