@@ -285,6 +285,8 @@ async fn a_killed_redis_opens_the_breaker_within_one_window() {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
+    // Open for a cooldown (1 s): the callers' next calls are skipped.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, Ordering::Relaxed);
     let samples = collect(workers).await;
     let breaker_failed = samples
