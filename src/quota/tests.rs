@@ -23,6 +23,8 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 0}
   - key: daily
     rate_limit: {unit: day, requests_per_unit: 1}
+  - key: hourly
+    rate_limit: {unit: hour, requests_per_unit: 10}
 ";
 
 fn quotas(clock: &ManualClock) -> Arc<Quotas<MemoryBackend>> {
@@ -234,10 +236,11 @@ async fn a_closed_streams_subscriptions_give_their_memory_back() {
     );
 }
 
-/// A `1/day` rule shared by two data planes: one token cannot be split in two, so the pool holds
-/// it and RLS on the same descriptor is rejected (the rejection cached, as on Redis, with its
-/// day-long retry-after). When both data planes go, the pool gives the token back, and the cache
-/// forgets the rejection it learnt: RLS is admitted again at once.
+/// A pool that gives tokens back makes this replica's over-limit cache (as on Redis) forget the
+/// key: `10/hour`, one data plane holding the ten; as the bucket refills the pool also takes its
+/// one-token reserve, and RLS, having taken the rest, is rejected with a retry-after of minutes,
+/// cached. When the data plane goes, its ten count as spent and the reserve goes back: RLS is
+/// admitted at once.
 #[tokio::test]
 async fn a_pool_giving_tokens_back_makes_the_over_limit_cache_forget_the_key() {
     let clock = ManualClock::new(1_000_000);
@@ -246,33 +249,40 @@ async fn a_pool_giving_tokens_back_makes_the_over_limit_cache_forget_the_key() {
         ..ResilienceOptions::default()
     };
     let quotas = quotas_with(&clock, options);
-    let daily: BucketId = Arc::new([("daily".to_string(), "d".to_string())].into());
-    let mut streams = Vec::new();
-    for _ in 0..2 {
-        let (stream, outbox) = quotas.open("mesh");
+    let hourly: BucketId = Arc::new([("hourly".to_string(), "h".to_string())].into());
+    let (stream, outbox) = quotas.open("mesh");
+    let report = || {
         let usage = Usage {
-            bucket: daily.clone(),
+            bucket: hourly.clone(),
             allowed: 0,
             denied: 0,
         };
         quotas.report_all(stream, vec![usage]);
-        streams.push((stream, outbox));
-    }
+    };
+    report();
     quotas.push().await;
+    match assigned(&outbox)[..] {
+        [Strategy::TokenBucket(b)] => assert_eq!(b.max_tokens, 10, "{b:?}"),
+        ref other => panic!("the ten tokens at the first push, got {other:?}"),
+    }
+    for _ in 0..2 {
+        clock.advance(360_000);
+        report();
+        quotas.push().await;
+    }
     let rls = LimitRequest {
         domain: "mesh".into(),
-        descriptors: vec![RequestDescriptor::new(vec![Entry::new("daily", "d")])],
+        descriptors: vec![RequestDescriptor::new(vec![Entry::new("hourly", "h")])],
         hits_addend: 0,
     };
     let decide = async || quotas.limiter.decide(&rls).await.unwrap().overall;
-    assert_eq!(decide().await, Code::OverLimit);
+    // RLS takes what the pool left in the shared bucket.
+    while decide().await == Code::Ok {}
     let cache = quotas.limiter.resilience().over_limit.as_ref().unwrap();
-    assert_eq!(cache.len(), 1, "the rejection is cached, for about a day");
+    assert_eq!(cache.len(), 1, "the rejection is cached, for minutes");
     assert_eq!(decide().await, Code::OverLimit);
-    for (stream, _) in &streams {
-        quotas.close(*stream);
-    }
-    clock.advance(1_000);
+    quotas.close(stream);
+    clock.advance(1);
     quotas.push().await;
     assert!(
         cache.is_empty(),

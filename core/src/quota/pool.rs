@@ -444,6 +444,7 @@ impl Pool {
             parts[i] = costs[i].min(left / (order.len() - n) as f64);
             left -= parts[i];
         }
+        whole_parts(&mut parts, &order);
         planned
             .iter()
             .zip(costs.iter().zip(parts))
@@ -523,6 +524,24 @@ impl Pool {
     }
 }
 
+/// Rounds water-filled `parts` (visited in `order`, smallest plan first) down to whole tokens and
+/// hands the whole tokens their fractions add up to, one each, to the first members that lost a
+/// fraction: two data planes sharing one token get one token and none, not half a token each
+/// (which pays no bucket, so the pool would hold the token for nobody).
+fn whole_parts(parts: &mut [f64], order: &[usize]) {
+    let total: f64 = parts.iter().sum();
+    let mut spare = whole(total) - parts.iter().map(|p| whole(*p)).sum::<f64>();
+    for &i in order {
+        let floor = whole(parts[i]);
+        let had_fraction = parts[i] - floor > WHOLE_EPSILON;
+        parts[i] = floor;
+        if had_fraction && spare >= 1.0 {
+            parts[i] += 1.0;
+            spare -= 1.0;
+        }
+    }
+}
+
 /// The fastest fresh token bucket `part` tokens pay for, no faster and no larger than `planned`:
 /// the rate comes first (it lasts), the bucket's size (paid once) takes what is left of the part,
 /// at least one token.
@@ -531,7 +550,12 @@ fn fitted(part: f64, planned: Strategy, options: &PoolOptions) -> Strategy {
     let ceiling_per_s = planned.rate_per_ms() * 1000.0;
     let rate_per_s = ((part - 1.0).max(0.0) * 1000.0 / horizon.max(1.0)).min(ceiling_per_s);
     let Some(bucket) = TokenBucket::for_rate(rate_per_s, options.burst_ms) else {
-        return Strategy::DenyAll;
+        // One token pays a single-token bucket whose rate comes due no earlier than the refill.
+        return if part >= 1.0 {
+            sustained(ceiling_per_s, 1.0, horizon / 1000.0)
+        } else {
+            Strategy::DenyAll
+        };
     };
     let room = (part - bucket.rate_per_ms() * horizon).floor();
     Strategy::TokenBucket(TokenBucket {

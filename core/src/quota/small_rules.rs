@@ -151,3 +151,29 @@ fn an_idle_small_rule_pool_gives_its_token_back_to_rls() {
     pool.leave(0);
     assert_eq!(pool.drain(), Some(0), "the token was the data plane's");
 }
+
+#[test]
+fn two_data_planes_on_one_token_get_it_whole_one_of_them() {
+    let mut pool = Pool::new(per(1, 86_400_000));
+    pool.join(0);
+    pool.join(1);
+    let Ask::Take(n) = pool.plan(1_000, &ENVOY) else {
+        panic!("an unassigned pool takes");
+    };
+    assert!(n >= 1);
+    let mut assigned = pool.settle(1_000, &ENVOY, Answer::Granted(1));
+    assigned.sort_by_key(|(id, _)| *id);
+    let buckets: Vec<u32> = assigned
+        .iter()
+        .filter_map(|(_, s)| match s {
+            Strategy::TokenBucket(b) => Some(b.max_tokens),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(buckets, [1], "one data plane holds the token: {assigned:?}");
+    assert_eq!(assigned.len(), 2);
+    // Nothing is held for nobody: both leave, nothing goes back (the token was assigned).
+    pool.leave(0);
+    pool.leave(1);
+    assert_eq!(pool.drain(), Some(0));
+}
