@@ -686,10 +686,11 @@ async fn chaos_restart_with_empty_script_cache() {
         4,
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    // Down long enough for the breaker to open; back on the same port, empty.
+    // Down long enough for the breaker to open (half its window of failing moments); back on
+    // the same port, empty.
     blocking(|| redis.kill());
     let fault_start = now();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
     blocking(|| redis.start_again());
     let fault_end = now();
     assert_eq!(

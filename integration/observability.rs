@@ -578,26 +578,28 @@ async fn local_cache_rejections_and_breaker_states_are_exported() {
     };
     assert_eq!((state(&m, "closed"), state(&m, "open")), (1.0, 0.0));
 
-    // A stalled Redis: after --breaker-failures (5) timeouts the breaker opens and calls are
-    // skipped (policy `open` answers) instead of waiting out the deadline.
+    // A stalled Redis: one call after another, each timing out in a moment of its own (a
+    // deadline apart); after --breaker-failures (10) failed moments, at least half of the
+    // window's, the breaker opens and calls are skipped (policy `open` answers) instead of
+    // waiting out the deadline.
     redis.pause();
-    for i in 0..8 {
+    for i in 0..14 {
         let r = s.ok(req("open", client(&format!("stalled-{i}")))).await;
         assert_eq!(r.overall_code, OK);
     }
     let m = scrape(s.admin_addr());
     assert_eq!((state(&m, "closed"), state(&m, "open")), (0.0, 1.0));
-    assert_eq!(
-        m.get("sluice_redis_errors_total", &[("kind", "timeout")]),
-        5.0,
-        "once open, the breaker skips Redis: no more timeouts"
+    let timeouts = m.get("sluice_redis_errors_total", &[("kind", "timeout")]);
+    assert!(
+        timeouts <= 10.0,
+        "once open, the breaker skips Redis: {timeouts} timeouts of 14 calls"
     );
     assert_eq!(
         m.get(
             "sluice_degraded_decisions_total",
             &[("domain", "open"), ("policy", "open")]
         ),
-        8.0
+        14.0
     );
     redis.resume();
     // The health probe is the half-open call that closes it again, traffic or not.

@@ -144,6 +144,9 @@ async fn a_dead_per_second_redis_fails_only_per_second_descriptors() {
     let sluice = Sluice::start(CONFIG, &[main.url()], RedisModeArg::Standalone, |s| {
         s.redis_per_second.url = vec![fast.url()];
         s.replicas = 1;
+        // Open at the first failed moment: the calls below come one after another, faster than
+        // the window's usual minimum of failed moments.
+        s.breaker_failures = 1;
     })
     .await;
     let mut client = sluice.client().await;
@@ -151,7 +154,7 @@ async fn a_dead_per_second_redis_fails_only_per_second_descriptors() {
     assert_eq!(healthy.overall_code, OK);
 
     fast.kill();
-    // Past the breaker's threshold (5 failures) and on: each call the per-minute bucket is
+    // Past the breaker's threshold (one failed moment) and on: each call the per-minute bucket is
     // charged in Redis, the per-second descriptor answered by its policy, `closed`.
     let mut expected_remaining = 9;
     for _ in 0..8 {

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use sluice_harness::rlqs_envoy::{
-    DATA_PLANE_SLACK, TIGHT_RULE, assert_within_bound, assignments_sent, get_all, hammer, now,
-    quota_bootstrap, wait_for_assignment,
+    DATA_PLANE_SLACK, TIGHT_RULE, assert_within_bound, assignments_sent, bucket_settings, get_all,
+    hammer, now, quota_bootstrap, wait_for_assignment,
 };
 use sluice_harness::{Bootstrap, Envoy, HttpClient, SluiceProcess};
 
@@ -115,6 +115,55 @@ descriptors:
         "{statuses:?}"
     );
     assert_eq!(statuses[19], 429, "{statuses:?}");
+}
+
+/// A rule of capacity 1 (`1/minute`, as a token bucket and as a fixed window) behind an Envoy that
+/// denies until its first assignment: that first assignment is a token bucket holding the one
+/// token (not DENY_ALL until the bucket refills a minute later), so the next request is admitted
+/// within a push of the first, and the one after it is denied. docs/rlqs.md, "Small rules".
+#[test]
+fn a_rule_of_one_a_minute_admits_its_token_at_the_first_assignment() {
+    for algorithm in ["token_bucket", "fixed_window"] {
+        let rules = format!(
+            "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {{unit: minute, requests_per_unit: 1, algorithm: {algorithm}}}\n"
+        );
+        let sluice = SluiceProcess::start(&[("edge.yaml", &rules)], &[]);
+        let mut bootstrap = quota_bootstrap(&[sluice.grpc]);
+        bucket_settings(&mut bootstrap)["no_assignment_behavior"] =
+            json!({"fallback_rate_limit": {"blanket_rule": "DENY_ALL"}});
+        let mut envoy = Envoy::start(&bootstrap);
+        let mut client = envoy.client();
+        let user: &[(&str, &[u8])] = &[("x-user", b"once")];
+        let started = now();
+        assert_eq!(
+            client.get("/", user).status,
+            429,
+            "{algorithm}: no assignment yet"
+        );
+        wait_for_assignment(&sluice);
+        let admitted_after = loop {
+            if client.get("/", user).status == 200 {
+                break started.elapsed();
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{algorithm}: the minute's token was not admitted within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert_eq!(
+            client.get("/", user).status,
+            429,
+            "{algorithm}: one a minute"
+        );
+        println!(
+            "RLQS 1/minute {algorithm}: admitted {} ms after the first request",
+            admitted_after.as_millis()
+        );
+        assert!(assignments_sent(&sluice, "token_bucket") > 0.0);
+        assert_eq!(assignments_sent(&sluice, "deny_all"), 0.0, "{algorithm}");
+        assert!(envoy.is_running(), "Envoy crashed; log:\n{}", envoy.log());
+    }
 }
 
 /// Redis gone: each rule's `failure_mode` becomes an assignment Envoy enforces — `open` a

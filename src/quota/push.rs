@@ -61,6 +61,7 @@ impl<B: Backend> Quotas<B> {
         } else {
             self.limiter.backend().check_each(&hits).await
         };
+        self.forget_refunded(&hits, &results);
         let replicas = self.limiter.resilience().replicas().current();
         let now = self.now_ms();
         let mut state = self.lock();
@@ -73,6 +74,20 @@ impl<B: Backend> Quotas<B> {
             emit(entry, assigned, &self.options.pool, &mut outgoing);
         }
         deliver(&state, outgoing);
+    }
+
+    /// A pool's tokens given back to a key make this replica's cached rejection of it stale (it
+    /// was learnt while the pool held them): the over-limit cache forgets the key, as it does
+    /// for an RLS refund, so RLS asks the backend again.
+    fn forget_refunded(&self, hits: &[Hit], results: &[Result<Verdict, BackendError>]) {
+        let Some(cache) = self.limiter.resilience().over_limit.as_ref() else {
+            return;
+        };
+        for (hit, result) in hits.iter().zip(results) {
+            if hit.demand.refund && result.is_ok() {
+                cache.forget(&hit.key);
+            }
+        }
     }
 
     /// Ends (status OK) and closes the streams half-closed before push number `number` began:

@@ -21,14 +21,22 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 10}
   - key: blocked
     rate_limit: {unit: second, requests_per_unit: 0}
+  - key: daily
+    rate_limit: {unit: day, requests_per_unit: 1}
+  - key: hourly
+    rate_limit: {unit: hour, requests_per_unit: 10}
 ";
 
 fn quotas(clock: &ManualClock) -> Arc<Quotas<MemoryBackend>> {
+    quotas_with(clock, ResilienceOptions::default())
+}
+
+fn quotas_with(clock: &ManualClock, options: ResilienceOptions) -> Arc<Quotas<MemoryBackend>> {
     let sources = vec![("mesh.yaml".to_string(), CONFIG.to_string())];
     let config = Arc::new(ArcSwap::from_pointee(load_sources(&sources).unwrap()));
     let backend = MemoryBackend::new(Arc::new(clock.clone()), MemoryOptions::default());
     let resilience = Resilience::new(
-        &ResilienceOptions::default(),
+        &options,
         Arc::new(clock.clone()),
         Arc::new(Replicas::fixed(1)),
     );
@@ -226,4 +234,79 @@ async fn a_closed_streams_subscriptions_give_their_memory_back() {
         "the pools' map kept {} slots",
         state.pools.capacity()
     );
+}
+
+/// A pool that gives tokens back makes this replica's over-limit cache (as on Redis) forget the
+/// key: `10/hour`, one data plane holding the ten; as the bucket refills the pool also takes its
+/// one-token reserve, and RLS, having taken the rest, is rejected with a retry-after of minutes,
+/// cached. When the data plane goes, its ten count as spent and the reserve goes back: RLS is
+/// admitted at once.
+#[tokio::test]
+async fn a_pool_giving_tokens_back_makes_the_over_limit_cache_forget_the_key() {
+    let clock = ManualClock::new(1_000_000);
+    let options = ResilienceOptions {
+        over_limit_cache_keys: Some(1_000),
+        ..ResilienceOptions::default()
+    };
+    let quotas = quotas_with(&clock, options);
+    let hourly: BucketId = Arc::new([("hourly".to_string(), "h".to_string())].into());
+    let (stream, outbox) = quotas.open("mesh");
+    let report = || {
+        let usage = Usage {
+            bucket: hourly.clone(),
+            allowed: 0,
+            denied: 0,
+        };
+        quotas.report_all(stream, vec![usage]);
+    };
+    report();
+    quotas.push().await;
+    match assigned(&outbox)[..] {
+        [Strategy::TokenBucket(b)] => assert_eq!(b.max_tokens, 10, "{b:?}"),
+        ref other => panic!("the ten tokens at the first push, got {other:?}"),
+    }
+    for _ in 0..2 {
+        clock.advance(360_000);
+        report();
+        quotas.push().await;
+    }
+    let rls = LimitRequest {
+        domain: "mesh".into(),
+        descriptors: vec![RequestDescriptor::new(vec![Entry::new("hourly", "h")])],
+        hits_addend: 0,
+    };
+    let decide = async || quotas.limiter.decide(&rls).await.unwrap().overall;
+    // RLS takes what the pool left in the shared bucket.
+    while decide().await == Code::Ok {}
+    let cache = quotas.limiter.resilience().over_limit.as_ref().unwrap();
+    assert_eq!(cache.len(), 1, "the rejection is cached, for minutes");
+    assert_eq!(decide().await, Code::OverLimit);
+    quotas.close(stream);
+    clock.advance(1);
+    quotas.push().await;
+    assert!(
+        cache.is_empty(),
+        "the refund made the cached rejection stale"
+    );
+    assert_eq!(decide().await, Code::Ok);
+}
+
+/// A `1/day` rule with one data plane: its one token is assigned at the first push.
+#[tokio::test]
+async fn a_one_per_day_rule_assigns_its_token_at_the_first_push() {
+    let clock = ManualClock::new(1_000_000);
+    let quotas = quotas(&clock);
+    let (stream, outbox) = quotas.open("mesh");
+    let daily: BucketId = Arc::new([("daily".to_string(), "d".to_string())].into());
+    let usage = Usage {
+        bucket: daily,
+        allowed: 0,
+        denied: 0,
+    };
+    quotas.report_all(stream, vec![usage]);
+    quotas.push().await;
+    match assigned(&outbox)[..] {
+        [Strategy::TokenBucket(b)] => assert_eq!(b.max_tokens, 1, "{b:?}"),
+        ref other => panic!("the one token at the first push, got {other:?}"),
+    }
 }

@@ -103,6 +103,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     ))
 }
 
+/// A share above 0 and at most 1 (`0.5`).
+pub fn parse_ratio(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(value) if value > 0.0 && value <= 1.0 => Ok(value),
+        _ => Err(format!(
+            "invalid ratio `{s}` (a number above 0 and at most 1, e.g. 0.5)"
+        )),
+    }
+}
+
 /// An algorithm by any of its spellings ([`Algorithm::parse`]).
 pub(super) fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
     Algorithm::parse(s).ok_or_else(|| {
@@ -137,6 +147,15 @@ pub(super) fn parse_sampling_ratio(s: &str) -> Result<f64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ratios_parse_within_zero_exclusive_to_one() {
+        assert_eq!(parse_ratio("0.5"), Ok(0.5));
+        assert_eq!(parse_ratio("1"), Ok(1.0));
+        assert!(parse_ratio("0").is_err());
+        assert!(parse_ratio("1.01").is_err());
+        assert!(parse_ratio("NaN").is_err());
+    }
 
     #[test]
     fn durations_parse() {

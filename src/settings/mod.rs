@@ -31,7 +31,7 @@ pub use self::commands::{
 pub use self::config::{ConfigOpsArgs, LoadArgs};
 pub use self::flags::{
     BackendKind, ConfigSourceArg, FailureModeArg, LogFormat, OutputFormat, RedisModeArg,
-    ResponseHeaders, parse_duration,
+    ResponseHeaders, parse_duration, parse_ratio,
 };
 pub use self::per_second::PerSecondRedisArgs;
 pub use self::security::{CallerArgs, Http2Args, ListenerArgs, SecurityArgs, TlsArgs};
@@ -192,11 +192,21 @@ pub struct Settings {
     )]
     pub header_degraded: String,
 
-    /// Consecutive failed or timed-out calls to one Redis endpoint that open its circuit
-    /// breaker.
-    #[arg(long, env = "SLUICE_BREAKER_FAILURES", default_value_t = 5,
+    /// Failed moments (spans of one `--redis-timeout` in which most calls to one Redis endpoint
+    /// failed or timed out; a stall seen by many callers is one per deadline it lasts) that
+    /// `--breaker-window` must hold before its circuit breaker can open.
+    #[arg(long, env = "SLUICE_BREAKER_FAILURES", default_value_t = 10,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub breaker_failures: u32,
+
+    /// Share of the moments of `--breaker-window` in which the endpoint was called that must
+    /// have failed to open its breaker (0 < ratio <= 1).
+    #[arg(long, env = "SLUICE_BREAKER_FAILURE_RATIO", value_parser = parse_ratio, default_value = "0.5")]
+    pub breaker_failure_ratio: f64,
+
+    /// How far back a breaker judges its endpoint (rolling, in tenths).
+    #[arg(long, env = "SLUICE_BREAKER_WINDOW", value_parser = parse_duration, default_value = "1s")]
+    pub breaker_window: Duration,
 
     /// How long an open breaker skips its Redis endpoint before one probe call is let through.
     #[arg(long, env = "SLUICE_BREAKER_COOLDOWN", value_parser = parse_duration, default_value = "1s")]
@@ -393,7 +403,9 @@ mod tests {
         assert_eq!(s.backend, BackendKind::Memory);
         assert_eq!(s.response_headers, ResponseHeaders::All);
         assert!(s.redis_timeout < Duration::from_millis(20));
-        assert_eq!(s.breaker_failures, 5);
+        assert_eq!(s.breaker_failures, 10);
+        assert_eq!(s.breaker_failure_ratio, 0.5);
+        assert_eq!(s.breaker_window, Duration::from_secs(1));
         assert_eq!(s.breaker_cooldown, Duration::from_secs(1));
         assert_eq!(s.replicas, 0, "discovered");
         assert!(s.over_limit_cache);

@@ -14,6 +14,8 @@ pub mod pool;
 pub mod strategy;
 
 #[cfg(test)]
+mod small_rules;
+#[cfg(test)]
 mod tests;
 
 pub use pool::{Answer, Ask, MemberId, Pool, PoolOptions, Reported};

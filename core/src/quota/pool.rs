@@ -60,11 +60,23 @@ const DEMAND_WEIGHT: f64 = 0.5;
 /// Reports closer together than this say nothing reliable about a rate.
 const MIN_SAMPLE_MS: u64 = 50;
 
-/// Tokens a pool keeps beyond its plan (at most a tenth of the rule's capacity): the shared bucket
-/// yields whole tokens, so a push a little early finds one fewer than the plan needs, and without
-/// this reserve the pool would replace a data plane's bucket by a smaller fresh one (and pay a
-/// fresh one again to grow back).
+/// Tokens a pool keeps beyond its plan, for a rule of at least [`RESERVE_FROM`] tokens: the shared
+/// bucket yields whole tokens, so a push a little early finds one fewer than the plan needs, and
+/// without this reserve the pool would replace a data plane's bucket by a smaller fresh one (and
+/// pay a fresh one again to grow back). A smaller rule keeps none: a whole token is too large a
+/// part of it to hold unassigned (RLS would find the bucket empty), and its data planes get
+/// buckets the refill sustains ([`Pool::bucket_for`]), which need no reserve.
 const RESERVE: f64 = 1.0;
+const RESERVE_FROM: u64 = 10;
+
+/// Below this, a fraction of a token is float error, not a token.
+const WHOLE_EPSILON: f64 = 1e-9;
+
+/// The requests a data plane may admit given `exposure` tokens: whole ones (Envoy's bucket
+/// admits a request only for a whole token).
+fn whole(exposure: f64) -> f64 {
+    (exposure + WHOLE_EPSILON).floor().max(0.0)
+}
 
 #[derive(Clone, Debug)]
 struct Member {
@@ -213,16 +225,22 @@ impl Pool {
 
     /// The token bucket of a `share_per_s` share: its rate quantized, and a bucket of the larger
     /// of `burst_ms` of that rate and the member's part of the rule's capacity (a rule's burst
-    /// reaches the data planes in proportion to their shares).
+    /// reaches the data planes in proportion to their shares). Where that part cannot pay one
+    /// token plus a horizon of the share (a small rule: `1/min`, `1/day`, `2/s` pushed every
+    /// second), the bucket is one the refill sustains instead ([`sustained`]).
     fn bucket_for(&self, share_per_s: f64, options: &PoolOptions) -> Strategy {
-        let Some(bucket) = TokenBucket::for_rate(share_per_s, options.burst_ms) else {
-            return Strategy::DenyAll;
-        };
         let rate = self.rate_per_s();
         let part = if rate > 0.0 {
             (self.params.capacity as f64 * share_per_s / rate).floor()
         } else {
             0.0
+        };
+        let horizon_s = options.horizon_ms as f64 / 1000.0;
+        if part.max(1.0) < 1.0 + share_per_s * horizon_s {
+            return sustained(share_per_s, part.max(1.0), horizon_s);
+        }
+        let Some(bucket) = TokenBucket::for_rate(share_per_s, options.burst_ms) else {
+            return Strategy::DenyAll;
         };
         Strategy::TokenBucket(TokenBucket {
             max_tokens: bucket.max_tokens.max(part.min(f64::from(u32::MAX)) as u32),
@@ -232,7 +250,11 @@ impl Pool {
 
     /// See [`RESERVE`].
     fn reserve(&self) -> f64 {
-        RESERVE.min(self.params.capacity as f64 / 10.0)
+        if self.params.capacity >= RESERVE_FROM {
+            RESERVE
+        } else {
+            0.0
+        }
     }
 
     /// The rule's rate in tokens per second.
@@ -249,7 +271,7 @@ impl Pool {
     /// under its assignment is counted as spent, never given back.
     pub fn leave(&mut self, member: MemberId) {
         if let Some(m) = self.members.remove(&member) {
-            self.held -= m.exposure(m.expires_ms);
+            self.held -= whole(m.exposure(m.expires_ms));
         }
     }
 
@@ -324,7 +346,11 @@ impl Pool {
     /// give back to) the shared bucket to pay for it. Follow with [`Pool::settle`].
     pub fn plan(&mut self, now_ms: u64, options: &PoolOptions) -> Ask {
         let horizon = options.horizon_ms as f64;
-        self.fixed = self.members.values().map(|m| m.exposure(now_ms)).sum();
+        self.fixed = self
+            .members
+            .values()
+            .map(|m| whole(m.exposure(now_ms)))
+            .sum();
         self.planned.clear();
         let mut future = 0.0;
         for (id, share) in self.shares() {
@@ -418,6 +444,7 @@ impl Pool {
             parts[i] = costs[i].min(left / (order.len() - n) as f64);
             left -= parts[i];
         }
+        whole_parts(&mut parts, &order);
         planned
             .iter()
             .zip(costs.iter().zip(parts))
@@ -426,8 +453,13 @@ impl Pool {
                 if planned_cost <= part {
                     return (*id, *planned);
                 }
-                let fresh = fitted(part, *planned, options);
-                debug_assert!(cost(member, fresh, now_ms, horizon) <= part + 1e-6);
+                // Whole requests: a member's fraction of a token plus the fitted bucket may come to
+                // one more than the part; then the bucket a token smaller fits.
+                let fresh = [part, part - 1.0]
+                    .into_iter()
+                    .map(|p| fitted(p, *planned, options))
+                    .find(|s| cost(member, *s, now_ms, horizon) <= part + 1e-6)
+                    .unwrap_or(Strategy::DenyAll);
                 // The bucket the data plane has, kept, costs only its rate: better than a
                 // smaller fresh one whenever the part pays for it.
                 let strategy = match member.strategy {
@@ -492,6 +524,24 @@ impl Pool {
     }
 }
 
+/// Rounds water-filled `parts` (visited in `order`, smallest plan first) down to whole tokens and
+/// hands the whole tokens their fractions add up to, one each, to the first members that lost a
+/// fraction: two data planes sharing one token get one token and none, not half a token each
+/// (which pays no bucket, so the pool would hold the token for nobody).
+fn whole_parts(parts: &mut [f64], order: &[usize]) {
+    let total: f64 = parts.iter().sum();
+    let mut spare = whole(total) - parts.iter().map(|p| whole(*p)).sum::<f64>();
+    for &i in order {
+        let floor = whole(parts[i]);
+        let had_fraction = parts[i] - floor > WHOLE_EPSILON;
+        parts[i] = floor;
+        if had_fraction && spare >= 1.0 {
+            parts[i] += 1.0;
+            spare -= 1.0;
+        }
+    }
+}
+
 /// The fastest fresh token bucket `part` tokens pay for, no faster and no larger than `planned`:
 /// the rate comes first (it lasts), the bucket's size (paid once) takes what is left of the part,
 /// at least one token.
@@ -500,7 +550,12 @@ fn fitted(part: f64, planned: Strategy, options: &PoolOptions) -> Strategy {
     let ceiling_per_s = planned.rate_per_ms() * 1000.0;
     let rate_per_s = ((part - 1.0).max(0.0) * 1000.0 / horizon.max(1.0)).min(ceiling_per_s);
     let Some(bucket) = TokenBucket::for_rate(rate_per_s, options.burst_ms) else {
-        return Strategy::DenyAll;
+        // One token pays a single-token bucket whose rate comes due no earlier than the refill.
+        return if part >= 1.0 {
+            sustained(ceiling_per_s, 1.0, horizon / 1000.0)
+        } else {
+            Strategy::DenyAll
+        };
     };
     let room = (part - bucket.rate_per_ms() * horizon).floor();
     Strategy::TokenBucket(TokenBucket {
@@ -509,13 +564,47 @@ fn fitted(part: f64, planned: Strategy, options: &PoolOptions) -> Strategy {
     })
 }
 
-/// What assigning `strategy` to `member` at `now_ms` adds to its exposure until the next push:
-/// the rate for the horizon, plus a full bucket when it is not the one the data plane already has.
+/// What assigning `strategy` to `member` at `now_ms` adds to the requests it may admit until the
+/// next push, in whole requests: the rate for the horizon, plus a full bucket when it is not the
+/// one the data plane already has, on top of its exposure.
 fn cost(member: &Member, strategy: Strategy, now_ms: u64, horizon_ms: f64) -> f64 {
     let fresh = if member.keeps(strategy, now_ms) {
         0.0
     } else {
         strategy.burst()
     };
-    fresh + strategy.rate_per_ms() * horizon_ms
+    let exposure = member.exposure(now_ms);
+    whole(exposure + fresh + strategy.rate_per_ms() * horizon_ms) - whole(exposure)
+}
+
+/// A bucket of a small rule that the shared bucket's refill sustains push after push, for a
+/// member whose part of the rule's capacity is `part` (at least 1) tokens. A push pays one horizon
+/// ahead, so a data plane's bucket of `max_tokens` B and rate ρ needs B + ρ·horizon in hand where
+/// the part holds fewer: either the rate that leaves the part room for one token
+/// (ρ = (part − 1) / horizon, B = 1), or the share's rate slowed by one horizon per token
+/// (ρ = 1 / (1/share + horizon), B = part), whose every token comes due no earlier than the shared
+/// bucket refills it; whichever is faster, never above the share. `1/min` is one token at once,
+/// then one per 61 s; `2/s` pushed every second, 1/s with one token. Never DENY_ALL while the
+/// share is positive.
+fn sustained(share_per_s: f64, part: f64, horizon_s: f64) -> Strategy {
+    if !(share_per_s > 0.0 && share_per_s.is_finite()) {
+        return Strategy::DenyAll;
+    }
+    let roomy = (part - 1.0) / horizon_s.max(1e-3);
+    let lagged = 1.0 / (1.0 / share_per_s + horizon_s);
+    let (rate, max_tokens) = if roomy >= lagged {
+        (roomy.min(share_per_s), 1.0)
+    } else {
+        (lagged.min(share_per_s), part)
+    };
+    let max_tokens = max_tokens.clamp(1.0, f64::from(u32::MAX)) as u32;
+    let bucket = TokenBucket::for_rate(rate, 0).unwrap_or(TokenBucket {
+        max_tokens: 1,
+        tokens_per_fill: 1,
+        fill_interval_s: (1.0 / rate).ceil().min(f64::from(u32::MAX)) as u32,
+    });
+    Strategy::TokenBucket(TokenBucket {
+        max_tokens,
+        ..bucket
+    })
 }

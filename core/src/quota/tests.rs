@@ -13,7 +13,7 @@ const OPTIONS: PoolOptions = PoolOptions {
 const PUSH_MS: u64 = 200;
 
 /// The shared bucket: a token bucket of `capacity` refilled at `rate` per ms.
-struct Shared {
+pub(super) struct Shared {
     tokens: f64,
     capacity: f64,
     rate_per_ms: f64,
@@ -21,7 +21,7 @@ struct Shared {
 }
 
 impl Shared {
-    fn new(params: BucketParams) -> Self {
+    pub(super) fn new(params: BucketParams) -> Self {
         Shared {
             tokens: params.capacity as f64,
             capacity: params.capacity as f64,
@@ -36,14 +36,14 @@ impl Shared {
     }
 
     /// A lease take: up to `n` whole tokens, as many as there are.
-    fn take(&mut self, now: u64, n: u64) -> u64 {
+    pub(super) fn take(&mut self, now: u64, n: u64) -> u64 {
         self.refill(now);
         let got = (self.tokens.floor() as u64).min(n);
         self.tokens -= got as f64;
         got
     }
 
-    fn give(&mut self, now: u64, n: u64) {
+    pub(super) fn give(&mut self, now: u64, n: u64) {
         self.refill(now);
         self.tokens = (self.tokens + n as f64).min(self.capacity);
     }
@@ -51,8 +51,10 @@ impl Shared {
 
 /// One data plane enforcing its assignment as Envoy's filter does: a new token bucket starts
 /// full, the same one re-sent keeps its tokens, an expired or missing assignment denies.
-struct DataPlane {
+pub(super) struct DataPlane {
     id: MemberId,
+    /// How long an assignment lasts.
+    pub(super) ttl_ms: u64,
     strategy: Option<Strategy>,
     tokens: f64,
     at: u64,
@@ -60,15 +62,16 @@ struct DataPlane {
     /// Requests offered per ms.
     offered_per_ms: f64,
     offered: f64,
-    allowed: u64,
-    denied: u64,
-    admitted_total: u64,
+    pub(super) allowed: u64,
+    pub(super) denied: u64,
+    pub(super) admitted_total: u64,
 }
 
 impl DataPlane {
-    fn new(id: MemberId, offered_per_s: f64) -> Self {
+    pub(super) fn new(id: MemberId, offered_per_s: f64) -> Self {
         DataPlane {
             id,
+            ttl_ms: OPTIONS.ttl_ms,
             strategy: None,
             tokens: 0.0,
             at: 0,
@@ -81,17 +84,17 @@ impl DataPlane {
         }
     }
 
-    fn assign(&mut self, now: u64, strategy: Strategy) {
+    pub(super) fn assign(&mut self, now: u64, strategy: Strategy) {
         let keep = self.strategy == Some(strategy) && now < self.expires;
         if !keep {
             self.tokens = strategy.burst();
         }
         self.strategy = Some(strategy);
         self.at = now;
-        self.expires = now + OPTIONS.ttl_ms;
+        self.expires = now + self.ttl_ms;
     }
 
-    fn step(&mut self, now: u64) {
+    pub(super) fn step(&mut self, now: u64) {
         if let Some(Strategy::TokenBucket(b)) = self.strategy {
             let until = now.min(self.expires).max(self.at);
             self.tokens = (self.tokens + (until - self.at) as f64 * b.rate_per_ms())
@@ -530,7 +533,7 @@ fn a_short_pool_keeps_the_small_plans_whole() {
 }
 
 /// Envoy's cadence: 1 s pushes, a 3 s TTL, buckets of one push interval of the rate.
-const ENVOY: PoolOptions = PoolOptions {
+pub(super) const ENVOY: PoolOptions = PoolOptions {
     ttl_ms: 3_000,
     burst_ms: 1_000,
     horizon_ms: 1_000,

@@ -679,7 +679,7 @@ mod tests {
         assert_eq!(opts.mode, RedisMode::Standalone);
         assert_eq!(opts.command_timeout, Duration::from_millis(15));
         assert_eq!(opts.connect_timeout, Duration::from_millis(250));
-        assert_eq!(opts.breaker.failure_threshold, 5);
+        assert_eq!(opts.breaker.min_failures, 10);
         assert_eq!(opts.breaker.cooldown, Duration::from_secs(1));
         assert_eq!(opts.batch.max_keys, 128);
         assert_eq!(opts.batch.in_flight, 2);

@@ -1,12 +1,18 @@
 //! A circuit breaker per backend endpoint (a Redis server, a Sentinel-named master, a Cluster
-//! node): after `failure_threshold` consecutive failed or timed-out calls it opens and calls are
+//! node). It judges the endpoint over a rolling window (`--breaker-window`) counted in moments
+//! of one Redis deadline ([`window`]): it opens when at least `min_failures` moments of the
+//! window failed and they are at least `failure_ratio` of its moments. A stall that fails every
+//! call in flight is one failed moment per deadline it lasts, not one failure per caller, so a
+//! slow moment under heavy concurrency cannot open it; a failing endpoint does. Open, calls are
 //! skipped for `cooldown`; then one call is let through as a probe (half-open); its success
-//! closes the breaker, its failure opens it for another cooldown.
+//! closes the breaker with an empty window, its failure opens it for another cooldown.
 //!
 //! Time advances lazily: every decision reads the injected clock, so there is no timer per
 //! endpoint (or per key) and tests step a [`ManualClock`](crate::clock::ManualClock).
 //! [`Breaker`] is the pure state machine; [`BreakerSet`] holds one per endpoint, logs each
 //! transition once (warn on open, info on close) and lists their states for readiness and metrics.
+
+mod window;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,6 +21,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use self::window::{Shape, Window};
 use crate::backend::BackendError;
 use crate::clock::SharedClock;
 use crate::settings::Settings;
@@ -56,8 +63,14 @@ impl std::fmt::Display for BreakerState {
 /// When a breaker opens and how long it stays open.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BreakerSettings {
-    /// Consecutive failures (errors or timeouts) that open the breaker; at least 1.
-    pub failure_threshold: u32,
+    /// Failed moments the window must hold before the ratio can open the breaker; at least 1.
+    pub min_failures: u32,
+    /// Share of the window's moments that must have failed, in thousandths (1..=1000).
+    pub failure_permille: u16,
+    /// How far back the breaker looks.
+    pub window: Duration,
+    /// One moment: calls that end within it count once (the Redis call deadline).
+    pub moment: Duration,
     /// How long an open breaker skips the endpoint before it lets one probe through.
     pub cooldown: Duration,
 }
@@ -65,14 +78,19 @@ pub struct BreakerSettings {
 impl From<&Settings> for BreakerSettings {
     fn from(settings: &Settings) -> Self {
         BreakerSettings {
-            failure_threshold: settings.breaker_failures,
+            min_failures: settings.breaker_failures,
+            failure_permille: (settings.breaker_failure_ratio * 1000.0)
+                .round()
+                .clamp(1.0, 1000.0) as u16,
+            window: settings.breaker_window,
+            moment: settings.redis_timeout,
             cooldown: settings.breaker_cooldown,
         }
     }
 }
 
 impl Default for BreakerSettings {
-    /// `--breaker-failures` and `--breaker-cooldown` at their defaults.
+    /// The `--breaker-*` flags and `--redis-timeout` at their defaults.
     fn default() -> Self {
         BreakerSettings::from(&Settings::defaults())
     }
@@ -81,6 +99,19 @@ impl Default for BreakerSettings {
 impl BreakerSettings {
     fn cooldown_ms(&self) -> u64 {
         (self.cooldown.as_millis() as u64).max(1)
+    }
+
+    fn shape(&self) -> Shape {
+        Shape::new(
+            self.moment.as_millis() as u64,
+            self.window.as_millis() as u64,
+        )
+    }
+
+    /// Does a window holding `failed` failed moments of `moments` open the breaker?
+    fn trips(&self, failed: u32, moments: u32) -> bool {
+        failed >= self.min_failures.max(1)
+            && u64::from(failed) * 1000 >= u64::from(self.failure_permille) * u64::from(moments)
     }
 }
 
@@ -103,7 +134,7 @@ pub struct Transition {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     Closed {
-        failures: u32,
+        window: Window,
     },
     Open {
         until_ms: u64,
@@ -123,7 +154,9 @@ pub struct Breaker {
 impl Default for Breaker {
     fn default() -> Self {
         Breaker {
-            phase: Phase::Closed { failures: 0 },
+            phase: Phase::Closed {
+                window: Window::default(),
+            },
         }
     }
 }
@@ -135,11 +168,6 @@ impl Breaker {
             Phase::Open { .. } => BreakerState::Open,
             Phase::HalfOpen { .. } => BreakerState::HalfOpen,
         }
-    }
-
-    /// Closed with no failure counted: recording a success changes nothing.
-    fn is_clean(&self) -> bool {
-        self.phase == Phase::Closed { failures: 0 }
     }
 
     /// May a call go to the endpoint at `now_ms`? `None`: skip it.
@@ -186,26 +214,20 @@ impl Breaker {
         let open = Phase::Open {
             until_ms: now_ms.saturating_add(settings.cooldown_ms()),
         };
-        match (self.phase, permit, ok) {
-            (Phase::Closed { .. }, Permit::Call, true) => {
-                self.phase = Phase::Closed { failures: 0 };
-                None
-            }
-            (Phase::Closed { failures }, Permit::Call, false) => {
-                let failures = failures.saturating_add(1);
-                if failures >= settings.failure_threshold.max(1) {
-                    self.phase = open;
-                    Some(Transition {
-                        from: BreakerState::Closed,
-                        to: BreakerState::Open,
-                    })
-                } else {
-                    self.phase = Phase::Closed { failures };
-                    None
+        match (&mut self.phase, permit, ok) {
+            (Phase::Closed { window }, Permit::Call, _) => {
+                let tally = window.record(ok, now_ms, settings.shape());
+                if ok || !settings.trips(tally.failed, tally.moments) {
+                    return None;
                 }
+                self.phase = open;
+                Some(Transition {
+                    from: BreakerState::Closed,
+                    to: BreakerState::Open,
+                })
             }
             (Phase::HalfOpen { .. }, Permit::Probe, true) => {
-                self.phase = Phase::Closed { failures: 0 };
+                *self = Breaker::default();
                 Some(Transition {
                     from: BreakerState::HalfOpen,
                     to: BreakerState::Closed,
@@ -237,9 +259,10 @@ struct EndpointInner {
     name: Arc<str>,
     shared: Arc<Shared>,
     breaker: Mutex<Breaker>,
-    /// Mirrors [`Breaker::is_clean`], so the healthy path (admit, then record a success) takes
-    /// no lock. A stale `true` costs at most one extra call to an endpoint that just failed.
-    clean: AtomicBool,
+    /// Mirrors "the breaker is closed", so admitting a call takes no lock. A stale `true` lets
+    /// at most one extra call through to an endpoint whose breaker just opened; its outcome
+    /// changes nothing (see [`Breaker::record`]).
+    closed: AtomicBool,
 }
 
 impl Endpoint {
@@ -257,7 +280,7 @@ impl Endpoint {
 
     /// Leave to call the endpoint now, or `None` while its breaker is open.
     pub fn admit(&self) -> Option<Permit> {
-        if self.0.clean.load(Ordering::Acquire) {
+        if self.0.closed.load(Ordering::Acquire) {
             return Some(Permit::Call);
         }
         let now_ms = self.0.shared.clock.now_ms();
@@ -271,11 +294,9 @@ impl Endpoint {
         permit
     }
 
-    /// Records how a call admitted with `permit` ended.
+    /// Records how a call admitted with `permit` ended (every outcome: successes are the
+    /// window's healthy moments).
     pub fn record(&self, permit: Permit, outcome: Result<(), &BackendError>) {
-        if outcome.is_ok() && permit == Permit::Call && self.0.clean.load(Ordering::Acquire) {
-            return;
-        }
         let now_ms = self.0.shared.clock.now_ms();
         let mut breaker = self.lock();
         let transition = breaker.record(permit, outcome.is_ok(), now_ms, &self.0.shared.settings);
@@ -287,7 +308,9 @@ impl Endpoint {
     }
 
     fn publish(&self, breaker: &Breaker) {
-        self.0.clean.store(breaker.is_clean(), Ordering::Release);
+        self.0
+            .closed
+            .store(breaker.state() == BreakerState::Closed, Ordering::Release);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Breaker> {
@@ -303,7 +326,9 @@ impl Endpoint {
         match transition.to {
             BreakerState::Open if transition.from == BreakerState::Closed => tracing::warn!(
                 endpoint,
-                failures = settings.failure_threshold,
+                min_failures = settings.min_failures,
+                failure_permille = settings.failure_permille,
+                window_ms = settings.window.as_millis() as u64,
                 cooldown_ms = settings.cooldown_ms(),
                 error = error.map(tracing::field::display),
                 "circuit breaker open: Redis endpoint skipped, failure policy answers"
@@ -386,7 +411,7 @@ impl BreakerSet {
                     name: Arc::from(name),
                     shared: self.shared.clone(),
                     breaker: Mutex::new(Breaker::default()),
-                    clean: AtomicBool::new(true),
+                    closed: AtomicBool::new(true),
                 }))
             })
             .clone()
@@ -442,187 +467,4 @@ impl std::fmt::Debug for BreakerSet {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::clock::ManualClock;
-
-    const SETTINGS: BreakerSettings = BreakerSettings {
-        failure_threshold: 3,
-        cooldown: Duration::from_millis(1_000),
-    };
-
-    fn fail(b: &mut Breaker, now: u64) -> Option<Transition> {
-        let (permit, _) = b.admit(now, &SETTINGS);
-        b.record(permit.expect("admitted"), false, now, &SETTINGS)
-    }
-
-    #[test]
-    fn opens_after_k_consecutive_failures_only() {
-        let mut b = Breaker::default();
-        assert_eq!(fail(&mut b, 0), None);
-        assert_eq!(fail(&mut b, 1), None);
-        // A success in between resets the count: failures must be consecutive.
-        let (permit, _) = b.admit(2, &SETTINGS);
-        assert_eq!(b.record(permit.unwrap(), true, 2, &SETTINGS), None);
-        assert_eq!(fail(&mut b, 3), None);
-        assert_eq!(fail(&mut b, 4), None);
-        assert_eq!(b.state(), BreakerState::Closed);
-        assert_eq!(
-            fail(&mut b, 5),
-            Some(Transition {
-                from: BreakerState::Closed,
-                to: BreakerState::Open
-            })
-        );
-        assert_eq!(b.state(), BreakerState::Open);
-    }
-
-    #[test]
-    fn open_skips_for_the_cooldown_then_lets_exactly_one_probe_through() {
-        let mut b = Breaker::default();
-        for t in 0..3 {
-            fail(&mut b, t);
-        }
-        // Opened at 2: skipped until 1002.
-        assert_eq!(b.admit(2, &SETTINGS), (None, None));
-        assert_eq!(b.admit(1_001, &SETTINGS), (None, None));
-        let (probe, transition) = b.admit(1_002, &SETTINGS);
-        assert_eq!(probe, Some(Permit::Probe));
-        assert_eq!(transition.unwrap().to, BreakerState::HalfOpen);
-        // While the probe is out, everyone else is still skipped.
-        assert_eq!(b.admit(1_003, &SETTINGS), (None, None));
-        assert_eq!(b.admit(1_500, &SETTINGS), (None, None));
-        assert_eq!(
-            b.record(Permit::Probe, true, 1_010, &SETTINGS),
-            Some(Transition {
-                from: BreakerState::HalfOpen,
-                to: BreakerState::Closed
-            })
-        );
-        assert_eq!(b.admit(1_011, &SETTINGS), (Some(Permit::Call), None));
-        assert!(b.is_clean());
-    }
-
-    #[test]
-    fn a_failed_probe_opens_for_another_cooldown() {
-        let mut b = Breaker::default();
-        for t in 0..3 {
-            fail(&mut b, t);
-        }
-        let (probe, _) = b.admit(1_002, &SETTINGS);
-        assert_eq!(
-            b.record(probe.unwrap(), false, 1_017, &SETTINGS),
-            Some(Transition {
-                from: BreakerState::HalfOpen,
-                to: BreakerState::Open
-            })
-        );
-        assert_eq!(b.admit(2_016, &SETTINGS), (None, None));
-        assert_eq!(b.admit(2_017, &SETTINGS).0, Some(Permit::Probe));
-    }
-
-    #[test]
-    fn a_lost_probe_is_replaced_after_a_cooldown() {
-        let mut b = Breaker::default();
-        for t in 0..3 {
-            fail(&mut b, t);
-        }
-        assert_eq!(b.admit(1_002, &SETTINGS).0, Some(Permit::Probe));
-        // The probe's request was cancelled and never reports.
-        assert_eq!(b.admit(2_001, &SETTINGS), (None, None));
-        assert_eq!(b.admit(2_002, &SETTINGS), (Some(Permit::Probe), None));
-    }
-
-    #[test]
-    fn late_outcomes_of_calls_admitted_before_do_not_decide() {
-        let mut b = Breaker::default();
-        for t in 0..3 {
-            fail(&mut b, t);
-        }
-        // A call admitted while closed succeeds after the breaker opened: still open.
-        assert_eq!(b.record(Permit::Call, true, 10, &SETTINGS), None);
-        assert_eq!(b.state(), BreakerState::Open);
-        let (probe, _) = b.admit(1_002, &SETTINGS);
-        assert_eq!(b.record(Permit::Call, true, 1_003, &SETTINGS), None);
-        assert_eq!(b.record(Permit::Call, false, 1_004, &SETTINGS), None);
-        assert_eq!(b.state(), BreakerState::HalfOpen);
-        b.record(probe.unwrap(), true, 1_005, &SETTINGS);
-        // A second (replaced) probe reporting after the close changes nothing.
-        assert_eq!(b.record(Permit::Probe, false, 1_006, &SETTINGS), None);
-        assert_eq!(b.state(), BreakerState::Closed);
-    }
-
-    #[test]
-    fn set_shares_one_breaker_per_endpoint_and_steps_with_the_clock() {
-        let clock = ManualClock::new(10_000);
-        let set = BreakerSet::new(SETTINGS, Arc::new(clock.clone()));
-        let a = set.endpoint("127.0.0.1:7000");
-        let a_again = set.endpoint("127.0.0.1:7000");
-        let b = set.endpoint("127.0.0.1:7001");
-        let err = BackendError::Timeout(15);
-        for _ in 0..3 {
-            let permit = a.admit().unwrap();
-            a_again.record(permit, Err(&err));
-        }
-        assert_eq!(a_again.state(), BreakerState::Open);
-        assert_eq!(a.admit(), None);
-        // Another endpoint is not affected.
-        assert_eq!(b.admit(), Some(Permit::Call));
-        assert_eq!(
-            set.states(),
-            vec![
-                ("127.0.0.1:7000".to_string(), BreakerState::Open),
-                ("127.0.0.1:7001".to_string(), BreakerState::Closed)
-            ]
-        );
-        clock.advance(999);
-        assert_eq!(a.admit(), None);
-        clock.advance(1);
-        let probe = a.admit();
-        assert_eq!(probe, Some(Permit::Probe));
-        assert_eq!(a.admit(), None);
-        a.record(Permit::Probe, Ok(()));
-        assert_eq!(a.state(), BreakerState::Closed);
-        assert_eq!(a.admit(), Some(Permit::Call));
-
-        set.retain(|name| name.ends_with(":7001"));
-        assert_eq!(set.states().len(), 1);
-    }
-
-    #[test]
-    fn a_joined_set_reports_every_part_and_each_server_once() {
-        let clock: SharedClock = Arc::new(ManualClock::new(10_000));
-        let main = BreakerSet::new(SETTINGS, clock.clone());
-        let per_second = BreakerSet::new(SETTINGS, clock);
-        main.endpoint("10.0.0.1:6379");
-        main.endpoint("10.0.0.3:6379");
-        let shared_name = per_second.endpoint("10.0.0.3:6379");
-        per_second.endpoint("10.0.0.2:6379");
-        let joined = BreakerSet::joined(&main, std::slice::from_ref(&per_second));
-        let closed = |name: &str| (name.to_string(), BreakerState::Closed);
-        assert_eq!(
-            joined.states(),
-            [
-                closed("10.0.0.1:6379"),
-                closed("10.0.0.2:6379"),
-                closed("10.0.0.3:6379")
-            ]
-        );
-        // One part's open breaker shows through, also where the other part names the same
-        // server healthy.
-        for _ in 0..SETTINGS.failure_threshold {
-            let permit = shared_name.admit().unwrap();
-            shared_name.record(permit, Err(&BackendError::Timeout(15)));
-        }
-        assert_eq!(
-            joined.states()[2],
-            ("10.0.0.3:6379".to_string(), BreakerState::Open)
-        );
-        // A part forgetting its endpoints leaves the other's alone.
-        per_second.retain(|_| false);
-        assert_eq!(
-            joined.states(),
-            [closed("10.0.0.1:6379"), closed("10.0.0.3:6379")]
-        );
-    }
-}
+mod tests;
