@@ -199,6 +199,10 @@ pub struct Decision {
     pub overall: Code,
     pub statuses: Vec<Status>,
     pub unknown_domain: bool,
+    /// The other limits of descriptors with several (`rate_limits`): the descriptor's place in
+    /// the request and the status of a limit that did not answer for it. Only per-limit metrics
+    /// read these; the response carries `statuses`.
+    pub other_limits: Vec<(usize, Status)>,
 }
 
 impl Decision {

@@ -201,6 +201,7 @@ impl<B: Backend> Limiter<B> {
                     .map(|_| Status::unlimited(Basis::NoRule, None))
                     .collect(),
                 unknown_domain: true,
+                other_limits: Vec::new(),
             });
         };
         let mut plan = self.plan(domain, request);

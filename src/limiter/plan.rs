@@ -369,22 +369,29 @@ impl Plan {
     /// Each descriptor's status from what became of its bucket, and the overall code.
     pub(super) fn decision(self) -> Decision {
         let Plan { slots, buckets } = self;
+        let mut other_limits = Vec::new();
         let statuses: Vec<Status> = slots
             .into_iter()
-            .map(|slot| match slot {
+            .enumerate()
+            .map(|(i, slot)| match slot {
                 Slot::Answered(status) => status,
                 Slot::Charged { target, bucket } => status_of(target, &buckets[bucket].outcome),
-                Slot::Limits(charged) => most_constraining(
-                    charged
+                Slot::Limits(charged) => {
+                    let mut all: Vec<Status> = charged
                         .into_iter()
-                        .map(|(target, bucket)| status_of(target, &buckets[bucket].outcome)),
-                ),
+                        .map(|(target, bucket)| status_of(target, &buckets[bucket].outcome))
+                        .collect();
+                    let answer = all.swap_remove(most_constraining(&all));
+                    other_limits.extend(all.into_iter().map(|status| (i, status)));
+                    answer
+                }
             })
             .collect();
         Decision {
             overall: overall(&statuses),
             statuses,
             unknown_domain: false,
+            other_limits,
         }
     }
 }
@@ -423,30 +430,25 @@ impl KeyIndex {
     }
 }
 
-/// The status a descriptor with several limits reports: the limit that refuses with the longest
-/// wait (a wait of never being the longest), else, when every limit passes, the one with the
-/// fewest hits remaining; the first in config order on a tie.
-fn most_constraining(statuses: impl Iterator<Item = Status>) -> Status {
+/// Which status a descriptor with several limits reports: the limit that refuses with the
+/// longest wait (a wait of never being the longest), else, when every limit passes, the one with
+/// the fewest hits remaining; the first in config order on a tie.
+fn most_constraining(statuses: &[Status]) -> usize {
     let rank = |s: &Status| {
         let wait = match s.retry_after_ms {
             Some(Some(ms)) => ms,
             Some(None) => u64::MAX,
             None => 0,
         };
-        (
-            s.code == Code::OverLimit,
-            s.over,
-            wait,
-            u64::MAX - s.remaining,
-        )
+        (s.code == Code::OverLimit, s.over, wait, u64::MAX - s.remaining)
     };
-    let mut best: Option<Status> = None;
-    for status in statuses {
-        if best.as_ref().is_none_or(|b| rank(&status) > rank(b)) {
-            best = Some(status);
+    let mut best = 0;
+    for (i, status) in statuses.iter().enumerate().skip(1) {
+        if rank(status) > rank(&statuses[best]) {
+            best = i;
         }
     }
-    best.unwrap_or_else(|| unreachable!("a descriptor with several limits charges at least one"))
+    best
 }
 
 /// The status of a descriptor from what became of its bucket.

@@ -495,7 +495,12 @@ impl RuleMetrics {
     /// Counts one decided request. `request` is the one `decision` answers (statuses in order).
     pub fn record(&self, request: &LimitRequest, decision: &Decision) {
         let table = self.current();
-        for (descriptor, status) in request.descriptors.iter().zip(&decision.statuses) {
+        let statuses = request.descriptors.iter().zip(&decision.statuses);
+        let other_limits = decision
+            .other_limits
+            .iter()
+            .filter_map(|(i, status)| Some((request.descriptors.get(*i)?, status)));
+        for (descriptor, status) in statuses.chain(other_limits) {
             if let Basis::Degraded(policy) = status.basis
                 && let Some(domain) = table.domains.get(request.domain.as_str())
             {
