@@ -3,6 +3,8 @@
 //!
 //! Recording must never slow a decision: each runtime thread counts into its own summaries (one
 //! set per available CPU, merged when read), so two workers do not pass one lock back and forth;
+//! the sets share one [`TopBounds`], so the replica tracks at most `max_rules` rules and holds at
+//! most `4 × capacity × max_rules` counters whatever the number of sets;
 //! the lock is only tried, and a decision that finds it held (a read in progress) is skipped
 //! (counted in [`TopView::skipped`]). A descriptor is recorded when a rule with a limit decided it.
 
@@ -16,7 +18,7 @@ use serde::Serialize;
 use sluice_core::clock::SharedClock;
 use sluice_core::decision::{Decision, Status};
 use sluice_core::request::{LimitRequest, RequestDescriptor};
-use sluice_core::top::{RuleView, Seen, TopKeys, TopOptions, merged_view};
+use sluice_core::top::{RuleView, Seen, TopBounds, TopKeys, TopOptions, merged_view};
 
 /// Descriptors of a request hashed before taking the lock (the rest, rare, under it).
 const HASHED_AHEAD: usize = 8;
@@ -41,12 +43,30 @@ fn thread_number() -> usize {
     })
 }
 
-/// One replica's summaries: a set per available CPU.
+/// Most keys per list a view shows (`GET /top?n=`).
+pub const MAX_KEYS: usize = 100;
+
+/// Most rules one view shows (`GET /top?limit=`); the rest are on the next pages.
+pub const MAX_RULES_PER_VIEW: usize = 50;
+
+/// Largest `--top-keys`.
+pub const MAX_CAPACITY: usize = 1024;
+
+/// One replica's summaries: a set per available CPU, within one [`TopBounds`].
 pub struct TopRecorder {
     sets: Box<[Mutex<TopKeys>]>,
+    bounds: TopBounds,
     hasher: RandomState,
     clock: SharedClock,
     skipped: AtomicU64,
+}
+
+/// Which rules of a view to show: `limit` (at most [`MAX_RULES_PER_VIEW`]) from `offset`, in
+/// the view's order.
+#[derive(Clone, Copy, Debug)]
+pub struct Page {
+    pub offset: usize,
+    pub limit: usize,
 }
 
 /// What `GET /top` answers.
@@ -57,7 +77,14 @@ pub struct TopView {
     pub capacity: usize,
     /// A view covers the current window and the one before.
     pub window_seconds: u64,
+    /// Most rules tracked at once by this replica (decisions of others are `untracked`).
+    pub max_rules: usize,
+    /// The view's rules from `offset` on, at most the view's `limit`.
     pub rules: Vec<RuleView>,
+    /// Rules in the whole view; `next_offset` asks for the next page (`None`: this is the last).
+    pub rules_total: usize,
+    pub offset: usize,
+    pub next_offset: Option<usize>,
     /// Decisions of rules past the tracked bound, not summarized.
     pub untracked: u64,
     /// Decisions not recorded because the summaries were busy (since start).
@@ -73,10 +100,12 @@ impl TopRecorder {
             ..TopOptions::default()
         };
         let sets = std::thread::available_parallelism().map_or(1, usize::from);
+        let bounds = TopBounds::for_options(&options);
         (capacity > 0).then(|| TopRecorder {
             sets: (0..sets)
-                .map(|_| Mutex::new(TopKeys::new(options)))
+                .map(|_| Mutex::new(TopKeys::sharing(options, bounds.clone())))
                 .collect(),
+            bounds,
             hasher: RandomState::new(),
             clock,
             skipped: AtomicU64::new(0),
@@ -123,8 +152,9 @@ impl TopRecorder {
         }
     }
 
-    /// The `n` top keys of every rule (or of `rule` only), every thread's counts merged.
-    pub fn view(&self, n: usize, rule: Option<&str>) -> TopView {
+    /// The `n` top keys (at most [`MAX_KEYS`]) of `page`'s rules (or of `rule` only), every
+    /// thread's counts merged.
+    pub fn view(&self, n: usize, rule: Option<&str>, page: Page) -> TopView {
         let mut guards: Vec<_> = self
             .sets
             .iter()
@@ -133,13 +163,28 @@ impl TopRecorder {
         let options = guards[0].options();
         let untracked = guards.iter().map(|g| g.untracked()).sum();
         let mut sets: Vec<&mut TopKeys> = guards.iter_mut().map(|g| &mut **g).collect();
+        let mut rules = merged_view(&mut sets, self.clock.now_ms(), n.min(MAX_KEYS), rule);
+        drop(guards);
+        let rules_total = rules.len();
+        let limit = page.limit.clamp(1, MAX_RULES_PER_VIEW);
+        let end = page.offset.saturating_add(limit).min(rules_total);
+        let rules: Vec<RuleView> = rules.drain(page.offset.min(end)..end).collect();
         TopView {
             capacity: options.capacity,
             window_seconds: options.window_ms / 1000,
-            rules: merged_view(&mut sets, self.clock.now_ms(), n, rule),
+            max_rules: options.max_rules,
+            rules,
+            rules_total,
+            offset: page.offset,
+            next_offset: (end < rules_total).then_some(end),
             untracked,
             skipped: self.skipped.load(Ordering::Relaxed),
         }
+    }
+
+    /// Rules tracked and counters held now, every set together.
+    pub fn held(&self) -> (usize, usize) {
+        (self.bounds.rules(), self.bounds.counters())
     }
 
     fn hash(&self, descriptor: &RequestDescriptor) -> u64 {

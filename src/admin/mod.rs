@@ -5,6 +5,7 @@
 
 pub mod buckets;
 pub mod explain;
+pub mod listener;
 pub mod page;
 pub mod top;
 
@@ -66,19 +67,30 @@ pub struct AdminState {
     pub metrics: Metrics,
 }
 
+/// What the metrics listener (`--metrics-addr`) serves: `/metrics` and `/healthz`, nothing that
+/// names a tenant.
+pub fn metrics_router(metrics: Metrics) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics_text).with_state(metrics))
+}
+
 pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/config", get(config))
-        .route("/metrics", get(metrics))
+        .route(
+            "/metrics",
+            get(metrics_text).with_state(state.metrics.clone()),
+        )
         .with_state(state)
 }
 
 /// Prometheus text exposition (format 0.0.4) of every metric; 404 with metrics off.
-async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
+async fn metrics_text(State(metrics): State<Metrics>) -> impl IntoResponse {
     const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-    match state.metrics.prometheus_text() {
+    match metrics.prometheus_text() {
         Some(Ok(text)) => (StatusCode::OK, [("content-type", CONTENT_TYPE)], text),
         Some(Err(e)) => (
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -1,8 +1,14 @@
 //! The admin listener's routes over what the server built: health, readiness, config, metrics,
 //! explain, buckets, top keys, the page, and the envoyproxy/ratelimit routes.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use super::ServeError;
+use crate::admin::listener::{AdminThread, ListenerLimits};
 use crate::admin::{self, AdminState, Readiness};
 use crate::backend::Backend;
 use crate::config::ConfigStore;
@@ -75,4 +81,34 @@ fn explain_options(settings: &Settings) -> crate::explain::ExplainOptions {
         key_prefix: settings.key_prefix.clone(),
         default_failure_mode: settings.failure_mode.into(),
     }
+}
+
+/// Binds `--metrics-addr` when set, and serves the admin router (and the metrics-only one there)
+/// on the admin listener's own thread until `stop`; returns the thread and the metrics address.
+pub(super) async fn spawn(
+    settings: &Settings,
+    admin: TcpListener,
+    router: axum::Router,
+    metrics: &Metrics,
+    stop: watch::Receiver<bool>,
+) -> Result<(AdminThread, Option<SocketAddr>), ServeError> {
+    let unbound = |addr: SocketAddr| move |source| ServeError::Bind { addr, source };
+    let admin_addr = settings.admin_addr;
+    let mut listeners = vec![(admin.into_std().map_err(unbound(admin_addr))?, router)];
+    let mut metrics_addr = None;
+    if let Some(addr) = settings.admin.metrics_addr {
+        let listener = super::bind(addr).await?;
+        metrics_addr = Some(super::local_addr(&listener, addr)?);
+        let listener = listener.into_std().map_err(unbound(addr))?;
+        listeners.push((listener, admin::metrics_router(metrics.clone())));
+    }
+    let limits = ListenerLimits {
+        max_connections: usize::try_from(settings.admin.admin_max_connections)
+            .unwrap_or(usize::MAX),
+        header_timeout: settings.admin.admin_header_timeout,
+        idle_timeout: settings.admin.admin_idle_timeout,
+    };
+    let thread = admin::listener::spawn(listeners, limits, metrics.admin(), stop)
+        .map_err(unbound(admin_addr))?;
+    Ok((thread, metrics_addr))
 }

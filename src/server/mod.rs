@@ -80,6 +80,8 @@ pub enum ServeError {
 pub struct Running {
     pub grpc_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// `--metrics-addr` as bound, when set.
+    pub metrics_addr: Option<SocketAddr>,
     pub readiness: Arc<Readiness>,
     pub config: Arc<ConfigStore>,
     /// The embedded backend, when it is the one serving (tests watch its bounds).
@@ -116,8 +118,12 @@ impl Running {
 /// Runs the service until `shutdown` resolves, then drains.
 pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
     let running = start(settings).await?;
+    let metrics = running
+        .metrics_addr
+        .map(|addr| format!(" metrics={addr}"))
+        .unwrap_or_default();
     println!(
-        "sluice ready grpc={} admin={}",
+        "sluice ready grpc={} admin={}{metrics}",
         running.grpc_addr, running.admin_addr
     );
     let Running { stop, mut task, .. } = running;
@@ -414,7 +420,7 @@ fn rls_service<B>(
     metrics: &Metrics,
 ) -> (RateLimitHandler<B>, Option<Arc<TopRecorder>>) {
     let top = TopRecorder::new(
-        settings.telemetry.top_keys,
+        usize::try_from(settings.telemetry.top_keys).unwrap_or(crate::top::MAX_CAPACITY),
         settings.telemetry.top_window,
         Arc::new(MonotonicClock::new()),
     )
@@ -495,7 +501,14 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
         stop_rx.clone(),
     );
     let (closing, closing_rx) = watch::channel(false);
-    let admin_task = spawn_admin(admin_listener, built.admin, closing_rx.clone());
+    let (admin_thread, metrics_addr) = admin_routes::spawn(
+        settings,
+        admin_listener,
+        built.admin,
+        &built.metrics,
+        closing_rx.clone(),
+    )
+    .await?;
     tokio::spawn(built.quotas.clone().run(stop_rx.clone()));
     let rlqs = QuotaHandler::new(built.quotas).into_server(settings.max_message_bytes);
 
@@ -533,7 +546,7 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
             ),
         );
     let wind_down = WindDown {
-        admin_task,
+        admin_thread,
         local_sweeper: built.local_sweeper,
         lease_sweeper,
         limiter: built.limiter.clone(),
@@ -548,6 +561,7 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
     Ok(Running {
         grpc_addr,
         admin_addr,
+        metrics_addr,
         readiness: built.readiness,
         config: built.config,
         memory_backend: None,
@@ -557,26 +571,6 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
         in_flight: built.limiter.resilience().in_flight().clone(),
         stop,
         task,
-    })
-}
-
-/// Serves the admin router until the gRPC listener closes (it answers `/readyz` 503 while
-/// leaving).
-fn spawn_admin(
-    listener: TcpListener,
-    router: axum::Router,
-    mut stop: watch::Receiver<bool>,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let router = router.into_make_service_with_connect_info::<SocketAddr>();
-        let result = axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                let _ = stop.wait_for(|s| *s).await;
-            })
-            .await;
-        if let Err(e) = result {
-            tracing::error!(error = %e, "admin server failed");
-        }
     })
 }
 
