@@ -103,9 +103,21 @@ fn buckets(descriptor: &str) -> String {
     )
 }
 
-/// One HTTP/1.0 exchange: status and JSON body.
+/// The operator token every server with `--admin-write` is started with.
+const TOKEN: &str = "operator-token-for-tests";
+
+/// A file holding [`TOKEN`] (kept until the test process ends).
+fn token_file() -> std::path::PathBuf {
+    let file = tempfile::NamedTempFile::new().expect("a temp file");
+    std::fs::write(file.path(), format!("{TOKEN}\n")).unwrap();
+    file.into_temp_path().keep().expect("kept")
+}
+
+/// One HTTP/1.0 exchange carrying the operator token: status and JSON body.
 fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, Value) {
-    let (status, body) = sluice_harness::rls::http(addr, method, path);
+    let bearer = format!("Bearer {TOKEN}");
+    let headers = [("Host", "localhost"), ("Authorization", bearer.as_str())];
+    let (status, body) = sluice_harness::rls::http_with(addr, method, path, &headers);
     (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
@@ -321,6 +333,9 @@ async fn metrics_text(addr: SocketAddr) -> String {
 fn settings_with(write: bool) -> impl FnOnce(&mut Settings) {
     move |settings: &mut Settings| {
         settings.admin_write = write;
+        if write {
+            settings.admin.admin_token_file = Some(token_file());
+        }
         // A rejected bucket stays rejected here without asking the backend: the reset must
         // drop that too.
         settings.over_limit_cache = true;
@@ -568,8 +583,19 @@ async fn the_cli_shows_and_resets_through_the_admin_listener() {
     assert_eq!(code, Some(0));
     assert_eq!(shown["bucket_id"][0]["value"], "cli", "{shown}");
 
-    let writer = sluice_harness::SluiceProcess::start(&[("ops.yaml", CONFIG)], &["--admin-write"]);
-    let (code, reset, stderr) = cli(writer.admin, &["reset", "hot=cli"]);
+    let token = token_file();
+    let token = token.to_str().unwrap();
+    let writer = sluice_harness::SluiceProcess::start(
+        &[("ops.yaml", CONFIG)],
+        &["--admin-write", "--admin-token-file", token],
+    );
+    let (code, _, stderr) = cli(writer.admin, &["reset", "hot=cli"]);
+    assert_eq!(code, Some(1), "no token: {stderr}");
+    assert!(stderr.contains("401"), "{stderr}");
+    let (code, reset, stderr) = cli(
+        writer.admin,
+        &["reset", "--admin-token-file", token, "hot=cli"],
+    );
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(reset["reset"].as_array().map(Vec::len), Some(2), "{reset}");
     let log = writer.log();

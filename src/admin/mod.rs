@@ -5,6 +5,7 @@
 
 pub mod buckets;
 pub mod explain;
+pub mod guard;
 pub mod listener;
 pub mod page;
 pub mod top;

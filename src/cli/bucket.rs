@@ -15,7 +15,14 @@ pub fn run(args: &BucketArgs) -> ExitCode {
         BucketAction::Reset(target) => ("DELETE", target),
     };
     let path = path(target);
-    match exchange(&target.admin, method, &path) {
+    let token = match super::admin::token(target.admin_token_file.as_deref()) {
+        Ok(token) => token,
+        Err(e) => {
+            eprintln!("sluice bucket: --admin-token-file {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match exchange(&target.admin, method, &path, token.as_deref()) {
         Ok((200, body)) => {
             println!("{}", pretty(&body));
             ExitCode::SUCCESS
@@ -70,6 +77,7 @@ mod tests {
             domain: "edge".into(),
             bucket: false,
             entries: vec!["tenant=acme".into(), "route=a%2Cb".into()],
+            admin_token_file: None,
         };
         assert_eq!(
             path(&target),

@@ -44,8 +44,16 @@ pub fn run(args: &TopArgs) -> ExitCode {
             utf8_percent_encode(rule, NON_ALPHANUMERIC)
         );
     }
+    let token = match super::admin::token(args.admin_token_file.as_deref()) {
+        Ok(token) => token,
+        Err(e) => {
+            eprintln!("sluice top: --admin-token-file {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     loop {
-        let shown: Result<String, String> = match exchange(&args.admin, "GET", &path) {
+        let answer = exchange(&args.admin, "GET", &path, token.as_deref());
+        let shown: Result<String, String> = match answer {
             Ok((200, body)) => serde_json::from_str::<View>(&body)
                 .map(|view| render(&view, &args.admin))
                 .map_err(|e| format!("unreadable answer from {}: {e}", args.admin)),

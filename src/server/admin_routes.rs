@@ -31,7 +31,32 @@ pub(super) struct AdminParts<'a, B> {
     pub top: Option<Arc<TopRecorder>>,
 }
 
-pub(super) fn router<B: Backend>(parts: &AdminParts<'_, B>) -> axum::Router {
+/// Every admin route behind the [`admin::guard`]; an error when `--admin-write` has no token or
+/// the token file cannot be read.
+pub(super) fn router<B: Backend>(parts: &AdminParts<'_, B>) -> Result<axum::Router, ServeError> {
+    let admin = &parts.settings.admin;
+    let token = match &admin.admin_token_file {
+        Some(path) => Some(
+            admin::guard::TokenFile::open(path.clone())
+                .map_err(|e| ServeError::Setting(format!("--admin-token-file: {e}")))?,
+        ),
+        None if parts.settings.admin_write => {
+            return Err(ServeError::Setting(
+                "--admin-write needs --admin-token-file: resets are only for callers holding \
+                 the operator token"
+                    .to_owned(),
+            ));
+        }
+        None => None,
+    };
+    let guard = admin::guard::Guard::new(token, &admin.admin_host, parts.metrics.admin());
+    Ok(routes(parts).layer(axum::middleware::from_fn_with_state(
+        Arc::new(guard),
+        admin::guard::guard,
+    )))
+}
+
+fn routes<B: Backend>(parts: &AdminParts<'_, B>) -> axum::Router {
     let AdminParts {
         settings,
         config,

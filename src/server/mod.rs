@@ -395,7 +395,7 @@ async fn build<B: Backend>(
         quotas: &quotas,
         replicas: &store.replicas,
         top,
-    });
+    })?;
     Ok(Built {
         config,
         readiness,
