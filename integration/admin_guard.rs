@@ -235,3 +235,179 @@ fn the_metrics_listener_serves_metrics_and_nothing_that_names_a_tenant() {
         "the admin listener still serves it"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Bytes in, bytes out: a value that is not UTF-8, from the RLS request to `/top` and back into
+// `DELETE /buckets`.
+
+mod raw {
+    use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+    use prost::Message;
+    use prost::bytes::{Buf, BufMut};
+    use sluice::security::wire::SHOULD_RATE_LIMIT_PATH;
+    use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+
+    /// Sends raw bytes as a `RateLimitRequest` and decodes the answer.
+    #[derive(Clone, Copy, Default)]
+    struct RawCodec;
+    struct RawEncoder;
+    struct ResponseDecoder;
+
+    impl Codec for RawCodec {
+        type Encode = Vec<u8>;
+        type Decode = RateLimitResponse;
+        type Encoder = RawEncoder;
+        type Decoder = ResponseDecoder;
+        fn encoder(&mut self) -> RawEncoder {
+            RawEncoder
+        }
+        fn decoder(&mut self) -> ResponseDecoder {
+            ResponseDecoder
+        }
+    }
+
+    impl Encoder for RawEncoder {
+        type Item = Vec<u8>;
+        type Error = tonic::Status;
+        fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
+            dst.put_slice(&item);
+            Ok(())
+        }
+    }
+
+    impl Decoder for ResponseDecoder {
+        type Item = RateLimitResponse;
+        type Error = tonic::Status;
+        fn decode(
+            &mut self,
+            src: &mut DecodeBuf<'_>,
+        ) -> Result<Option<RateLimitResponse>, tonic::Status> {
+            let bytes = src.copy_to_bytes(src.remaining());
+            RateLimitResponse::decode(bytes)
+                .map(Some)
+                .map_err(|e| tonic::Status::internal(e.to_string()))
+        }
+    }
+
+    /// `request` encoded, the first `needle` replaced by same-length `with`, decided: the
+    /// overall code.
+    pub async fn call(
+        grpc: std::net::SocketAddr,
+        request: &RateLimitRequest,
+        needle: &[u8],
+        with: &[u8],
+    ) -> i32 {
+        let mut bytes = request.encode_to_vec();
+        let at = bytes
+            .windows(needle.len())
+            .position(|w| w == needle)
+            .expect("needle present");
+        bytes[at..at + with.len()].copy_from_slice(with);
+        let channel = tonic::transport::Channel::from_shared(format!("http://{grpc}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = tonic::client::Grpc::new(channel);
+        client.ready().await.unwrap();
+        client
+            .unary(
+                tonic::Request::new(bytes),
+                http::uri::PathAndQuery::from_static(SHOULD_RATE_LIMIT_PATH),
+                RawCodec,
+            )
+            .await
+            .expect("decided")
+            .into_inner()
+            .overall_code
+    }
+}
+
+const BYTES: &str = r#"
+domain: ops
+descriptors:
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 3}
+"#;
+
+/// `GET` or `DELETE` with the operator token `t`, off the async workers.
+async fn admin_call(admin: SocketAddr, method: &'static str, path: String) -> (u16, Value) {
+    tokio::task::spawn_blocking(move || {
+        let headers = [("Host", "localhost"), ("Authorization", "Bearer t")];
+        let (status, body) = http_with(admin, method, &path, &headers);
+        (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_value_that_is_not_utf8_is_printed_and_reset_as_the_same_bytes() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    use sluice_harness::rls::{OK, OVER_LIMIT, desc, req};
+    let (_dir, token) = token_dir("t");
+    let sluice = SluiceProcess::start(
+        &[("ops.yaml", BYTES)],
+        &["--admin-write", "--admin-token-file", &token],
+    );
+    let (grpc, admin) = (sluice.grpc, sluice.admin);
+    let raw = req("ops", vec![desc(&[("tenant", "ab~")])]);
+    let spend_raw = || raw::call(grpc, &raw, b"ab~", b"ab\xFF");
+    // `ab\xFF` spends its bucket; its lossy spelling `ab\u{FFFD}` is another client, spent too.
+    let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    let lossy = req("ops", vec![desc(&[("tenant", "ab\u{FFFD}")])]);
+    for expected in [OK, OK, OK, OVER_LIMIT] {
+        assert_eq!(spend_raw().await, expected);
+        let code = client.should_rate_limit(lossy.clone()).await.unwrap();
+        assert_eq!(code.into_inner().overall_code, expected);
+    }
+    let (status, top) = admin_call(admin, "GET", "/top".into()).await;
+    assert_eq!(status, 200, "{top}");
+    let limited: Vec<&str> = top["rules"][0]["limited"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"].as_str().unwrap())
+        .collect();
+    assert!(limited.contains(&"tenant=ab%FF"), "{limited:?}");
+    assert!(limited.contains(&"tenant=ab%EF%BF%BD"), "{limited:?}");
+    // Typed back as printed, it names exactly those bytes.
+    let path = "/buckets?domain=ops&descriptor=tenant=ab%FF".to_owned();
+    let (status, shown) = admin_call(admin, "GET", path.clone()).await;
+    assert_eq!(status, 200, "{shown}");
+    assert_eq!(shown["descriptor"][0]["value"], "ab%FF", "{shown}");
+    assert_eq!(shown["keys"][0]["remaining"], 0, "{shown}");
+    for bad in ["tenant=ab%F", "tenant=ab%GG", "tenant=100%"] {
+        let (status, body) = admin_call(
+            admin,
+            "GET",
+            format!("/buckets?domain=ops&descriptor={bad}"),
+        )
+        .await;
+        assert_eq!(status, 400, "{bad}: {body}");
+    }
+    let (status, reset) = admin_call(admin, "DELETE", path).await;
+    assert_eq!(status, 200, "{reset}");
+    assert_eq!(reset["reset"][0]["existed"], true, "{reset}");
+    // Exactly that key starts fresh; the lossy spelling's bucket is still spent.
+    assert_eq!(spend_raw().await, OK);
+    let code = client.should_rate_limit(lossy.clone()).await.unwrap();
+    assert_eq!(code.into_inner().overall_code, OVER_LIMIT);
+    // The CLI reads the same form.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "bucket",
+            "show",
+            "--admin",
+            &admin.to_string(),
+            "--admin-token-file",
+            &token,
+        ])
+        .args(["--domain", "ops", "tenant=ab%ff"])
+        .output()
+        .unwrap();
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(shown["keys"][0]["remaining"], 2, "{shown}");
+}

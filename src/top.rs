@@ -199,26 +199,24 @@ impl TopRecorder {
     }
 }
 
-/// `k=v, k2=v2`, cut at [`MAX_LABEL_BYTES`].
+/// `k=v,k2=v2` in [`crate::value_text`]'s form (typed back into `/buckets` or `sluice bucket`, it
+/// names the same bytes), cut at [`MAX_LABEL_BYTES`] with a `…` (never part of that form).
 fn label(descriptor: &RequestDescriptor) -> Arc<str> {
     let mut text = String::new();
     for (i, entry) in descriptor.entries.iter().enumerate() {
         if i > 0 {
-            text.push_str(", ");
+            text.push(',');
         }
-        text.push_str(&entry.key);
+        text.push_str(&crate::value_text::encode(entry.key.as_bytes()));
         text.push('=');
-        text.push_str(&entry.value.to_text());
+        text.push_str(&crate::value_text::encode(entry.value.as_bytes()));
         if text.len() > MAX_LABEL_BYTES {
             break;
         }
     }
     if text.len() > MAX_LABEL_BYTES {
-        let mut cut = MAX_LABEL_BYTES;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
+        // The form is ASCII: any byte is a char boundary.
+        text.truncate(MAX_LABEL_BYTES);
         text.push('…');
     }
     Arc::from(text)

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::connect_info::ConnectInfo;
-use axum::extract::{Query, State};
+use axum::extract::{RawQuery, State};
 use axum::http::{Extensions, StatusCode};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
@@ -91,7 +91,7 @@ fn selection(selected: &Selected) -> (&'static str, Vec<EntryView>) {
         .iter()
         .map(|e| EntryView {
             key: e.key.clone(),
-            value: e.value.to_string(),
+            value: crate::value_text::encode(e.value.as_bytes()),
         })
         .collect();
     if selected.is_bucket {
@@ -104,8 +104,9 @@ fn selection(selected: &Selected) -> (&'static str, Vec<EntryView>) {
 
 async fn show<B: Backend>(
     State(state): State<Arc<BucketsState<B>>>,
-    Query(query): Query<Selector>,
+    RawQuery(query): RawQuery,
 ) -> Response {
+    let query = Selector::from_query(query.as_deref());
     let (selected, stored) = match locate(&state, query) {
         Ok(found) => found,
         Err((status, message)) => return error(status, message),
@@ -205,8 +206,9 @@ fn held_here<B: Backend>(state: &BucketsState<B>, key: &str) -> Value {
 async fn reset<B: Backend>(
     State(state): State<Arc<BucketsState<B>>>,
     extensions: Extensions,
-    Query(query): Query<Selector>,
+    RawQuery(query): RawQuery,
 ) -> Response {
+    let query = Selector::from_query(query.as_deref());
     if !state.write {
         return error(
             StatusCode::FORBIDDEN,
