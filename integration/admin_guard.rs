@@ -218,6 +218,7 @@ fn the_metrics_listener_serves_metrics_and_nothing_that_names_a_tenant() {
         "{body}"
     );
     assert_eq!(http_get(metrics, "/healthz").0, 200);
+    assert_eq!(http_get(metrics, "/readyz").0, 200);
     for path in [
         "/top",
         "/config",

@@ -68,18 +68,19 @@ pub struct AdminState {
     pub metrics: Metrics,
 }
 
-/// What the metrics listener (`--metrics-addr`) serves: `/metrics` and `/healthz`, nothing that
-/// names a tenant.
-pub fn metrics_router(metrics: Metrics) -> Router {
+/// What the metrics listener (`--metrics-addr`) serves: `/metrics` and the probes (`/healthz`,
+/// `/readyz`), nothing that names a tenant.
+pub fn metrics_router(metrics: Metrics, readiness: Arc<Readiness>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz).with_state(readiness))
         .route("/metrics", get(metrics_text).with_state(metrics))
 }
 
 pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+        .route("/readyz", get(readyz).with_state(state.readiness.clone()))
         .route("/config", get(config))
         .route(
             "/metrics",
@@ -110,13 +111,13 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
-    if state.readiness.is_ready() {
+async fn readyz(State(readiness): State<Arc<Readiness>>) -> impl IntoResponse {
+    if readiness.is_ready() {
         (StatusCode::OK, "ready\n".to_string())
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {}\n", state.readiness.reasons().join(", ")),
+            format!("not ready: {}\n", readiness.reasons().join(", ")),
         )
     }
 }

@@ -114,7 +114,7 @@ pub(super) async fn spawn(
     settings: &Settings,
     admin: TcpListener,
     router: axum::Router,
-    metrics: &Metrics,
+    (metrics, readiness): (&Metrics, &Arc<Readiness>),
     stop: watch::Receiver<bool>,
 ) -> Result<(AdminThread, Option<SocketAddr>), ServeError> {
     let unbound = |addr: SocketAddr| move |source| ServeError::Bind { addr, source };
@@ -125,7 +125,8 @@ pub(super) async fn spawn(
         let listener = super::bind(addr).await?;
         metrics_addr = Some(super::local_addr(&listener, addr)?);
         let listener = listener.into_std().map_err(unbound(addr))?;
-        listeners.push((listener, admin::metrics_router(metrics.clone())));
+        let router = admin::metrics_router(metrics.clone(), Arc::clone(readiness));
+        listeners.push((listener, router));
     }
     let limits = ListenerLimits {
         max_connections: usize::try_from(settings.admin.admin_max_connections)

@@ -505,7 +505,7 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
         settings,
         admin_listener,
         built.admin,
-        &built.metrics,
+        (&built.metrics, &built.readiness),
         closing_rx.clone(),
     )
     .await?;

@@ -41,8 +41,8 @@ pub struct AdminArgs {
     #[arg(long, env = "SLUICE_ADMIN_IDLE_TIMEOUT", value_parser = parse_duration, default_value = "30s")]
     pub admin_idle_timeout: Duration,
 
-    /// Also serve GET /metrics (and /healthz) on this address, a listener showing nothing else
-    /// (envoyproxy: PROMETHEUS_ADDR; Envoy Gateway scrapes :19001).
+    /// Also serve GET /metrics and the probes (/healthz, /readyz) on this address, a listener
+    /// showing nothing else (envoyproxy: PROMETHEUS_ADDR; Envoy Gateway scrapes :19001).
     #[arg(long, env = "SLUICE_METRICS_ADDR")]
     pub metrics_addr: Option<SocketAddr>,
 }
