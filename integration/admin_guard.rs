@@ -412,3 +412,47 @@ async fn a_value_that_is_not_utf8_is_printed_and_reset_as_the_same_bytes() {
     let shown: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     assert_eq!(shown["keys"][0]["remaining"], 2, "{shown}");
 }
+
+const COSTLY: &str = r#"
+domain: ops
+descriptors:
+  - key: export
+    cost: 10
+    rate_limit: {unit: minute, requests_per_unit: 100}
+"#;
+
+#[tokio::test]
+async fn buckets_count_remaining_in_the_units_of_the_rls_answer() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    use sluice_harness::rls::{desc, req};
+    let sluice = SluiceProcess::start(&[("ops.yaml", COSTLY)], &[]);
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", sluice.grpc))
+        .await
+        .unwrap();
+    let mut told = 0;
+    for _ in 0..6 {
+        let answer = client
+            .should_rate_limit(req("ops", vec![desc(&[("export", "q1")])]))
+            .await
+            .unwrap()
+            .into_inner();
+        told = answer.statuses[0].limit_remaining;
+    }
+    assert_eq!(told, 4, "RLS counts hits of cost 10");
+    let (status, shown) = admin_call(
+        sluice.admin,
+        "GET",
+        "/buckets?domain=ops&descriptor=export=q1".into(),
+    )
+    .await;
+    assert_eq!(status, 200, "{shown}");
+    let key = &shown["keys"][0];
+    assert_eq!(key["remaining"], 4, "hits, as RLS said: {key}");
+    assert_eq!(key["limit"], 10, "{key}");
+    assert_eq!(key["cost"], 10, "{key}");
+    let tokens = key["remaining_tokens"].as_u64().unwrap();
+    assert!(
+        (40..50).contains(&tokens),
+        "the bucket's tokens beside: {key}"
+    );
+}

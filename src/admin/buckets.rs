@@ -113,13 +113,14 @@ async fn show<B: Backend>(
     };
     let peeks = state.limiter.backend().peek(&hits(&stored)).await;
     let failed = peeks.iter().any(Result::is_err);
+    let cost = stored.rule.bucket.as_ref().map_or(1, |b| b.cost);
     let keys: Vec<Value> = stored
         .keys
         .iter()
         .zip(peeks)
         .map(|(key, peek)| {
             let mut view = match peek {
-                Ok(peek) => key_view(key, &peek),
+                Ok(peek) => key_view(key, &peek, cost),
                 Err(e) => failure(key, &e),
             };
             view["replica"] = held_here(&state, &key.key);
@@ -145,15 +146,22 @@ fn status(failed: bool) -> StatusCode {
     }
 }
 
-/// One key's state as the backend holds it.
-fn key_view(key: &StoredKey, peek: &KeyPeek) -> Value {
+/// One key's state as the backend holds it. `remaining` and `limit` are in hits of the rule's
+/// `cost`, as the RLS answer (`limit_remaining`, `x-ratelimit-remaining`) counts them;
+/// `remaining_tokens` is the bucket's own count.
+fn key_view(key: &StoredKey, peek: &KeyPeek, cost: u64) -> Value {
     let verdict = peek.peek.verdict;
+    let cost = cost.max(1);
+    let limit = key.params.capacity / cost;
     let mut view = json!({
         "key": key.key,
         "shard": key.shard,
         "stored": peek.stored,
         "ttl_ms": peek.ttl_ms,
-        "remaining": verdict.remaining,
+        "remaining": (verdict.remaining / cost).min(limit),
+        "limit": limit,
+        "remaining_tokens": verdict.remaining,
+        "cost": cost,
         "until_full_ms": verdict.until_full_ms,
         "retry_after_ms": verdict.retry_after_ms,
         "state": peek.peek.level(&key.params, peek.now_ms),
