@@ -379,6 +379,11 @@ async fn a_value_that_is_not_utf8_is_printed_and_reset_as_the_same_bytes() {
     let (status, shown) = admin_call(admin, "GET", path.clone()).await;
     assert_eq!(status, 200, "{shown}");
     assert_eq!(shown["descriptor"][0]["value"], "ab%FF", "{shown}");
+    let explain = "/explain?domain=ops&descriptor=tenant=ab%FF".to_owned();
+    let (status, explained) = admin_call(admin, "GET", explain).await;
+    assert_eq!(status, 200, "{explained}");
+    assert_eq!(explained["descriptor"][0]["value"], "ab%FF", "{explained}");
+    assert_eq!(explained["steps"][0]["value"], "ab%FF", "{explained}");
     assert_eq!(shown["keys"][0]["remaining"], 0, "{shown}");
     for bad in ["tenant=ab%F", "tenant=ab%GG", "tenant=100%"] {
         let (status, body) = admin_call(

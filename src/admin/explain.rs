@@ -114,10 +114,30 @@ async fn explain_handler(
     }
     let mut report =
         serde_json::to_value(explain(&config, domain, entries, options)).unwrap_or_default();
+    show_values(&mut report, entries);
+    Json(report).into_response()
+}
+
+/// The report's descriptor values and matching steps' values in [`value_text`]'s form.
+fn show_values(report: &mut serde_json::Value, entries: &[Entry]) {
+    let text = |i: usize| {
+        entries
+            .get(i)
+            .map(|e| value_text::encode(e.value.as_bytes()))
+    };
     if let Some(shown) = report["descriptor"].as_array_mut() {
-        for (view, entry) in shown.iter_mut().zip(entries) {
-            view["value"] = value_text::encode(entry.value.as_bytes()).into();
+        for (i, view) in shown.iter_mut().enumerate() {
+            if let Some(value) = text(i) {
+                view["value"] = value.into();
+            }
         }
     }
-    Json(report).into_response()
+    if let Some(steps) = report["steps"].as_array_mut() {
+        for step in steps {
+            let entry = step["entry"].as_u64().and_then(|n| usize::try_from(n).ok());
+            if let Some(value) = entry.and_then(|n| text(n.wrapping_sub(1))) {
+                step["value"] = value.into();
+            }
+        }
+    }
 }
