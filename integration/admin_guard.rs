@@ -110,6 +110,11 @@ fn writes_and_identifier_reads_need_the_operator_token_and_the_listeners_host() 
         ask(admin, "DELETE", RESET, &host, Some("second-token")),
         200
     );
+    refusals_are_logged_and_counted(&sluice);
+}
+
+/// Each refusal reason seen by `sluice` is in its log and in `sluice_admin_refused_total`.
+fn refusals_are_logged_and_counted(sluice: &SluiceProcess) {
     let log = sluice.log();
     for reason in ["no_token", "wrong_token", "foreign_host"] {
         assert!(

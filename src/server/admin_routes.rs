@@ -4,7 +4,6 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::ServeError;
@@ -108,17 +107,24 @@ fn explain_options(settings: &Settings) -> crate::explain::ExplainOptions {
     }
 }
 
-/// Binds `--metrics-addr` when set, and serves the admin router (and the metrics-only one there)
-/// on the admin listener's own thread until `stop`; returns the thread and the metrics address.
+/// The admin listener's thread and the addresses it serves.
+pub(super) struct AdminListening {
+    pub thread: AdminThread,
+    pub admin_addr: SocketAddr,
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+/// Binds `--admin-addr` (and `--metrics-addr` when set), and serves the admin router there (and
+/// the metrics-only one on the other) on the admin listener's own thread until `stop`.
 pub(super) async fn spawn(
     settings: &Settings,
-    admin: TcpListener,
     router: axum::Router,
     (metrics, readiness): (&Metrics, &Arc<Readiness>),
     stop: watch::Receiver<bool>,
-) -> Result<(AdminThread, Option<SocketAddr>), ServeError> {
+) -> Result<AdminListening, ServeError> {
     let unbound = |addr: SocketAddr| move |source| ServeError::Bind { addr, source };
-    let admin_addr = settings.admin_addr;
+    let admin = super::bind(settings.admin_addr).await?;
+    let admin_addr = super::local_addr(&admin, settings.admin_addr)?;
     let mut listeners = vec![(admin.into_std().map_err(unbound(admin_addr))?, router)];
     let mut metrics_addr = None;
     if let Some(addr) = settings.admin.metrics_addr {
@@ -136,5 +142,9 @@ pub(super) async fn spawn(
     };
     let thread = admin::listener::spawn(listeners, limits, metrics.admin(), stop)
         .map_err(unbound(admin_addr))?;
-    Ok((thread, metrics_addr))
+    Ok(AdminListening {
+        thread,
+        admin_addr,
+        metrics_addr,
+    })
 }

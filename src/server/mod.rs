@@ -479,37 +479,16 @@ async fn grpc_health<B: Backend>(
 /// Binds both listeners and runs the built parts until the stop signal, then drains.
 async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Running, ServeError> {
     let grpc_listener = bind(settings.grpc_addr).await?;
-    let admin_listener = bind(settings.admin_addr).await?;
     let grpc_addr = local_addr(&grpc_listener, settings.grpc_addr)?;
-    let admin_addr = local_addr(&admin_listener, settings.admin_addr)?;
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     let grpc_health = grpc_health::<B>(health_reporter, &built.readiness).await;
 
     let (stop, stop_rx) = watch::channel(false);
-    let lease_sweeper = tokio::spawn(sweep_leases(
-        built.limiter.clone(),
-        lease_sweep_interval(settings.lease_lifetime),
-        stop_rx.clone(),
-    ));
-    spawn_health(
-        built.limiter.clone(),
-        built.readiness.clone(),
-        grpc_health.clone(),
-        built.answered,
-        settings.failure_mode.into(),
-        stop_rx.clone(),
-    );
+    let lease_sweeper = spawn_background(settings, &built, &grpc_health, &stop_rx);
     let (closing, closing_rx) = watch::channel(false);
-    let (admin_thread, metrics_addr) = admin_routes::spawn(
-        settings,
-        admin_listener,
-        built.admin,
-        (&built.metrics, &built.readiness),
-        closing_rx.clone(),
-    )
-    .await?;
-    tokio::spawn(built.quotas.clone().run(stop_rx.clone()));
+    let parts = (&built.metrics, &built.readiness);
+    let admin = admin_routes::spawn(settings, built.admin, parts, closing_rx.clone()).await?;
     let rlqs = QuotaHandler::new(built.quotas).into_server(settings.max_message_bytes);
 
     let rls = RateLimitServer::new(built.service)
@@ -546,7 +525,7 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
             ),
         );
     let wind_down = WindDown {
-        admin_thread,
+        admin_thread: admin.thread,
         local_sweeper: built.local_sweeper,
         lease_sweeper,
         limiter: built.limiter.clone(),
@@ -560,8 +539,8 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
 
     Ok(Running {
         grpc_addr,
-        admin_addr,
-        metrics_addr,
+        admin_addr: admin.admin_addr,
+        metrics_addr: admin.metrics_addr,
         readiness: built.readiness,
         config: built.config,
         memory_backend: None,
@@ -572,6 +551,30 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
         stop,
         task,
     })
+}
+
+/// Starts what runs beside the listeners until `stop`: the RLQS pushes, the health watcher and
+/// the lease sweeper (returned: shutdown waits for its last sweep).
+fn spawn_background<B: Backend>(
+    settings: &Settings,
+    built: &Built<B>,
+    grpc_health: &GrpcHealth,
+    stop: &watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(built.quotas.clone().run(stop.clone()));
+    spawn_health(
+        built.limiter.clone(),
+        built.readiness.clone(),
+        grpc_health.clone(),
+        built.answered,
+        settings.failure_mode.into(),
+        stop.clone(),
+    );
+    tokio::spawn(sweep_leases(
+        built.limiter.clone(),
+        lease_sweep_interval(settings.lease_lifetime),
+        stop.clone(),
+    ))
 }
 
 /// `--lease-lifetime` in whole ms, at least one (a lease that can never be spent is an error).
