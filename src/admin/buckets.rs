@@ -10,6 +10,7 @@
 //! unless the server runs with `--admin-write`; each one is logged with the caller's address and
 //! counted in `sluice_admin_resets_total{domain}`.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -40,6 +41,34 @@ pub struct BucketsState<B> {
     /// `--admin-write`: `DELETE /buckets` is allowed.
     pub write: bool,
     pub metrics: AdminMetrics,
+    /// The RLS runtime: backend calls run there (see [`on_rls`]).
+    pub rls: tokio::runtime::Handle,
+}
+
+/// Runs a backend call on the RLS runtime and waits for it from the admin thread: the backend's
+/// connections, and the tasks a call may start (a Cluster slot-map refresh, the batcher of a
+/// master a Sentinel failover found), belong to the runtime that decides, not to the admin
+/// listener's. One error per key if that runtime is gone (shutting down).
+async fn on_rls<B, T, F>(
+    state: &BucketsState<B>,
+    keys: usize,
+    call: F,
+) -> Vec<Result<T, BackendError>>
+where
+    B: Backend,
+    T: Send + 'static,
+    F: Future<Output = Vec<Result<T, BackendError>>> + Send + 'static,
+{
+    match state.rls.spawn(call).await {
+        Ok(results) => results,
+        Err(e) => (0..keys)
+            .map(|_| {
+                Err(BackendError::Unavailable(format!(
+                    "the RLS runtime is gone: {e}"
+                )))
+            })
+            .collect(),
+    }
 }
 
 /// `GET|DELETE /buckets?domain=D&descriptor=k=v,...` (or `bucket=k=v,...` for an RLQS bucket
@@ -111,7 +140,11 @@ async fn show<B: Backend>(
         Ok(found) => found,
         Err((status, message)) => return error(status, message),
     };
-    let peeks = state.limiter.backend().peek(&hits(&stored)).await;
+    let (limiter, asked) = (Arc::clone(&state.limiter), hits(&stored));
+    let peeks = on_rls(&state, asked.len(), async move {
+        limiter.backend().peek(&asked).await
+    })
+    .await;
     let failed = peeks.iter().any(Result::is_err);
     let cost = stored.rule.bucket.as_ref().map_or(1, |b| b.cost);
     let keys: Vec<Value> = stored
@@ -228,7 +261,11 @@ async fn reset<B: Backend>(
         Ok(found) => found,
         Err((status, message)) => return error(status, message),
     };
-    let deleted = state.limiter.backend().reset(&hits(&stored)).await;
+    let (limiter, asked) = (Arc::clone(&state.limiter), hits(&stored));
+    let deleted = on_rls(&state, asked.len(), async move {
+        limiter.backend().reset(&asked).await
+    })
+    .await;
     let failed = deleted.iter().any(Result::is_err);
     let mut keys = Vec::with_capacity(deleted.len());
     let mut dropped = Dropped::default();

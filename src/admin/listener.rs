@@ -3,7 +3,8 @@
 //! The admin router runs on its own OS thread, on a current-thread tokio runtime, at a lower CPU
 //! priority (nice 10 on Linux): merging `/top`, encoding `/metrics` or answering a flood of
 //! requests takes that one thread's time, never an RLS worker's, and when the CPUs are busy the
-//! scheduler runs the RLS workers first.
+//! scheduler runs the RLS workers first. Backend calls (`/buckets`) are handed to the RLS runtime,
+//! which owns the backend's connections, and awaited here.
 //!
 //! Connections are bounded: at most `max_connections` open; one more is taken in by closing the
 //! open connection that has waited longest without a request in progress (a held idle connection

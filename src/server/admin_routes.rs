@@ -94,6 +94,7 @@ fn routes<B: Backend>(parts: &AdminParts<'_, B>) -> axum::Router {
         quotas: Arc::clone(quotas),
         write: settings.admin_write,
         metrics: metrics.admin(),
+        rls: tokio::runtime::Handle::current(),
     }))
     .merge(admin::top::router(top.clone()))
     .merge(admin::page::router(page))
