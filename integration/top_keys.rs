@@ -168,6 +168,13 @@ async fn a_replica_tracks_at_most_a_thousand_rules_whatever_its_cores() {
     assert_eq!(view["max_rules"], 1000);
     assert_eq!(view["rules_total"], 1000, "{body}");
     assert_eq!(view["untracked"], RULES_CONFIGURED - 1000, "{body}");
+    // `sluice top` shows the first page (20 rules) and says how many more there are.
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["top", "--once", "--admin", &sluice.admin.to_string()])
+        .output()
+        .expect("sluice top runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("980 more rules with decisions"), "{text}");
 
     let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["serve", "--config", "/nonexistent", "--top-keys", "2000"])

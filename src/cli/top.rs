@@ -15,6 +15,9 @@ struct View {
     window_seconds: u64,
     capacity: usize,
     rules: Vec<RuleView>,
+    /// Rules in the whole view (the answer holds the first page).
+    #[serde(default)]
+    rules_total: usize,
     untracked: u64,
     skipped: u64,
 }
@@ -104,6 +107,13 @@ fn render(view: &View, admin: &str) -> String {
                 cell(&rule.active)
             );
         }
+    }
+    if view.rules_total > view.rules.len() {
+        let _ = writeln!(
+            out,
+            "\n{} more rules with decisions; --rule PATH shows one",
+            view.rules_total - view.rules.len()
+        );
     }
     if view.untracked > 0 || view.skipped > 0 {
         let _ = writeln!(
