@@ -312,6 +312,25 @@ def test_dockerfile_root_user_fails(repo: Path, capsys: pytest.CaptureFixture[st
     assert "FAIL deploy/Dockerfile: the runtime stage must set a non-root USER" in out
 
 
+def test_admin_listener_on_all_interfaces_without_a_token_fails(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    edit(repo, "deploy/kubernetes/deployment.yaml", 'value: "127.0.0.1:6070"', 'value: "0.0.0.0:6070"')
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert "SLUICE_ADMIN_ADDR='0.0.0.0:6070' must stay on 127.0.0.1 unless SLUICE_ADMIN_TOKEN_FILE" in out
+
+
+def test_probes_on_the_admin_port_fail(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = (repo / "deploy/kubernetes/deployment.yaml").read_text()
+    (repo / "deploy/kubernetes/deployment.yaml").write_text(
+        text.replace("path: /readyz\n              port: http-metrics", "path: /readyz\n              port: 6070")
+    )
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert "readinessProbe must GET /readyz on the metrics port" in out
+
+
 def config_of(text: str) -> validate.DescriptorConfig:
     failures = validate.Failures(Path("/"))
     config = validate.parse_descriptor_config(yaml.safe_load(text), Path("/test.yaml"), failures)

@@ -1119,7 +1119,7 @@ def check_sluice_container(path: Path, workload: dict, container: dict, failures
         failures.add(path, f"{name}: at least 2 replicas")
     ports = {port.get("name"): port["containerPort"] for port in container.get("ports", [])}
     env = {item["name"]: item.get("value", "") for item in container.get("env", [])}
-    for variable, port_name in (("SLUICE_GRPC_ADDR", "grpc"), ("SLUICE_ADMIN_ADDR", "http-admin")):
+    for variable, port_name in (("SLUICE_GRPC_ADDR", "grpc"), ("SLUICE_METRICS_ADDR", "http-metrics")):
         address = env.get(variable, "")
         if not address.startswith("0.0.0.0:") or port_of(address) != ports.get(port_name):
             failures.add(
@@ -1127,13 +1127,20 @@ def check_sluice_container(path: Path, workload: dict, container: dict, failures
                 f"{name}: {variable}={address!r} must listen on 0.0.0.0 at container port "
                 f"{port_name!r} ({ports.get(port_name)})",
             )
+    admin = env.get("SLUICE_ADMIN_ADDR", "")
+    if not admin.startswith("127.0.0.1:") and not env.get("SLUICE_ADMIN_TOKEN_FILE"):
+        failures.add(
+            path,
+            f"{name}: SLUICE_ADMIN_ADDR={admin!r} must stay on 127.0.0.1 unless "
+            "SLUICE_ADMIN_TOKEN_FILE is set (it shows tenants' identifiers and takes resets)",
+        )
     for probe, probe_path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
         http_get = container.get(probe, {}).get("httpGet", {})
         if http_get.get("path") != probe_path or http_get.get("port") not in (
-            "http-admin",
-            ports.get("http-admin"),
+            "http-metrics",
+            ports.get("http-metrics"),
         ):
-            failures.add(path, f"{name}: {probe} must GET {probe_path} on the admin port")
+            failures.add(path, f"{name}: {probe} must GET {probe_path} on the metrics port")
     pre_stop = container.get("lifecycle", {}).get("preStop", {})
     sleep = pre_stop.get("sleep", {}).get("seconds")
     if sleep is None:
@@ -1218,10 +1225,12 @@ def check_dockerfile(deploy_dir: Path, root: Path, sluice: dict | None, failures
         failures.add(path, f"the runtime stage must COPY config/ to {config_path}")
     exposed = {int(port.split("/")[0]) for rest in final.get("EXPOSE", []) for port in rest.split()}
     env_text = " ".join(final.get("ENV", []))
-    for variable in ("SLUICE_GRPC_ADDR", "SLUICE_ADMIN_ADDR"):
+    for variable in ("SLUICE_GRPC_ADDR", "SLUICE_METRICS_ADDR"):
         match = re.search(rf"{variable}=0\.0\.0\.0:(\d+)", env_text)
         if not match or int(match.group(1)) not in exposed:
             failures.add(path, f"ENV {variable}=0.0.0.0:<port> with the port in EXPOSE is required")
+    if not re.search(r"SLUICE_ADMIN_ADDR=127\.0\.0\.1:\d+", env_text):
+        failures.add(path, "ENV SLUICE_ADMIN_ADDR=127.0.0.1:<port> is required (the admin listener stays on loopback)")
     ignore_path = deploy_dir / "Dockerfile.dockerignore"
     ignored = (
         [

@@ -74,7 +74,7 @@ async fn a_browser_shows_the_limited_key_and_answers_both_forms() {
     // The link fills both forms and submits them; the DOM is dumped once the page's scripts
     // (its fetches and its first refreshes) have run.
     let url = format!(
-        "http://{}/?domain=edge&descriptor=user%3Dmallory",
+        "http://{}/?domain=edge&descriptor=user=mallory",
         sluice.admin
     );
     let profile = tempfile::tempdir().unwrap();
@@ -102,8 +102,15 @@ async fn a_browser_shows_the_limited_key_and_answers_both_forms() {
     shown(&digest);
     // Who is limited now: mallory, over the limit 3 times of 6 decisions.
     shown("data-rule=\"edge.user\"");
-    shown("3 over limit of 6 decisions");
+    shown("3 over limit of 6 decisions in the last 60–120 s");
     shown("<td class=\"key\">user=mallory</td>");
+    // ... drawn as bars over that window: mallory's the longest of each list.
+    shown("class=\"bar limited\" data-count=\"3\" style=\"width:120px\"");
+    shown("class=\"bar active\" data-count=\"6\" style=\"width:120px\"");
+    // The peeked bucket as a picture: empty, 0 of its 3 hits, in the RLS answer's units.
+    shown("data-remaining=\"0\" data-limit=\"3\" data-level=\"0%\"");
+    shown("<div class=\"fill\" style=\"width:0%\"></div>");
+    shown(" 0 of 3 hits left (0 tokens, cost 1), full in ");
     // The explain form's answer names the rule; the peek form's answer holds the bucket's state.
     shown("\"path\": \"edge.user\"");
     shown("\"remaining\": 0");

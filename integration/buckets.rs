@@ -41,6 +41,10 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 100, lease: 5}
   - key: fast
     rate_limit: {unit: second, requests_per_unit: 1, burst: 50}
+  - key: multi
+    rate_limits:
+      - {unit: hour, requests_per_unit: 10}
+      - {unit: day, unit_multiplier: 2, requests_per_unit: 4, algorithm: fixed_window}
 ";
 
 /// A sluice under test: its RLS client and admin listener.
@@ -103,9 +107,21 @@ fn buckets(descriptor: &str) -> String {
     )
 }
 
-/// One HTTP/1.0 exchange: status and JSON body.
+/// The operator token every server with `--admin-write` is started with.
+const TOKEN: &str = "operator-token-for-tests";
+
+/// A file holding [`TOKEN`] (kept until the test process ends).
+fn token_file() -> std::path::PathBuf {
+    let file = tempfile::NamedTempFile::new().expect("a temp file");
+    std::fs::write(file.path(), format!("{TOKEN}\n")).unwrap();
+    file.into_temp_path().keep().expect("kept")
+}
+
+/// One HTTP/1.0 exchange carrying the operator token: status and JSON body.
 fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, Value) {
-    let (status, body) = sluice_harness::rls::http(addr, method, path);
+    let bearer = format!("Bearer {TOKEN}");
+    let headers = [("Host", "localhost"), ("Authorization", bearer.as_str())];
+    let (status, body) = sluice_harness::rls::http_with(addr, method, path, &headers);
     (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
@@ -160,6 +176,27 @@ async fn reading_takes_nothing(name: &str, mut server: Server) {
         "{name}: {body}"
     );
     assert_eq!(server.show("tenant=acme").await["keys"][0]["remaining"], 6);
+
+    // Several limits on one key (`rate_limits`): a key each, named by its window, and a
+    // metric series each.
+    server.spend("multi", "a", 2).await;
+    let multi = server.show("multi=a").await;
+    let keys = multi["keys"].as_array().unwrap();
+    assert_eq!(keys.len(), 2, "{name}: {multi}");
+    assert_eq!(keys[0]["key"], "sluice:{ops|multi=a}~w3600", "{name}");
+    assert_eq!(keys[1]["key"], "sluice:{ops|multi=a}~w172800~fw", "{name}");
+    let left = |k: &Value| k["remaining"].as_u64();
+    assert_eq!(
+        (left(&keys[0]), left(&keys[1])),
+        (Some(8), Some(2)),
+        "{name}: {multi}"
+    );
+    let text = metrics_text(server.admin).await;
+    for key in ["multi[1h]", "multi[2d]"] {
+        let labels = [("domain", "ops"), ("key", key)];
+        let hits = metric_in(&text, "ratelimit_service_rate_limit_total_hits", &labels);
+        assert_eq!(hits, 2.0, "{name}: {key} in {text}");
+    }
 
     // Each algorithm in its own terms.
     server.spend("win", "a", 2).await;
@@ -283,6 +320,16 @@ async fn resetting(name: &str, mut server: Server) {
         .sum();
     assert_eq!(left, 20, "{name}: {hot}");
 
+    server.spend("multi", "b", 4).await;
+    let (status, body) = server.admin("DELETE", buckets("multi=b")).await;
+    assert_eq!(status, 200, "{name}: {body}");
+    assert_eq!(
+        body["reset"].as_array().unwrap().len(),
+        2,
+        "{name}: every limit"
+    );
+    assert_eq!(server.call("multi", "b").await.overall_code, OK, "{name}");
+
     // The lease this replica took is dropped with the bucket.
     server.spend("leased", "z", 1).await;
     let leased = server.show("leased=z").await;
@@ -306,7 +353,7 @@ async fn resetting(name: &str, mut server: Server) {
     let text = metrics_text(server.admin).await;
     assert_eq!(
         metric_in(&text, "sluice_admin_resets_total", &[("domain", "ops")]),
-        3.0,
+        4.0,
         "{name}: {text}"
     );
     server.stop().await;
@@ -321,6 +368,9 @@ async fn metrics_text(addr: SocketAddr) -> String {
 fn settings_with(write: bool) -> impl FnOnce(&mut Settings) {
     move |settings: &mut Settings| {
         settings.admin_write = write;
+        if write {
+            settings.admin.admin_token_file = Some(token_file());
+        }
         // A rejected bucket stays rejected here without asking the backend: the reset must
         // drop that too.
         settings.over_limit_cache = true;
@@ -568,8 +618,19 @@ async fn the_cli_shows_and_resets_through_the_admin_listener() {
     assert_eq!(code, Some(0));
     assert_eq!(shown["bucket_id"][0]["value"], "cli", "{shown}");
 
-    let writer = sluice_harness::SluiceProcess::start(&[("ops.yaml", CONFIG)], &["--admin-write"]);
-    let (code, reset, stderr) = cli(writer.admin, &["reset", "hot=cli"]);
+    let token = token_file();
+    let token = token.to_str().unwrap();
+    let writer = sluice_harness::SluiceProcess::start(
+        &[("ops.yaml", CONFIG)],
+        &["--admin-write", "--admin-token-file", token],
+    );
+    let (code, _, stderr) = cli(writer.admin, &["reset", "hot=cli"]);
+    assert_eq!(code, Some(1), "no token: {stderr}");
+    assert!(stderr.contains("401"), "{stderr}");
+    let (code, reset, stderr) = cli(
+        writer.admin,
+        &["reset", "--admin-token-file", token, "hot=cli"],
+    );
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(reset["reset"].as_array().map(Vec::len), Some(2), "{reset}");
     let log = writer.log();

@@ -133,3 +133,57 @@ fn top_is_off_with_no_counters_and_sluice_top_says_why() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("404"));
 }
+
+/// A replica tracks at most 1,000 rules whatever its number of summary sets (one per CPU), and
+/// `--top-keys` has an upper bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_tracks_at_most_a_thousand_rules_whatever_its_cores() {
+    const RULES_CONFIGURED: usize = 1_050;
+    let mut yaml = String::from("domain: wide\ndescriptors:\n");
+    for rule in 0..RULES_CONFIGURED {
+        yaml.push_str(&format!(
+            "  - key: r{rule}\n    rate_limit: {{unit: minute, requests_per_unit: 10}}\n"
+        ));
+    }
+    let sluice = SluiceProcess::start(&[("wide.yaml", &yaml)], &[]);
+    // Four clients at once, so the decisions land on every runtime worker's summaries.
+    let mut lanes = tokio::task::JoinSet::new();
+    for lane in 0..4 {
+        let grpc = sluice.grpc;
+        lanes.spawn(async move {
+            let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
+                .await
+                .unwrap();
+            for rule in (lane..RULES_CONFIGURED).step_by(4) {
+                let key = format!("r{rule}");
+                let request = req("wide", vec![desc(&[(&key, "v")])]);
+                client.should_rate_limit(request).await.expect("decided");
+            }
+        });
+    }
+    while lanes.join_next().await.is_some() {}
+    let (status, body) = http_get(sluice.admin, "/top?limit=1&n=1");
+    assert_eq!(status, 200, "{body}");
+    let view: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(view["max_rules"], 1000);
+    assert_eq!(view["rules_total"], 1000, "{body}");
+    assert_eq!(view["untracked"], RULES_CONFIGURED - 1000, "{body}");
+    // `sluice top` shows the first page (20 rules) and says how many more there are.
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["top", "--once", "--admin", &sluice.admin.to_string()])
+        .output()
+        .expect("sluice top runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("980 more rules with decisions"), "{text}");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--config", "/nonexistent", "--top-keys", "2000"])
+        .output()
+        .expect("sluice runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--top-keys") && stderr.contains("2000"),
+        "{stderr}"
+    );
+}

@@ -64,4 +64,5 @@ pub mod settings;
 pub mod telemetry;
 pub mod top;
 pub mod validate;
+pub mod value_text;
 pub mod xds;

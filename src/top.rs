@@ -3,6 +3,8 @@
 //!
 //! Recording must never slow a decision: each runtime thread counts into its own summaries (one
 //! set per available CPU, merged when read), so two workers do not pass one lock back and forth;
+//! the sets share one [`TopBounds`], so the replica tracks at most `max_rules` rules and holds at
+//! most `4 × capacity × max_rules` counters whatever the number of sets;
 //! the lock is only tried, and a decision that finds it held (a read in progress) is skipped
 //! (counted in [`TopView::skipped`]). A descriptor is recorded when a rule with a limit decided it.
 
@@ -17,7 +19,7 @@ use sluice_core::clock::SharedClock;
 use sluice_core::decision::{Decision, Status};
 use sluice_core::holder;
 use sluice_core::request::{Entry, LimitRequest, RequestDescriptor};
-use sluice_core::top::{RuleView, Seen, TopKeys, TopOptions, merged_view};
+use sluice_core::top::{RuleView, Seen, TopBounds, TopKeys, TopOptions, merged_view};
 
 /// Descriptors of a request hashed before taking the lock (the rest, rare, under it).
 const HASHED_AHEAD: usize = 8;
@@ -42,12 +44,30 @@ fn thread_number() -> usize {
     })
 }
 
-/// One replica's summaries: a set per available CPU.
+/// Most keys per list a view shows (`GET /top?n=`).
+pub const MAX_KEYS: usize = 100;
+
+/// Most rules one view shows (`GET /top?limit=`); the rest are on the next pages.
+pub const MAX_RULES_PER_VIEW: usize = 50;
+
+/// Largest `--top-keys`.
+pub const MAX_CAPACITY: usize = 1024;
+
+/// One replica's summaries: a set per available CPU, within one [`TopBounds`].
 pub struct TopRecorder {
     sets: Box<[Mutex<TopKeys>]>,
+    bounds: TopBounds,
     hasher: RandomState,
     clock: SharedClock,
     skipped: AtomicU64,
+}
+
+/// Which rules of a view to show: `limit` (at most [`MAX_RULES_PER_VIEW`]) from `offset`, in
+/// the view's order.
+#[derive(Clone, Copy, Debug)]
+pub struct Page {
+    pub offset: usize,
+    pub limit: usize,
 }
 
 /// What `GET /top` answers.
@@ -58,7 +78,14 @@ pub struct TopView {
     pub capacity: usize,
     /// A view covers the current window and the one before.
     pub window_seconds: u64,
+    /// Most rules tracked at once by this replica (decisions of others are `untracked`).
+    pub max_rules: usize,
+    /// The view's rules from `offset` on, at most the view's `limit`.
     pub rules: Vec<RuleView>,
+    /// Rules in the whole view; `next_offset` asks for the next page (`None`: this is the last).
+    pub rules_total: usize,
+    pub offset: usize,
+    pub next_offset: Option<usize>,
     /// Decisions of rules past the tracked bound, not summarized.
     pub untracked: u64,
     /// Decisions not recorded because the summaries were busy (since start).
@@ -74,10 +101,12 @@ impl TopRecorder {
             ..TopOptions::default()
         };
         let sets = std::thread::available_parallelism().map_or(1, usize::from);
+        let bounds = TopBounds::for_options(&options);
         (capacity > 0).then(|| TopRecorder {
             sets: (0..sets)
-                .map(|_| Mutex::new(TopKeys::new(options)))
+                .map(|_| Mutex::new(TopKeys::sharing(options, bounds.clone())))
                 .collect(),
+            bounds,
             hasher: RandomState::new(),
             clock,
             skipped: AtomicU64::new(0),
@@ -126,8 +155,9 @@ impl TopRecorder {
         }
     }
 
-    /// The `n` top keys of every rule (or of `rule` only), every thread's counts merged.
-    pub fn view(&self, n: usize, rule: Option<&str>) -> TopView {
+    /// The `n` top keys (at most [`MAX_KEYS`]) of `page`'s rules (or of `rule` only), every
+    /// thread's counts merged.
+    pub fn view(&self, n: usize, rule: Option<&str>, page: Page) -> TopView {
         let mut guards: Vec<_> = self
             .sets
             .iter()
@@ -136,13 +166,28 @@ impl TopRecorder {
         let options = guards[0].options();
         let untracked = guards.iter().map(|g| g.untracked()).sum();
         let mut sets: Vec<&mut TopKeys> = guards.iter_mut().map(|g| &mut **g).collect();
+        let mut rules = merged_view(&mut sets, self.clock.now_ms(), n.min(MAX_KEYS), rule);
+        drop(guards);
+        let rules_total = rules.len();
+        let limit = page.limit.clamp(1, MAX_RULES_PER_VIEW);
+        let end = page.offset.saturating_add(limit).min(rules_total);
+        let rules: Vec<RuleView> = rules.drain(page.offset.min(end)..end).collect();
         TopView {
             capacity: options.capacity,
             window_seconds: options.window_ms / 1000,
-            rules: merged_view(&mut sets, self.clock.now_ms(), n, rule),
+            max_rules: options.max_rules,
+            rules,
+            rules_total,
+            offset: page.offset,
+            next_offset: (end < rules_total).then_some(end),
             untracked,
             skipped: self.skipped.load(Ordering::Relaxed),
         }
+    }
+
+    /// Rules tracked and counters held now, every set together.
+    pub fn held(&self) -> (usize, usize) {
+        (self.bounds.rules(), self.bounds.counters())
     }
 
     fn hash(&self, entries: &[Entry]) -> u64 {
@@ -166,26 +211,24 @@ fn keyed<'a>(descriptor: &'a RequestDescriptor, status: &Status) -> &'a [Entry] 
     }
 }
 
-/// `k=v, k2=v2`, cut at [`MAX_LABEL_BYTES`].
+/// `k=v,k2=v2` in [`crate::value_text`]'s form (typed back into `/buckets` or `sluice bucket`, it
+/// names the same bytes), cut at [`MAX_LABEL_BYTES`] with a `…` (never part of that form).
 fn label(entries: &[Entry]) -> Arc<str> {
     let mut text = String::new();
     for (i, entry) in entries.iter().enumerate() {
         if i > 0 {
-            text.push_str(", ");
+            text.push(',');
         }
-        text.push_str(&entry.key);
+        text.push_str(&crate::value_text::encode(entry.key.as_bytes()));
         text.push('=');
-        text.push_str(&entry.value.to_text());
+        text.push_str(&crate::value_text::encode(entry.value.as_bytes()));
         if text.len() > MAX_LABEL_BYTES {
             break;
         }
     }
     if text.len() > MAX_LABEL_BYTES {
-        let mut cut = MAX_LABEL_BYTES;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
+        // The form is ASCII: any byte is a char boundary.
+        text.truncate(MAX_LABEL_BYTES);
         text.push('…');
     }
     Arc::from(text)

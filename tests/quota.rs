@@ -605,7 +605,10 @@ async fn admin(s: &TestServer, method: &str, path: &str) -> (u16, serde_json::Va
     let mut conn = tokio::net::TcpStream::connect(s.admin_addr())
         .await
         .unwrap();
-    let head = format!("{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\
+         authorization: Bearer quota-test-token\r\n\r\n"
+    );
     conn.write_all(head.as_bytes()).await.unwrap();
     let mut text = String::new();
     conn.read_to_string(&mut text).await.unwrap();
@@ -618,8 +621,12 @@ async fn admin(s: &TestServer, method: &str, path: &str) -> (u16, serde_json::Va
 /// pool (its member stays), and the next push takes from the fresh bucket again.
 #[tokio::test]
 async fn a_bucket_reset_empties_the_pool_and_the_next_push_takes_afresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "quota-test-token").unwrap();
     let s = TestServer::start_with(&[("mesh.yaml", CONFIG)], |settings| {
         settings.admin_write = true;
+        settings.admin.admin_token_file = Some(token.clone());
     })
     .await;
     let tenant = [("tenant", "pool")];

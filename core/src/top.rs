@@ -12,8 +12,12 @@
 //! merged when read, so a view covers between one and two windows of history. Time is an
 //! argument (ms on any monotonic clock).
 
+mod bounds;
+
 use std::collections::HashMap;
 use std::sync::Arc;
+
+pub use self::bounds::TopBounds;
 
 /// One key's counter in a [`SpaceSaving`] summary.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,24 +32,45 @@ pub struct Counter {
     pub error: u64,
 }
 
-/// A Space-Saving summary of at most `capacity` counters.
-#[derive(Clone, Debug)]
+/// A Space-Saving summary of at most `capacity` counters, each taken from the replica's
+/// [`TopBounds`] when it has some: a summary denied one counts as full at the counters it has.
+#[derive(Debug)]
 pub struct SpaceSaving {
     capacity: usize,
     counters: Vec<Counter>,
     /// `counters[i].hash`, packed: a lookup scans 8 bytes per counter, not the whole counter.
     hashes: Vec<u64>,
     offered: u64,
+    bounds: Option<TopBounds>,
+    /// A counter was denied (the replica's counters were all held).
+    starved: bool,
 }
 
 impl SpaceSaving {
     pub fn new(capacity: usize) -> Self {
+        SpaceSaving::within(capacity, None)
+    }
+
+    fn within(capacity: usize, bounds: Option<TopBounds>) -> Self {
         SpaceSaving {
             capacity: capacity.max(1),
             counters: Vec::new(),
             hashes: Vec::new(),
             offered: 0,
+            bounds,
+            starved: false,
         }
+    }
+
+    /// An empty summary of the same capacity, taking its counters from the same bounds.
+    fn fresh(&self) -> Self {
+        SpaceSaving::within(self.capacity, self.bounds.clone())
+    }
+
+    fn take_counter(&mut self) -> bool {
+        let taken = self.bounds.as_ref().is_none_or(TopBounds::take_counter);
+        self.starved |= !taken;
+        taken
     }
 
     /// Counts `weight` offers of the key `hash`; `label` is called only when the key takes a
@@ -57,7 +82,7 @@ impl SpaceSaving {
             counter.count = counter.count.saturating_add(weight);
             return;
         }
-        if self.counters.len() < self.capacity {
+        if self.counters.len() < self.capacity && self.take_counter() {
             self.hashes.push(hash);
             self.counters.push(Counter {
                 hash,
@@ -67,12 +92,15 @@ impl SpaceSaving {
             });
             return;
         }
-        let (i, smallest) = self
+        // Denied its first counter: the offer is counted in `offered` only (see `floor`).
+        let Some((i, smallest)) = self
             .counters
             .iter_mut()
             .enumerate()
             .min_by_key(|(_, c)| c.count)
-            .expect("a full summary has counters");
+        else {
+            return;
+        };
         self.hashes[i] = hash;
         *smallest = Counter {
             hash,
@@ -92,12 +120,24 @@ impl SpaceSaving {
     }
 
     /// The smallest count when every counter is taken (a key without a counter was offered at
-    /// most this often), else 0.
+    /// most this often), else 0; every offer when the summary was denied its first counter.
     pub fn floor(&self) -> u64 {
-        if self.counters.len() < self.capacity {
+        if self.counters.len() < self.capacity && !self.starved {
             return 0;
         }
-        self.counters.iter().map(|c| c.count).min().unwrap_or(0)
+        self.counters
+            .iter()
+            .map(|c| c.count)
+            .min()
+            .unwrap_or(self.offered)
+    }
+}
+
+impl Drop for SpaceSaving {
+    fn drop(&mut self) {
+        if let Some(bounds) = &self.bounds {
+            bounds.give_counters(self.counters.len());
+        }
     }
 }
 
@@ -110,7 +150,7 @@ pub struct Ranked {
 }
 
 /// A [`SpaceSaving`] summary over the current window and the one before it.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Windowed {
     current: SpaceSaving,
     previous: Option<SpaceSaving>,
@@ -119,9 +159,9 @@ pub struct Windowed {
 
 impl Windowed {
     /// Windows start at multiples of `window_ms`, so summaries made apart line up.
-    fn new(capacity: usize, now_ms: u64, window_ms: u64) -> Self {
+    fn new(capacity: usize, now_ms: u64, window_ms: u64, bounds: &TopBounds) -> Self {
         Windowed {
-            current: SpaceSaving::new(capacity),
+            current: SpaceSaving::within(capacity, Some(bounds.clone())),
             previous: None,
             started_ms: now_ms - now_ms % window_ms.max(1),
         }
@@ -139,7 +179,7 @@ impl Windowed {
         if now_ms < self.started_ms + window_ms {
             return;
         }
-        let fresh = SpaceSaving::new(self.current.capacity);
+        let fresh = self.current.fresh();
         let ended = std::mem::replace(&mut self.current, fresh);
         let windows = (now_ms - self.started_ms) / window_ms;
         self.previous = (windows == 1).then_some(ended);
@@ -183,6 +223,17 @@ fn top_of(parts: &[&SpaceSaving], n: usize) -> (Vec<Ranked>, u64) {
     (ranked, offered)
 }
 
+impl TopBounds {
+    /// The bounds `options` describe: `max_rules` rules of `2 × 2 × capacity` counters.
+    pub fn for_options(options: &TopOptions) -> Self {
+        let per_rule = options.capacity.max(1).saturating_mul(4);
+        TopBounds::new(
+            options.max_rules,
+            options.max_rules.saturating_mul(per_rule),
+        )
+    }
+}
+
 /// Shape of a replica's [`TopKeys`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TopOptions {
@@ -205,7 +256,7 @@ impl Default for TopOptions {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 struct RuleTop {
     limited: Windowed,
     active: Windowed,
@@ -237,19 +288,28 @@ pub struct RuleView {
 
 /// Per rule (by config path), the keys most often limited and most active over the last one to
 /// two windows, in fixed memory: `2 × 2 × capacity` counters per rule, at most `max_rules` rules.
-#[derive(Clone, Debug)]
+/// Several `TopKeys` sharing one [`TopBounds`] hold that much together.
+#[derive(Debug)]
 pub struct TopKeys {
     options: TopOptions,
     rules: HashMap<Arc<str>, RuleTop>,
     untracked: u64,
+    bounds: TopBounds,
 }
 
 impl TopKeys {
+    /// A replica's only set: bounds of its own.
     pub fn new(options: TopOptions) -> Self {
+        TopKeys::sharing(options, TopBounds::for_options(&options))
+    }
+
+    /// One of a replica's sets, every set holding at most `bounds` together.
+    pub fn sharing(options: TopOptions, bounds: TopBounds) -> Self {
         TopKeys {
             options,
             rules: HashMap::new(),
             untracked: 0,
+            bounds,
         }
     }
 
@@ -269,14 +329,14 @@ impl TopKeys {
         let TopOptions {
             capacity,
             window_ms,
-            max_rules,
+            ..
         } = self.options;
         if !self.rules.contains_key(rule) {
-            if self.rules.len() >= max_rules {
+            if !self.bounds.admit_rule(rule) {
                 self.untracked = self.untracked.saturating_add(1);
                 return;
             }
-            let fresh = || Windowed::new(capacity, now_ms, window_ms);
+            let fresh = || Windowed::new(capacity, now_ms, window_ms, &self.bounds);
             self.rules.insert(
                 rule.clone(),
                 RuleTop {
@@ -308,11 +368,24 @@ impl TopKeys {
     /// Rolls every rule's windows to `now_ms` and forgets the rules with no decision in them.
     fn roll(&mut self, now_ms: u64) {
         let window_ms = self.options.window_ms;
-        self.rules.retain(|_, top| {
+        let bounds = &self.bounds;
+        self.rules.retain(|rule, top| {
             top.active.roll(now_ms, window_ms);
             top.limited.roll(now_ms, window_ms);
-            top.active.parts().any(|p| p.offered() > 0)
+            let kept = top.active.parts().any(|p| p.offered() > 0);
+            if !kept {
+                bounds.release_rule(rule);
+            }
+            kept
         });
+    }
+}
+
+impl Drop for TopKeys {
+    fn drop(&mut self) {
+        for rule in self.rules.keys() {
+            self.bounds.release_rule(rule);
+        }
     }
 }
 

@@ -70,15 +70,26 @@ pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
 /// One minimal HTTP/1.0 exchange of `method` (the server closes the connection after answering):
 /// (status code, body).
 pub fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+    http_with(addr, method, path, &[("Host", "localhost")])
+}
+
+/// [`http`] with these header lines (and no other).
+pub fn http_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, String) {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
-    write!(
-        stream,
-        "{method} {path} HTTP/1.0\r\nHost: localhost\r\n\r\n"
-    )
-    .unwrap();
+    let mut request = format!("{method} {path} HTTP/1.0\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
     let mut text = String::new();
     stream.read_to_string(&mut text).unwrap();
     let status = text

@@ -10,12 +10,13 @@
 //! unless the server runs with `--admin-write`; each one is logged with the caller's address and
 //! counted in `sluice_admin_resets_total{domain}`.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::connect_info::ConnectInfo;
-use axum::extract::{Query, State};
+use axum::extract::{RawQuery, State};
 use axum::http::{Extensions, StatusCode};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
@@ -40,6 +41,34 @@ pub struct BucketsState<B> {
     /// `--admin-write`: `DELETE /buckets` is allowed.
     pub write: bool,
     pub metrics: AdminMetrics,
+    /// The RLS runtime: backend calls run there (see [`on_rls`]).
+    pub rls: tokio::runtime::Handle,
+}
+
+/// Runs a backend call on the RLS runtime and waits for it from the admin thread: the backend's
+/// connections, and the tasks a call may start (a Cluster slot-map refresh, the batcher of a
+/// master a Sentinel failover found), belong to the runtime that decides, not to the admin
+/// listener's. One error per key if that runtime is gone (shutting down).
+async fn on_rls<B, T, F>(
+    state: &BucketsState<B>,
+    keys: usize,
+    call: F,
+) -> Vec<Result<T, BackendError>>
+where
+    B: Backend,
+    T: Send + 'static,
+    F: Future<Output = Vec<Result<T, BackendError>>> + Send + 'static,
+{
+    match state.rls.spawn(call).await {
+        Ok(results) => results,
+        Err(e) => (0..keys)
+            .map(|_| {
+                Err(BackendError::Unavailable(format!(
+                    "the RLS runtime is gone: {e}"
+                )))
+            })
+            .collect(),
+    }
 }
 
 /// `GET|DELETE /buckets?domain=D&descriptor=k=v,...` (or `bucket=k=v,...` for an RLQS bucket
@@ -91,7 +120,7 @@ fn selection(selected: &Selected) -> (&'static str, Vec<EntryView>) {
         .iter()
         .map(|e| EntryView {
             key: e.key.clone(),
-            value: e.value.to_string(),
+            value: crate::value_text::encode(e.value.as_bytes()),
         })
         .collect();
     if selected.is_bucket {
@@ -104,21 +133,27 @@ fn selection(selected: &Selected) -> (&'static str, Vec<EntryView>) {
 
 async fn show<B: Backend>(
     State(state): State<Arc<BucketsState<B>>>,
-    Query(query): Query<Selector>,
+    RawQuery(query): RawQuery,
 ) -> Response {
+    let query = Selector::from_query(query.as_deref());
     let (selected, stored) = match locate(&state, query) {
         Ok(found) => found,
         Err((status, message)) => return error(status, message),
     };
-    let peeks = state.limiter.backend().peek(&hits(&stored)).await;
+    let (limiter, asked) = (Arc::clone(&state.limiter), hits(&stored));
+    let peeks = on_rls(&state, asked.len(), async move {
+        limiter.backend().peek(&asked).await
+    })
+    .await;
     let failed = peeks.iter().any(Result::is_err);
+    let cost = stored.rule.bucket.as_ref().map_or(1, |b| b.cost);
     let keys: Vec<Value> = stored
         .keys
         .iter()
         .zip(peeks)
         .map(|(key, peek)| {
             let mut view = match peek {
-                Ok(peek) => key_view(key, &peek),
+                Ok(peek) => key_view(key, &peek, cost),
                 Err(e) => failure(key, &e),
             };
             view["replica"] = held_here(&state, &key.key);
@@ -144,15 +179,22 @@ fn status(failed: bool) -> StatusCode {
     }
 }
 
-/// One key's state as the backend holds it.
-fn key_view(key: &StoredKey, peek: &KeyPeek) -> Value {
+/// One key's state as the backend holds it. `remaining` and `limit` are in hits of the rule's
+/// `cost`, as the RLS answer (`limit_remaining`, `x-ratelimit-remaining`) counts them;
+/// `remaining_tokens` is the bucket's own count.
+fn key_view(key: &StoredKey, peek: &KeyPeek, cost: u64) -> Value {
     let verdict = peek.peek.verdict;
+    let cost = cost.max(1);
+    let limit = key.params.capacity / cost;
     let mut view = json!({
         "key": key.key,
         "shard": key.shard,
         "stored": peek.stored,
         "ttl_ms": peek.ttl_ms,
-        "remaining": verdict.remaining,
+        "remaining": (verdict.remaining / cost).min(limit),
+        "limit": limit,
+        "remaining_tokens": verdict.remaining,
+        "cost": cost,
         "until_full_ms": verdict.until_full_ms,
         "retry_after_ms": verdict.retry_after_ms,
         "state": peek.peek.level(&key.params, peek.now_ms),
@@ -205,8 +247,9 @@ fn held_here<B: Backend>(state: &BucketsState<B>, key: &str) -> Value {
 async fn reset<B: Backend>(
     State(state): State<Arc<BucketsState<B>>>,
     extensions: Extensions,
-    Query(query): Query<Selector>,
+    RawQuery(query): RawQuery,
 ) -> Response {
+    let query = Selector::from_query(query.as_deref());
     if !state.write {
         return error(
             StatusCode::FORBIDDEN,
@@ -218,7 +261,11 @@ async fn reset<B: Backend>(
         Ok(found) => found,
         Err((status, message)) => return error(status, message),
     };
-    let deleted = state.limiter.backend().reset(&hits(&stored)).await;
+    let (limiter, asked) = (Arc::clone(&state.limiter), hits(&stored));
+    let deleted = on_rls(&state, asked.len(), async move {
+        limiter.backend().reset(&asked).await
+    })
+    .await;
     let failed = deleted.iter().any(Result::is_err);
     let mut keys = Vec::with_capacity(deleted.len());
     let mut dropped = Dropped::default();

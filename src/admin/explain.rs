@@ -2,29 +2,29 @@
 
 use std::sync::Arc;
 
+use crate::config::ConfigStore;
+use crate::explain::{ExplainOptions, explain, explain_bucket};
+use crate::request::Entry;
+use crate::value_text;
 use axum::Router;
-use axum::extract::{Query, State};
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
-use serde::Deserialize;
-
-use crate::config::ConfigStore;
-use crate::explain::{ExplainOptions, explain, explain_bucket, parse_descriptor};
-use crate::request::Entry;
 
 /// `GET /explain?domain=D&descriptor=k=v,k2=v2`: the [`crate::explain::Report`] as JSON, against the live config;
 /// `GET /explain?domain=D&bucket=k=v,...`: the [`crate::explain::BucketReport`] of an RLQS bucket id.
-/// The descriptor has the CLI's syntax, URL-encoded like any query value (a `%2C` meant for the
-/// descriptor travels as `%252C`).
+/// The descriptor is in [`value_text`]'s form, as it is (`descriptor=tenant=%FF` names the byte
+/// 0xFF); the values in the answer's `descriptor` are in that form too.
 pub fn router(store: Arc<ConfigStore>, options: ExplainOptions) -> Router {
     Router::new()
         .route("/explain", get(explain_handler))
         .with_state(Arc::new((store, options)))
 }
 
-/// The query `/explain` and `/buckets` read: a domain, and a descriptor or an RLQS bucket id.
-#[derive(Deserialize)]
+/// The query `/explain` and `/buckets` read: a domain, and a descriptor or an RLQS bucket id,
+/// each as sent (not URL-decoded).
+#[derive(Default)]
 pub(super) struct Selector {
     domain: Option<String>,
     descriptor: Option<String>,
@@ -42,11 +42,31 @@ pub(super) struct Selected {
 }
 
 impl Selector {
+    /// The parameters of a raw query string (others are ignored).
+    pub(super) fn from_query(raw: Option<&str>) -> Selector {
+        let mut selector = Selector::default();
+        for pair in raw.unwrap_or_default().split('&') {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let slot = match name {
+                "domain" => &mut selector.domain,
+                "descriptor" => &mut selector.descriptor,
+                "bucket" => &mut selector.bucket,
+                _ => continue,
+            };
+            *slot = Some(value.to_owned());
+        }
+        selector
+    }
+
     /// The selection, or why the query cannot be read (a 400's message).
     pub(super) fn read(self) -> Result<Selected, String> {
         let Some(domain) = self.domain.filter(|d| !d.is_empty()) else {
             return Err("missing query parameter `domain`".to_owned());
         };
+        let domain = percent_encoding::percent_decode_str(&domain)
+            .decode_utf8()
+            .map_err(|_| "domain: not UTF-8".to_owned())?
+            .into_owned();
         let (is_bucket, text) = match (self.descriptor, self.bucket) {
             (Some(_), Some(_)) => return Err("give `descriptor` or `bucket`, not both".to_owned()),
             (Some(descriptor), None) => (false, descriptor),
@@ -60,7 +80,7 @@ impl Selector {
             }
         };
         let name = if is_bucket { "bucket" } else { "descriptor" };
-        let entries = parse_descriptor(&text).map_err(|e| format!("{name}: {e}"))?;
+        let entries = value_text::parse_query_value(&text).map_err(|e| format!("{name}: {e}"))?;
         Ok(Selected {
             domain,
             entries,
@@ -77,9 +97,9 @@ pub(super) fn error(status: StatusCode, message: impl Into<String>) -> Response 
 
 async fn explain_handler(
     State(state): State<Arc<(Arc<ConfigStore>, ExplainOptions)>>,
-    Query(query): Query<Selector>,
+    RawQuery(query): RawQuery,
 ) -> Response {
-    let selected = match query.read() {
+    let selected = match Selector::from_query(query.as_deref()).read() {
         Ok(selected) => selected,
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
@@ -92,5 +112,32 @@ async fn explain_handler(
             Err(e) => error(StatusCode::BAD_REQUEST, format!("bucket: {e}")),
         };
     }
-    Json(explain(&config, domain, entries, options)).into_response()
+    let mut report =
+        serde_json::to_value(explain(&config, domain, entries, options)).unwrap_or_default();
+    show_values(&mut report, entries);
+    Json(report).into_response()
+}
+
+/// The report's descriptor values and matching steps' values in [`value_text`]'s form.
+fn show_values(report: &mut serde_json::Value, entries: &[Entry]) {
+    let text = |i: usize| {
+        entries
+            .get(i)
+            .map(|e| value_text::encode(e.value.as_bytes()))
+    };
+    if let Some(shown) = report["descriptor"].as_array_mut() {
+        for (i, view) in shown.iter_mut().enumerate() {
+            if let Some(value) = text(i) {
+                view["value"] = value.into();
+            }
+        }
+    }
+    if let Some(steps) = report["steps"].as_array_mut() {
+        for step in steps {
+            let entry = step["entry"].as_u64().and_then(|n| usize::try_from(n).ok());
+            if let Some(value) = entry.and_then(|n| text(n.wrapping_sub(1))) {
+                step["value"] = value.into();
+            }
+        }
+    }
 }

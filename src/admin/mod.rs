@@ -5,6 +5,8 @@
 
 pub mod buckets;
 pub mod explain;
+pub mod guard;
+pub mod listener;
 pub mod page;
 pub mod top;
 
@@ -66,19 +68,31 @@ pub struct AdminState {
     pub metrics: Metrics,
 }
 
+/// What the metrics listener (`--metrics-addr`) serves: `/metrics` and the probes (`/healthz`,
+/// `/readyz`), nothing that names a tenant.
+pub fn metrics_router(metrics: Metrics, readiness: Arc<Readiness>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz).with_state(readiness))
+        .route("/metrics", get(metrics_text).with_state(metrics))
+}
+
 pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+        .route("/readyz", get(readyz).with_state(state.readiness.clone()))
         .route("/config", get(config))
-        .route("/metrics", get(metrics))
+        .route(
+            "/metrics",
+            get(metrics_text).with_state(state.metrics.clone()),
+        )
         .with_state(state)
 }
 
 /// Prometheus text exposition (format 0.0.4) of every metric; 404 with metrics off.
-async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
+async fn metrics_text(State(metrics): State<Metrics>) -> impl IntoResponse {
     const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-    match state.metrics.prometheus_text() {
+    match metrics.prometheus_text() {
         Some(Ok(text)) => (StatusCode::OK, [("content-type", CONTENT_TYPE)], text),
         Some(Err(e)) => (
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -97,13 +111,13 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
-    if state.readiness.is_ready() {
+async fn readyz(State(readiness): State<Arc<Readiness>>) -> impl IntoResponse {
+    if readiness.is_ready() {
         (StatusCode::OK, "ready\n".to_string())
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {}\n", state.readiness.reasons().join(", ")),
+            format!("not ready: {}\n", readiness.reasons().join(", ")),
         )
     }
 }

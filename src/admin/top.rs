@@ -10,14 +10,18 @@ use axum::response::{IntoResponse, Json, Response};
 use axum::routing::get;
 use serde::Deserialize;
 
-use crate::top::TopRecorder;
+use crate::top::{MAX_KEYS, MAX_RULES_PER_VIEW, Page, TopRecorder};
 
 /// Keys per list when `n` is not given.
 const DEFAULT_KEYS: usize = 10;
 
-/// `GET /top?n=N&rule=PATH`: the [`crate::top::TopView`] as JSON, `n` keys per list (at most the
-/// summaries' capacity), every rule with a decision in the view's span or only `rule` (its dotted
-/// config path, as in the metrics' `rule` label). 404 when the summaries are off.
+/// Rules per answer when `limit` is not given.
+const DEFAULT_RULES: usize = 20;
+
+/// `GET /top?n=N&rule=PATH&offset=O&limit=L`: the [`crate::top::TopView`] as JSON, `n` keys per
+/// list (1 to [`MAX_KEYS`]), `limit` rules (1 to [`MAX_RULES_PER_VIEW`]) from `offset` among
+/// every rule with a decision in the view's span, or only `rule` (its dotted config path, as in
+/// the metrics' `rule` label). 404 when the summaries are off.
 pub fn router(top: Option<Arc<TopRecorder>>) -> Router {
     Router::new()
         .route("/top", get(top_handler))
@@ -28,6 +32,8 @@ pub fn router(top: Option<Arc<TopRecorder>>) -> Router {
 struct TopQuery {
     n: Option<usize>,
     rule: Option<String>,
+    offset: Option<usize>,
+    limit: Option<usize>,
 }
 
 async fn top_handler(
@@ -35,21 +41,30 @@ async fn top_handler(
     Query(query): Query<TopQuery>,
 ) -> Response {
     let Some(top) = top else {
-        let error = "top keys are off (--top-keys 0)";
-        return (
-            StatusCode::NOT_FOUND,
-            Json(serde_json::json!({ "error": error })),
-        )
-            .into_response();
+        return error(StatusCode::NOT_FOUND, "top keys are off (--top-keys 0)");
     };
     let n = query.n.unwrap_or(DEFAULT_KEYS);
-    if n == 0 {
-        let error = "n must be at least 1";
-        return (
+    if !(1..=MAX_KEYS).contains(&n) {
+        return error(
             StatusCode::BAD_REQUEST,
-            Json(serde_json::json!({ "error": error })),
-        )
-            .into_response();
+            format!("n must be from 1 to {MAX_KEYS}, got {n}"),
+        );
     }
-    Json(top.view(n, query.rule.as_deref())).into_response()
+    let limit = query.limit.unwrap_or(DEFAULT_RULES);
+    if !(1..=MAX_RULES_PER_VIEW).contains(&limit) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("limit must be from 1 to {MAX_RULES_PER_VIEW} rules, got {limit}"),
+        );
+    }
+    let page = Page {
+        offset: query.offset.unwrap_or(0),
+        limit,
+    };
+    Json(top.view(n, query.rule.as_deref(), page)).into_response()
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    let body = serde_json::json!({ "error": message.into() });
+    (status, Json(body)).into_response()
 }

@@ -14,8 +14,21 @@ pub fn run(args: &BucketArgs) -> ExitCode {
         BucketAction::Show(target) => ("GET", target),
         BucketAction::Reset(target) => ("DELETE", target),
     };
-    let path = path(target);
-    match exchange(&target.admin, method, &path) {
+    let path = match path(target) {
+        Ok(path) => path,
+        Err(e) => {
+            eprintln!("sluice bucket: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let token = match super::admin::token(target.admin_token_file.as_deref()) {
+        Ok(token) => token,
+        Err(e) => {
+            eprintln!("sluice bucket: --admin-token-file {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match exchange(&target.admin, method, &path, token.as_deref()) {
         Ok((200, body)) => {
             println!("{}", pretty(&body));
             ExitCode::SUCCESS
@@ -38,19 +51,20 @@ pub fn run(args: &BucketArgs) -> ExitCode {
     }
 }
 
-/// `/buckets?domain=D&descriptor=k=v,...` (or `bucket=`), every value percent-encoded.
-fn path(target: &BucketTarget) -> String {
+/// `/buckets?domain=D&descriptor=k=v,...` (or `bucket=`): the entries read as
+/// [`crate::value_text`]'s form and written back in it, so the query names exactly their bytes.
+fn path(target: &BucketTarget) -> Result<String, crate::value_text::TextError> {
     let name = if target.bucket {
         "bucket"
     } else {
         "descriptor"
     };
-    let encode = |text: &str| utf8_percent_encode(text, NON_ALPHANUMERIC).to_string();
-    format!(
+    let entries = crate::value_text::parse(target.entries.join(",").as_bytes())?;
+    Ok(format!(
         "/buckets?domain={}&{name}={}",
-        encode(&target.domain),
-        encode(&target.entries.join(","))
-    )
+        utf8_percent_encode(&target.domain, NON_ALPHANUMERIC),
+        crate::value_text::entries_text(&entries)
+    ))
 }
 
 fn pretty(body: &str) -> String {
@@ -64,21 +78,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_path_encodes_every_value() {
+    fn the_path_names_the_entries_bytes_in_the_one_form() {
         let target = BucketTarget {
             admin: "127.0.0.1:6070".into(),
             domain: "edge".into(),
             bucket: false,
-            entries: vec!["tenant=acme".into(), "route=a%2Cb".into()],
+            entries: vec!["tenant=acme".into(), "route=a%2Cb".into(), "raw=%ff".into()],
+            admin_token_file: None,
         };
         assert_eq!(
-            path(&target),
-            "/buckets?domain=edge&descriptor=tenant%3Dacme%2Croute%3Da%252Cb"
+            path(&target).unwrap(),
+            "/buckets?domain=edge&descriptor=tenant=acme,route=a%2Cb,raw=%FF"
         );
         let bucket = BucketTarget {
             bucket: true,
+            ..target.clone()
+        };
+        assert!(path(&bucket).unwrap().contains("&bucket=tenant=acme"));
+        let bad = BucketTarget {
+            entries: vec!["tenant=100%".into()],
             ..target
         };
-        assert!(path(&bucket).contains("&bucket=tenant%3Dacme"));
+        assert!(path(&bad).is_err(), "a lone % is an error, not a guess");
     }
 }

@@ -15,6 +15,9 @@ struct View {
     window_seconds: u64,
     capacity: usize,
     rules: Vec<RuleView>,
+    /// Rules in the whole view (the answer holds the first page).
+    #[serde(default)]
+    rules_total: usize,
     untracked: u64,
     skipped: u64,
 }
@@ -44,8 +47,16 @@ pub fn run(args: &TopArgs) -> ExitCode {
             utf8_percent_encode(rule, NON_ALPHANUMERIC)
         );
     }
+    let token = match super::admin::token(args.admin_token_file.as_deref()) {
+        Ok(token) => token,
+        Err(e) => {
+            eprintln!("sluice top: --admin-token-file {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     loop {
-        let shown: Result<String, String> = match exchange(&args.admin, "GET", &path) {
+        let answer = exchange(&args.admin, "GET", &path, token.as_deref());
+        let shown: Result<String, String> = match answer {
             Ok((200, body)) => serde_json::from_str::<View>(&body)
                 .map(|view| render(&view, &args.admin))
                 .map_err(|e| format!("unreadable answer from {}: {e}", args.admin)),
@@ -96,6 +107,13 @@ fn render(view: &View, admin: &str) -> String {
                 cell(&rule.active)
             );
         }
+    }
+    if view.rules_total > view.rules.len() {
+        let _ = writeln!(
+            out,
+            "\n{} more rules with decisions; --rule PATH shows one",
+            view.rules_total - view.rules.len()
+        );
     }
     if view.untracked > 0 || view.skipped > 0 {
         let _ = writeln!(

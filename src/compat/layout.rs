@@ -86,6 +86,25 @@ impl Tr<'_> {
         }
     }
 
+    /// envoyproxy/ratelimit's `PROMETHEUS_ADDR` (Go's `host:port`, `:19001` for every
+    /// interface, which Envoy Gateway sets and scrapes): `--metrics-addr`.
+    pub(super) fn prometheus(&mut self) {
+        let Some(value) = self.get("PROMETHEUS_ADDR").map(str::to_owned) else {
+            return;
+        };
+        let addr = match value.strip_prefix(':') {
+            Some(port) => format!("0.0.0.0:{port}"),
+            None => value.replacen("localhost:", "127.0.0.1:", 1),
+        };
+        if addr.parse::<std::net::SocketAddr>().is_ok() {
+            self.set("SLUICE_METRICS_ADDR", addr, "PROMETHEUS_ADDR");
+        } else {
+            self.out.errors.push(format!(
+                "PROMETHEUS_ADDR: `{value}` is not host:port or :port with an IP address"
+            ));
+        }
+    }
+
     fn addr(&mut self, host: &str, port: &str, default_port: &str) -> Option<String> {
         let host_value = match self.get(host).unwrap_or(DEFAULT_HOST) {
             "localhost" => "127.0.0.1".to_owned(),

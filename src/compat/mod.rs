@@ -64,6 +64,7 @@ pub fn apply(env: &HashMap<String, String>) -> Translation {
     };
     let layout = t.runtime_layout();
     t.listeners(layout);
+    t.prometheus();
     t.redis();
     t.logging();
     t.limits(layout);

@@ -150,6 +150,23 @@ fn listeners_map_to_grpc_and_admin_addresses() {
 }
 
 #[test]
+fn prometheus_addr_is_the_metrics_listener() {
+    let gateway = apply(&env(&[("PROMETHEUS_ADDR", ":19001")]));
+    assert_eq!(
+        over(&gateway, "SLUICE_METRICS_ADDR").as_deref(),
+        Some("0.0.0.0:19001")
+    );
+    assert!(ignored(&gateway).is_empty(), "{:?}", gateway.ignored);
+    let local = apply(&env(&[("PROMETHEUS_ADDR", "localhost:9090")]));
+    assert_eq!(
+        over(&local, "SLUICE_METRICS_ADDR").as_deref(),
+        Some("127.0.0.1:9090")
+    );
+    let bad = apply(&env(&[("PROMETHEUS_ADDR", "metrics:9090")]));
+    assert_eq!(bad.errors.len(), 1, "{:?}", bad.errors);
+}
+
+#[test]
 fn redis_single_cluster_and_sentinel() {
     let t = apply(&env(&[
         ("REDIS_SOCKET_TYPE", "tcp"),

@@ -17,8 +17,7 @@ enum Neutral {
 }
 
 const STATS: &str = "statsd/DogStatsD is not supported; sluice serves Prometheus metrics on the admin listener (/metrics)";
-const PROMETHEUS: &str =
-    "metrics are served on the admin listener at /metrics; no separate Prometheus listener";
+const PROMETHEUS: &str = "metrics are served at /metrics, on the admin listener and on PROMETHEUS_ADDR (--metrics-addr); their names and format are sluice's";
 const GRPC_TLS: &str = "gRPC server TLS is not configured through envoyproxy/ratelimit variables; use sluice's own TLS settings";
 const REDIS_TUNING: &str = "sluice multiplexes one connection per Redis node and sends one script call per request (per slot in Cluster); no pipelining knobs";
 const REDIS_TLS_FILES: &str =
@@ -35,7 +34,6 @@ const UNSUPPORTED: &[(&str, Neutral, &str)] = &[
     ("USE_DOG_STATSD_MOGRIFIERS", Neutral::Never, STATS),
     ("EXTRA_TAGS", Neutral::Never, STATS),
     ("STATS_FLUSH_INTERVAL", Neutral::Never, STATS),
-    ("PROMETHEUS_ADDR", Neutral::Never, PROMETHEUS),
     (
         "PROMETHEUS_PATH",
         Neutral::Values(&["/metrics"]),

@@ -440,7 +440,12 @@ fn most_constraining(statuses: &[Status]) -> usize {
             Some(None) => u64::MAX,
             None => 0,
         };
-        (s.code == Code::OverLimit, s.over, wait, u64::MAX - s.remaining)
+        (
+            s.code == Code::OverLimit,
+            s.over,
+            wait,
+            u64::MAX - s.remaining,
+        )
     };
     let mut best = 0;
     for (i, status) in statuses.iter().enumerate().skip(1) {

@@ -99,7 +99,7 @@ pub(super) async fn drained(
 /// What is left to stop once the gRPC server has: the admin listener, the sweepers, the leases
 /// and the metric exporter.
 pub(super) struct WindDown<B> {
-    pub(super) admin_task: JoinHandle<()>,
+    pub(super) admin_thread: crate::admin::listener::AdminThread,
     pub(super) local_sweeper: Option<JoinHandle<()>>,
     pub(super) lease_sweeper: JoinHandle<()>,
     pub(super) limiter: Arc<Limiter<B>>,
@@ -108,7 +108,7 @@ pub(super) struct WindDown<B> {
 
 impl<B: Backend> WindDown<B> {
     pub(super) async fn run(self) {
-        let _ = self.admin_task.await;
+        self.admin_thread.join().await;
         if let Some(sweeper) = self.local_sweeper {
             sweeper.abort();
         }

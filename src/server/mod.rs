@@ -80,6 +80,8 @@ pub enum ServeError {
 pub struct Running {
     pub grpc_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// `--metrics-addr` as bound, when set.
+    pub metrics_addr: Option<SocketAddr>,
     pub readiness: Arc<Readiness>,
     pub config: Arc<ConfigStore>,
     /// The embedded backend, when it is the one serving (tests watch its bounds).
@@ -116,8 +118,12 @@ impl Running {
 /// Runs the service until `shutdown` resolves, then drains.
 pub async fn run(settings: Settings, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
     let running = start(settings).await?;
+    let metrics = running
+        .metrics_addr
+        .map(|addr| format!(" metrics={addr}"))
+        .unwrap_or_default();
     println!(
-        "sluice ready grpc={} admin={}",
+        "sluice ready grpc={} admin={}{metrics}",
         running.grpc_addr, running.admin_addr
     );
     let Running { stop, mut task, .. } = running;
@@ -391,7 +397,7 @@ async fn build<B: Backend>(
         quotas: &quotas,
         replicas: &store.replicas,
         top,
-    });
+    })?;
     Ok(Built {
         config,
         readiness,
@@ -416,7 +422,7 @@ fn rls_service<B>(
     metrics: &Metrics,
 ) -> (RateLimitHandler<B>, Option<Arc<TopRecorder>>) {
     let top = TopRecorder::new(
-        settings.telemetry.top_keys,
+        usize::try_from(settings.telemetry.top_keys).unwrap_or(crate::top::MAX_CAPACITY),
         settings.telemetry.top_window,
         Arc::new(MonotonicClock::new()),
     )
@@ -475,30 +481,16 @@ async fn grpc_health<B: Backend>(
 /// Binds both listeners and runs the built parts until the stop signal, then drains.
 async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Running, ServeError> {
     let grpc_listener = bind(settings.grpc_addr).await?;
-    let admin_listener = bind(settings.admin_addr).await?;
     let grpc_addr = local_addr(&grpc_listener, settings.grpc_addr)?;
-    let admin_addr = local_addr(&admin_listener, settings.admin_addr)?;
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     let grpc_health = grpc_health::<B>(health_reporter, &built.readiness).await;
 
     let (stop, stop_rx) = watch::channel(false);
-    let lease_sweeper = tokio::spawn(sweep_leases(
-        built.limiter.clone(),
-        lease_sweep_interval(settings.lease_lifetime),
-        stop_rx.clone(),
-    ));
-    spawn_health(
-        built.limiter.clone(),
-        built.readiness.clone(),
-        grpc_health.clone(),
-        built.answered,
-        settings.failure_mode.into(),
-        stop_rx.clone(),
-    );
+    let lease_sweeper = spawn_background(settings, &built, &grpc_health, &stop_rx);
     let (closing, closing_rx) = watch::channel(false);
-    let admin_task = spawn_admin(admin_listener, built.admin, closing_rx.clone());
-    tokio::spawn(built.quotas.clone().run(stop_rx.clone()));
+    let parts = (&built.metrics, &built.readiness);
+    let admin = admin_routes::spawn(settings, built.admin, parts, closing_rx.clone()).await?;
     let rlqs = QuotaHandler::new(built.quotas).into_server(settings.max_message_bytes);
 
     let rls = RateLimitServer::new(built.service)
@@ -535,7 +527,7 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
             ),
         );
     let wind_down = WindDown {
-        admin_task,
+        admin_thread: admin.thread,
         local_sweeper: built.local_sweeper,
         lease_sweeper,
         limiter: built.limiter.clone(),
@@ -549,7 +541,8 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
 
     Ok(Running {
         grpc_addr,
-        admin_addr,
+        admin_addr: admin.admin_addr,
+        metrics_addr: admin.metrics_addr,
         readiness: built.readiness,
         config: built.config,
         memory_backend: None,
@@ -562,24 +555,28 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
     })
 }
 
-/// Serves the admin router until the gRPC listener closes (it answers `/readyz` 503 while
-/// leaving).
-fn spawn_admin(
-    listener: TcpListener,
-    router: axum::Router,
-    mut stop: watch::Receiver<bool>,
+/// Starts what runs beside the listeners until `stop`: the RLQS pushes, the health watcher and
+/// the lease sweeper (returned: shutdown waits for its last sweep).
+fn spawn_background<B: Backend>(
+    settings: &Settings,
+    built: &Built<B>,
+    grpc_health: &GrpcHealth,
+    stop: &watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let router = router.into_make_service_with_connect_info::<SocketAddr>();
-        let result = axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                let _ = stop.wait_for(|s| *s).await;
-            })
-            .await;
-        if let Err(e) = result {
-            tracing::error!(error = %e, "admin server failed");
-        }
-    })
+    tokio::spawn(built.quotas.clone().run(stop.clone()));
+    spawn_health(
+        built.limiter.clone(),
+        built.readiness.clone(),
+        grpc_health.clone(),
+        built.answered,
+        settings.failure_mode.into(),
+        stop.clone(),
+    );
+    tokio::spawn(sweep_leases(
+        built.limiter.clone(),
+        lease_sweep_interval(settings.lease_lifetime),
+        stop.clone(),
+    ))
 }
 
 /// `--lease-lifetime` in whole ms, at least one (a lease that can never be spent is an error).

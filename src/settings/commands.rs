@@ -70,6 +70,11 @@ pub struct TopArgs {
     #[arg(long, env = "SLUICE_ADMIN", default_value = "127.0.0.1:6070")]
     pub admin: String,
 
+    /// A file holding the operator token (`serve --admin-token-file`), sent as
+    /// `Authorization: Bearer`.
+    #[arg(long, env = "SLUICE_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<std::path::PathBuf>,
+
     /// Only this rule (its dotted config path, as in the metrics' `rule` label).
     #[arg(long)]
     pub rule: Option<String>,
@@ -101,7 +106,7 @@ pub enum BucketAction {
     Show(BucketTarget),
     /// Reset a descriptor's buckets on every shard, and drop the replica's lease, over-limit
     /// cache entry and RLQS pool tokens of them (DELETE /buckets; the server needs
-    /// --admin-write).
+    /// --admin-write, and this the operator token: --admin-token-file).
     Reset(BucketTarget),
 }
 
@@ -111,6 +116,11 @@ pub struct BucketTarget {
     /// The admin listener of a running sluice: host:port.
     #[arg(long, env = "SLUICE_ADMIN_ADDR", default_value = "127.0.0.1:6070")]
     pub admin: String,
+
+    /// A file holding the operator token (`serve --admin-token-file`), sent as
+    /// `Authorization: Bearer`.
+    #[arg(long, env = "SLUICE_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<std::path::PathBuf>,
 
     /// The descriptor's domain (a configured one).
     #[arg(long)]

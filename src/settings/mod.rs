@@ -6,10 +6,11 @@
 //! options structs and for tests.
 //!
 //! - [`flags`]: value enums and parsers (`parse_duration`, `--backend`, `--failure-mode`, ...).
-//! - [`config`], [`per_second`], [`security`], [`telemetry`], [`xds`]: the flag groups flattened
+//! - [`admin`], [`config`], [`per_second`], [`security`], [`telemetry`], [`xds`]: the flag groups flattened
 //!   into `serve`.
 //! - [`commands`]: the flags of `check-config` and `explain`.
 
+pub mod admin;
 pub mod commands;
 pub mod config;
 pub mod flags;
@@ -25,6 +26,7 @@ use std::time::Duration;
 
 use clap::{Args, FromArgMatches, Parser, Subcommand};
 
+pub use self::admin::AdminArgs;
 pub use self::commands::{
     BucketAction, BucketArgs, BucketTarget, CheckConfigArgs, ExplainArgs, TopArgs,
 };
@@ -344,6 +346,9 @@ pub struct Settings {
 
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
+
+    #[command(flatten)]
+    pub admin: AdminArgs,
 }
 
 /// Every flag at its default, the environment not read; parsed once.

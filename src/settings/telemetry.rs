@@ -27,10 +27,12 @@ pub struct TelemetryArgs {
     pub metrics_detailed_max_values: usize,
 
     /// Counters per summary of the keys most limited and most active per rule (GET /top on the
-    /// admin listener, `sluice top`); 0 turns the summaries off. Each rule keeps 4 summaries
-    /// (limited and active, this window and the one before).
-    #[arg(long, env = "SLUICE_TOP_KEYS", default_value_t = 64)]
-    pub top_keys: usize,
+    /// admin listener, `sluice top`), 0 to 1024; 0 turns the summaries off. Each rule keeps 4
+    /// summaries (limited and active, this window and the one before), for at most 1,000 rules
+    /// per replica.
+    #[arg(long, env = "SLUICE_TOP_KEYS", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(0..=1024))]
+    pub top_keys: u64,
 
     /// Window of the top-keys summaries: a view covers the current window and the one before.
     #[arg(long, env = "SLUICE_TOP_WINDOW", value_parser = super::flags::parse_duration, default_value = "60s")]

@@ -206,3 +206,54 @@ fn summaries_of_one_stream_split_between_workers_merge_as_one() {
     let v = &merged_view(&mut [&mut a, &mut b], 121_000, 10, None)[0];
     assert_eq!((v.limited_total, v.active_total), (0, 1));
 }
+
+#[test]
+fn sets_sharing_bounds_track_at_most_max_rules_between_them() {
+    let options = TopOptions {
+        max_rules: 2,
+        ..options(4)
+    };
+    let bounds = TopBounds::for_options(&options);
+    let mut a = TopKeys::sharing(options, bounds.clone());
+    let mut b = TopKeys::sharing(options, bounds.clone());
+    let rules: Vec<Arc<str>> = ["r1", "r2", "r3"].into_iter().map(Arc::from).collect();
+    record(&mut a, 0, &rules[0], 1, false);
+    record(&mut a, 0, &rules[1], 1, false);
+    // A rule tracked by the other set is tracked here too; a third one is not, in either set.
+    record(&mut b, 0, &rules[1], 2, false);
+    record(&mut b, 0, &rules[2], 1, false);
+    record(&mut a, 0, &rules[2], 1, false);
+    assert_eq!((a.untracked(), b.untracked()), (1, 1));
+    assert_eq!(bounds.rules(), 2);
+    let views = merged_view(&mut [&mut a, &mut b], 0, 10, None);
+    assert_eq!(views.len(), 2);
+    // Once both windows pass without decisions the rules are released, and a new one fits.
+    let _ = merged_view(&mut [&mut a, &mut b], 180_000, 10, None);
+    assert_eq!((bounds.rules(), bounds.counters()), (0, 0));
+    record(&mut b, 180_000, &rules[2], 1, false);
+    assert_eq!(bounds.rules(), 1);
+}
+
+#[test]
+fn counters_past_the_shared_bound_are_not_taken_and_the_error_says_so() {
+    let bounds = TopBounds::new(10, 3);
+    let rule: Arc<str> = Arc::from("edge.user");
+    let mut a = TopKeys::sharing(options(8), bounds.clone());
+    let mut b = TopKeys::sharing(options(8), bounds.clone());
+    for key in 1..=5 {
+        record(&mut a, 0, &rule, key, false);
+    }
+    // `a` took every counter (2 for `active`, the third for `limited` of key 1 below).
+    record(&mut a, 0, &rule, 1, true);
+    assert_eq!(bounds.counters(), 3);
+    for _ in 0..4 {
+        record(&mut b, 0, &rule, 9, false);
+    }
+    assert_eq!(bounds.counters(), 3, "b got no counter");
+    let v = &merged_view(&mut [&mut a, &mut b], 0, 10, None)[0];
+    assert_eq!(v.active_total, 10);
+    // Every key carries b's 4 uncounted offers as possible error.
+    assert!(v.active.iter().all(|r| r.error >= 4), "{v:?}");
+    drop((a, b));
+    assert_eq!((bounds.rules(), bounds.counters()), (0, 0));
+}
