@@ -107,21 +107,10 @@ fn buckets(descriptor: &str) -> String {
     )
 }
 
-/// The operator token every server with `--admin-write` is started with.
-const TOKEN: &str = "operator-token-for-tests";
-
-/// A file holding [`TOKEN`] (kept until the test process ends).
-fn token_file() -> std::path::PathBuf {
-    let file = tempfile::NamedTempFile::new().expect("a temp file");
-    std::fs::write(file.path(), format!("{TOKEN}\n")).unwrap();
-    file.into_temp_path().keep().expect("kept")
-}
-
-/// One HTTP/1.0 exchange carrying the operator token: status and JSON body.
+/// One exchange as the operator (the token every server with `--admin-write` is started with):
+/// status and JSON body.
 fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, Value) {
-    let bearer = format!("Bearer {TOKEN}");
-    let headers = [("Host", "localhost"), ("Authorization", bearer.as_str())];
-    let (status, body) = sluice_harness::rls::http_with(addr, method, path, &headers);
+    let (status, body) = sluice_harness::rls::http_as_operator(addr, method, path);
     (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
@@ -369,7 +358,7 @@ fn settings_with(write: bool) -> impl FnOnce(&mut Settings) {
     move |settings: &mut Settings| {
         settings.admin_write = write;
         if write {
-            settings.admin.admin_token_file = Some(token_file());
+            settings.admin.admin_token_file = Some(sluice_harness::rls::operator_token_file());
         }
         // A rejected bucket stays rejected here without asking the backend: the reset must
         // drop that too.
@@ -618,7 +607,7 @@ async fn the_cli_shows_and_resets_through_the_admin_listener() {
     assert_eq!(code, Some(0));
     assert_eq!(shown["bucket_id"][0]["value"], "cli", "{shown}");
 
-    let token = token_file();
+    let token = sluice_harness::rls::operator_token_file();
     let token = token.to_str().unwrap();
     let writer = sluice_harness::SluiceProcess::start(
         &[("ops.yaml", CONFIG)],

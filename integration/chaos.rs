@@ -461,9 +461,10 @@ async fn kill_under_load(mode: FailureModeArg) {
     if elapsed < FAULT {
         tokio::time::sleep(FAULT - elapsed).await;
     }
-    blocking(|| redis.start_again());
-    // Redis is back: the fault window ends here, recovery is measured from here.
+    // The fault window ends when the restart begins: a request sent while Redis comes back may
+    // already be answered by it. Recovery is measured from here.
     let fault_end = now();
+    blocking(|| redis.start_again());
     eventually("recovery", Duration::from_secs(10), async || {
         watch.closed().is_some()
     })

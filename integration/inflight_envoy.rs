@@ -10,6 +10,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use sluice_harness::rls::{http_as_operator, operator_token_file};
 use sluice_harness::{Bootstrap, Envoy, HttpClient, RedisServer, SlowApp, SluiceProcess};
 
 const CAP: u64 = 2;
@@ -247,7 +248,7 @@ fn peek_and_reset(sluice: &SluiceProcess) {
         app.seen("acme").now == 2
     });
     let path = "/buckets?domain=edge&descriptor=inflight=acme";
-    let (status, body) = sluice_harness::rls::http(sluice.admin, "GET", path);
+    let (status, body) = http_as_operator(sluice.admin, "GET", path);
     assert_eq!(status, 200, "{body}");
     let body: serde_json::Value = serde_json::from_str(&body).unwrap();
     let key = &body["keys"][0];
@@ -258,7 +259,7 @@ fn peek_and_reset(sluice: &SluiceProcess) {
     assert_eq!(key["remaining"], 0, "{body}");
     let mut client = envoy.client();
     assert_eq!(get(&mut client, "acme", 0), 429);
-    let (status, body) = sluice_harness::rls::http(sluice.admin, "DELETE", path);
+    let (status, body) = http_as_operator(sluice.admin, "DELETE", path);
     assert_eq!(status, 200, "{body}");
     // Both slots are free: two more requests are admitted while the first two are still held.
     let pair: Vec<_> = (0..2)
@@ -276,7 +277,17 @@ fn peek_and_reset(sluice: &SluiceProcess) {
 fn buckets_peeks_and_resets_slots_on_redis() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let args = ["--backend", "redis", "--redis-url", &url, "--admin-write"];
+    let token = operator_token_file();
+    let token = token.to_str().unwrap();
+    let args = [
+        "--backend",
+        "redis",
+        "--redis-url",
+        &url,
+        "--admin-write",
+        "--admin-token-file",
+        token,
+    ];
     let rules = rules("300s");
     peek_and_reset(&SluiceProcess::start(&[("edge.yaml", &rules)], &args));
 }
@@ -284,8 +295,10 @@ fn buckets_peeks_and_resets_slots_on_redis() {
 #[test]
 fn buckets_peeks_and_resets_slots_in_memory() {
     let rules = rules("300s");
+    let token = operator_token_file();
+    let token = token.to_str().unwrap();
     peek_and_reset(&SluiceProcess::start(
         &[("edge.yaml", &rules)],
-        &["--admin-write"],
+        &["--admin-write", "--admin-token-file", token],
     ));
 }

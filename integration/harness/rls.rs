@@ -73,6 +73,28 @@ pub fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
     http_with(addr, method, path, &[("Host", "localhost")])
 }
 
+/// The operator token of test servers started with `--admin-write` ([`operator_token_file`]).
+pub const OPERATOR_TOKEN: &str = "operator-token-for-tests";
+
+/// A file holding [`OPERATOR_TOKEN`], for `--admin-token-file` (kept until the process ends).
+pub fn operator_token_file() -> std::path::PathBuf {
+    let file = tempfile::NamedTempFile::new().expect("a temp file");
+    std::fs::write(file.path(), format!("{OPERATOR_TOKEN}\n")).unwrap();
+    file.into_temp_path().keep().expect("kept")
+}
+
+/// One HTTP/1.0 exchange as an operator would make it: the listener's `Host` and the
+/// [`OPERATOR_TOKEN`] as a bearer token.
+pub fn http_as_operator(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+    let bearer = format!("Bearer {OPERATOR_TOKEN}");
+    http_with(
+        addr,
+        method,
+        path,
+        &[("Host", "localhost"), ("Authorization", &bearer)],
+    )
+}
+
 /// [`http`] with these header lines (and no other).
 pub fn http_with(
     addr: SocketAddr,

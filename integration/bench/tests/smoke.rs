@@ -225,11 +225,15 @@ fn generator_counts_redis_commands_and_the_floor_runs() {
         &dir.path().join("redis.json"),
     );
     assert_sane(&report, "redis");
-    // One EVALSHA per request, whose script runs TIME, HMGET, HSET and PEXPIRE.
+    // One EVALSHA per request, whose script runs TIME, HMGET, HSET and PEXPIRE; calls in flight
+    // at either edge of the measured span count in Redis but not as completed (or the other
+    // way round): up to `concurrency` each side, which a slow debug build on a loaded machine
+    // makes a visible share of the few requests it completes.
+    let edge = 2.0 * num(&report, "concurrency") / num(&report, "completed");
     let scripts = num(&report, "redis.script_calls_per_request");
-    assert!((0.95..=1.05).contains(&scripts), "{report}");
+    assert!((scripts - 1.0).abs() <= 0.05 + edge, "{report}");
     let commands = num(&report, "redis.commands_per_request");
-    assert!((4.75..=5.25).contains(&commands), "{report}");
+    assert!((commands - 5.0).abs() <= 0.25 + 5.0 * edge, "{report}");
 
     let floor = bench(
         &[
