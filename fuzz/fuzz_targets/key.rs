@@ -18,6 +18,8 @@ struct KeyInput {
     override_rate: Option<(u32, u8)>,
     /// A shard of a sharded rule (overrides are never sharded: the override wins).
     shard: Option<u8>,
+    /// One limit of a `rate_limits` rule, by its window (never sharded or overridden).
+    window: Option<u64>,
     algorithm: u8,
 }
 
@@ -31,7 +33,7 @@ impl KeyInput {
 
     fn tag(&self) -> RuleTag {
         match (self.override_rate, self.shard) {
-            (None, None) => RuleTag::Configured,
+            (None, None) => self.window.map_or(RuleTag::Configured, RuleTag::Window),
             (None, Some(i)) => RuleTag::Shard(i),
             (Some((n, u)), _) => RuleTag::Override(LimitOverride {
                 requests_per_unit: n,
@@ -141,6 +143,7 @@ fn check_round_trip(input: &KeyInput) -> String {
         RuleTag::Configured => Vec::new(),
         RuleTag::Override(o) => vec![format!("o{}/{}", o.requests_per_unit, o.unit)],
         RuleTag::Shard(i) => vec![format!("s{i}")],
+        RuleTag::Window(secs) => vec![format!("w{secs}")],
     };
     expected_tags.extend(input.algorithm().key_tag().map(str::to_string));
     assert_eq!(tags, expected_tags, "{key:?}");
@@ -159,10 +162,14 @@ fn check_round_trip(input: &KeyInput) -> String {
     let alone = first_only.key();
     assert_eq!(hash_tag(&key), hash_tag(&alone));
     assert_eq!(slot(&key), slot(&alone));
-    // Stripping the shard gives the unsharded key.
-    let unsharded = KeyInput {
-        shard: None,
-        ..input.clone()
+    // Stripping the shard gives the unsharded key (a shard's input carries no window).
+    let unsharded = match input.tag() {
+        RuleTag::Shard(_) => KeyInput {
+            shard: None,
+            window: None,
+            ..input.clone()
+        },
+        _ => input.clone(),
     };
     assert_eq!(without_shard(&key), unsharded.key(), "{key:?}");
     key
