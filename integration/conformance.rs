@@ -26,6 +26,9 @@ use sluice_harness as harness;
 #[path = "conformance_in_flight.rs"]
 mod in_flight;
 use in_flight::{a_full_cap_takes_nothing_elsewhere, slots_are_held_released_and_expire};
+#[path = "conformance_reserve.rs"]
+mod reserve;
+use reserve::{reservations_settle, reservations_settle_on_gcra};
 use sluice_harness::{RedisCluster, RedisServer};
 
 /// Start of every scenario's timeline: a realistic epoch in ms, so large-number precision counts.
@@ -915,6 +918,8 @@ async fn suite<B: Backend>(subject: &Subject<B>) {
         charges_always_land,
         slots_are_held_released_and_expire,
         a_full_cap_takes_nothing_elsewhere,
+        reservations_settle,
+        reservations_settle_on_gcra,
     );
 }
 
@@ -1036,7 +1041,9 @@ fn random_params(rng: &mut impl Rng, algorithm: Algorithm) -> BucketParams {
                 UNITS[rng.random_range(0..3)],
             ),
         },
-        Algorithm::InFlight => unreachable!("drawn from Algorithm::ALL, the rate algorithms"),
+        Algorithm::InFlight | Algorithm::Reservation => {
+            unreachable!("drawn from Algorithm::ALL, the rate algorithms")
+        }
     }
 }
 
@@ -1101,7 +1108,9 @@ fn assert_stored(inspect: &mut redis::Connection, key: &str, state: &State, cont
         State::FixedWindow(_) => &["w", "c"],
         State::SlidingWindow(_) => &["w", "c", "p"],
         State::Gcra(_) => &["a", "f"],
-        State::InFlight(_) => unreachable!("the differential test draws rate algorithms only"),
+        State::InFlight(_) | State::Reserved(_) => {
+            unreachable!("the differential test draws rate algorithms only")
+        }
     };
     let stored: Vec<String> = redis::cmd("HMGET")
         .arg(key)
@@ -1161,7 +1170,7 @@ fn assert_stored(inspect: &mut redis::Connection, key: &str, state: &State, cont
                 s.tat_frac
             );
         }
-        State::InFlight(_) => {}
+        State::InFlight(_) | State::Reserved(_) => {}
     }
 }
 

@@ -13,7 +13,8 @@ ARGV[2] Expiry jitter in ms (>= 0), added to every key's TTL so keys written tog
         and answered as a check-only demand, and nothing is written: no HSET, no PEXPIRE, no
         repair (a key holding foreign data is read as fresh and reported, not deleted).
 ARGV[3 + 6*(i-1) ...] Six values for KEYS[i]:
-        algorithm (1 token_bucket, 2 fixed_window, 3 sliding_window, 4 gcra, 5 in_flight; + 16 on the first
+        algorithm (1 token_bucket, 2 fixed_window, 3 sliding_window, 4 gcra, 5 in_flight,
+        6 reservation ledger; + 16 on the first
         key of every request of a batch after the first: a group starts there), capacity,
         requests_per_unit, unit_ms, hits, flags = refund (1) + shadow (2) + quota (4) +
         always (8) + 16 * lease, where lease > 0 makes a take of `hits` also take up to `lease`
@@ -22,6 +23,13 @@ ARGV[3 + 6*(i-1) ...] Six values for KEYS[i]:
         always-charged take (`charge: always`): counted whatever the answer, into debt.
         For in_flight, capacity is the cap (slots), unit_ms the longest hold, hits >= 1 a take,
         0 a check, refund a release; requests_per_unit is only reported.
+        A reservation ledger (src/algorithm/reservation.rs) comes right before the key of its
+        bucket, in the same group: unit_ms is the longest hold, hits the descriptor's hits,
+        flags 0. Before the group is read, a live reservation of r hits turns the bucket's demand
+        of h into h - r: a refund of r - h (or of nothing), or an always-charged take of h - r,
+        and the ledger is deleted; without one, the ledger records h (when h >= 1) if the bucket
+        takes it. Its reply: allowed 1, remaining = the r settled (0: none), retry and until_full
+        0, granted = the hits reserved.
 ARGV[3 + 6*#KEYS + h] The holder of the h-th in_flight key (in KEYS order): an opaque string (the
         caller's 16 hex digits); present for every in_flight key, peeks included (ignored there).
 State   One hash per key, its fields by algorithm (the key itself carries the algorithm, so a
@@ -33,6 +41,8 @@ State   One hash per key, its fields by algorithm (the key itself carries the al
           in_flight       a ZSET, not a hash: member = holder, score = its slot's expiry (ms);
                           members scored <= now are expired and removed when the key is read
                           (src/algorithm/in_flight.rs, written at once, not at the flush)
+          reservation     a string, not a hash: "<hits> <expiry ms>", read as none from its
+                          expiry on, its TTL the hold plus the margin (written at once)
         Fractions are written with %.17g, which round-trips a double exactly (tostring keeps 14
         digits and would drift from the Rust side). A missing key has nothing counted, so a key
         expires once its state settles (bucket full, windows over, arrival time passed), plus
@@ -124,7 +134,7 @@ end
 -- having changed nothing: `arg[b + 1 .. b + 6]`, b = 6 * (i - 1), are key i's algorithm code
 -- (group mark removed), capacity, per_unit, unit_ms, hits and flags. `ends` lists the last key
 -- of every group; `uses[code]` which algorithms the call needs.
-local arg, ends, uses = {}, {}, {false, false, false, false, false}
+local arg, ends, uses = {}, {}, {false, false, false, false, false, false}
 -- `holder_of[i]`: the holder of in_flight key i.
 local holder_of, nholders = {}, 0
 for i = 1, nkeys do
@@ -557,6 +567,68 @@ if uses[5] then
 end
 
 local reply, fits, repaired = {}, {}, {}
+
+local ledger_read, ledger_settle
+if uses[6] then
+  -- 6: reservation ledger, read before the rest of its group so that its bucket, the next key,
+  -- is decided as settled. `found[i]`: the live reservation (0: none); `lapses[i]` its expiry.
+  local found, lapses = {}, {}
+
+  -- Returns true, or the error reply of a key that is not a string.
+  ledger_read = function(i, key, last)
+    local v = redis.pcall('GET', key)
+    if type(v) == 'table' and v.err then
+      if not string.find(v.err, 'WRONGTYPE', 1, true) then return v end
+      if not peek then redis.call('PEXPIRE', key, 0) end
+      repaired[#repaired + 1] = i
+      v = false
+    end
+    local amount, expires = 0, 0
+    if v then
+      local a, e = string.match(v, '^(%d+) (%d+)$')
+      a, e = tonumber(a), tonumber(e)
+      if a and e and e > now then amount, expires = a, e end
+    end
+    found[i], lapses[i] = amount, expires
+    if amount > 0 and i < last then
+      -- The bucket's demand h becomes h - r: a refund of r - h (or of nothing), else an
+      -- always-charged take; shadow (2) and quota (4) stay, a lease does not.
+      local b = WIDTH * i
+      local hits, flags = arg[b + 5], arg[b + 6]
+      local asked = hits
+      if flags % 2 == 1 then asked = -hits end
+      local net = asked - amount
+      local keep = flags % 8 - flags % 2
+      if net > 0 then
+        arg[b + 5], arg[b + 6] = net, keep + 8
+      else
+        arg[b + 5], arg[b + 6] = -net, keep + 1
+      end
+    end
+    return true
+  end
+
+  -- Deletes a settled reservation, or records one when the bucket took the hits.
+  ledger_settle = function(i, b, key, last, allowed)
+    local granted = 0
+    if not peek then
+      if found[i] > 0 then
+        redis.call('PEXPIRE', key, 0)
+      elseif i < last and arg[b + 5] >= 1 then
+        local flags = arg[b + WIDTH + 6]
+        if flags % 2 == 0 and (floor(flags / 8) % 2 == 1 or (allowed and fits[i + 1])) then
+          local hold = arg[b + 4]
+          local ttl = hold + EXPIRY_MARGIN_MS + jitter
+          if ttl > MAX_TTL_MS then ttl = MAX_TTL_MS end
+          redis.call('SET', key, format('%.0f %.0f', arg[b + 5], now + hold),
+            'PX', format('%.0f', ttl))
+          granted = arg[b + 5]
+        end
+      end
+    end
+    return found[i], 0, 0, granted, {found[i], lapses[i], false}
+  end
+end
 local width = 5
 if peek then width = 9 end
 local first = 1
@@ -564,12 +636,22 @@ for g = 1, #ends do
   local last = ends[g]
   -- ordinary: every ordinary demand passes; quota_seen, quota_passed: of the quota ones.
   local ordinary, quota_seen, quota_passed = true, false, false
+  if uses[6] then
+    for i = first, last do
+      if arg[WIDTH * (i - 1) + 1] == 6 then
+        local read = ledger_read(i, KEYS[i], last)
+        if read ~= true then return read end
+      end
+    end
+  end
   for i = first, last do
     local b = WIDTH * (i - 1)
     local code = arg[b + 1]
     local key = KEYS[i]
     local v = seen[key]
-    if code == 5 then
+    if code == 6 then
+      -- Read before the group.
+    elseif code == 5 then
       local read = slots_read(i, key)
       if read ~= true then
         if not string.find(read.err, 'WRONGTYPE', 1, true) then return read end
@@ -604,7 +686,9 @@ for g = 1, #ends do
       seen[key], code_of[key] = v, code
     end
     local fit
-    if code == 5 then
+    if code == 6 then
+      fit = true
+    elseif code == 5 then
       fit = slots_fit(i, b)
     elseif code == 1 then
       fit = bucket_load(i, b, v)
@@ -635,7 +719,9 @@ for g = 1, #ends do
     local key = KEYS[i]
     local v = seen[key]
     local remaining, retry, until_full, granted, settles_in
-    if code == 5 then
+    if code == 6 then
+      remaining, retry, until_full, granted, v = ledger_settle(i, b, key, last, all_allowed)
+    elseif code == 5 then
       remaining, retry, until_full, granted = slots_settle(i, b, key, fit, take)
       v = slots_state(i)
     elseif code == 1 then
@@ -648,8 +734,8 @@ for g = 1, #ends do
       remaining, retry, until_full, granted, settles_in = gcra_settle(i, b, v, fit, take)
     end
     -- The key is written at the flush with this state, to expire once it settles (an
-    -- in_flight key is written already).
-    if code ~= 5 then
+    -- in_flight key or a ledger is written already).
+    if code < 5 then
       local ttl = settles_in + EXPIRY_MARGIN_MS + jitter
       if ttl > MAX_TTL_MS then ttl = MAX_TTL_MS end
       if not ttl_of[key] then write_order[#write_order + 1] = key end

@@ -440,6 +440,7 @@ mod tests {
             lease: None,
             shards: None,
             in_flight: None,
+            reserve: None,
             failure_mode: None,
             replaces: Vec::new(),
             shared_values: Arc::default(),

@@ -381,6 +381,11 @@ pub struct Rule {
     /// second, only reported; [`Algorithm::InFlight`] decides).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub in_flight: Option<InFlightRule>,
+    /// `reserve`: the holder entry's first call reserves its hits on the bucket, its next one
+    /// settles them ([`crate::algorithm::reservation`]); the same holder entry and longest hold
+    /// as an in-flight cap's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserve: Option<InFlightRule>,
     /// Descriptor override, else the domain's; `None` means the global default.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure_mode: Option<FailureMode>,
@@ -412,6 +417,12 @@ pub struct Rule {
 }
 
 impl Rule {
+    /// The holder entry and hold of an in-flight cap or of reservations: the entry that ends the
+    /// descriptor and is kept out of its storage key.
+    pub fn holding(&self) -> Option<&InFlightRule> {
+        self.in_flight.as_ref().or(self.reserve.as_ref())
+    }
+
     /// This rule and the descriptor's other limits, in config order.
     pub fn limits(self: &Arc<Self>) -> impl Iterator<Item = &Arc<Rule>> {
         std::iter::once(self).chain(self.also.iter())

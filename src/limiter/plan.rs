@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::algorithm::in_flight::holder_id;
-use crate::algorithm::{self, BucketParams, Demand, Verdict};
+use crate::algorithm::{self, Algorithm, BucketParams, Demand, Verdict};
 use crate::backend::{Backend, BackendError, Hit};
 use crate::config::Domain;
 use crate::holder;
@@ -271,18 +271,62 @@ impl<B: Backend> Limiter<B> {
             always: target.always,
             holder,
         };
+        if let Some(ledger) = ledger_of(target, descriptor, &demand, &key)
+            && index.find(&plan.buckets, &key).is_none()
+        {
+            // Right before its bucket, where the backends look for it.
+            plan.add_hit(index, ledger.0, ledger.1, target);
+        }
         plan.add_hit(index, key, demand, target)
     }
+}
+
+/// The ledger key and demand of a descriptor whose rule has `reserve`
+/// ([`crate::algorithm::reservation`]): `<bucket key>~rv<holder>`, in the bucket's slot, for a
+/// descriptor ending with its holder entry. A refund, or a descriptor without a holder entry,
+/// is an ordinary hit. A request whose bucket an earlier descriptor already names is charged as
+/// an ordinary hit too (the ledger must come right before its bucket).
+fn ledger_of(
+    target: &Target,
+    descriptor: &RequestDescriptor,
+    demand: &Demand,
+    bucket_key: &str,
+) -> Option<(String, Demand)> {
+    let reserve = target.rule.as_ref()?.reserve.as_ref()?;
+    let (_, Some(holder)) = holder::split(reserve, &descriptor.entries) else {
+        return None;
+    };
+    if demand.refund {
+        return None;
+    }
+    let key = format!("{bucket_key}~rv{:016x}", holder_id(holder));
+    let ledger = Demand {
+        algorithm: Algorithm::Reservation,
+        params: BucketParams {
+            capacity: 0,
+            requests_per_unit: 0,
+            unit_ms: reserve.max_hold_ms,
+        },
+        quota: false,
+        shadow: false,
+        always: false,
+        ..*demand
+    };
+    Some((key, ledger))
 }
 
 /// The entries that name a descriptor's bucket and, for an in-flight cap, its holder: the
 /// holder entry's [`holder_id`], or, when the descriptor has no holder entry, an anonymous holder
 /// of its own, whose slot only `max_hold` frees (a take nobody can release).
 fn holder_of<'a>(target: &Target, entries: &'a [Entry]) -> (&'a [Entry], u64) {
-    let Some(cap) = target.rule.as_ref().and_then(|r| r.in_flight.as_ref()) else {
+    let Some(holding) = target.rule.as_ref().and_then(|r| r.holding()) else {
         return (entries, 0);
     };
-    let (bucket, holder) = holder::split(cap, entries);
+    let (bucket, holder) = holder::split(holding, entries);
+    if target.rule.as_ref().is_some_and(|r| r.reserve.is_some()) {
+        // A reservation's holder names its ledger key ([`ledger_of`]), not a slot.
+        return (bucket, 0);
+    }
     let id = match holder {
         Some(value) => holder_id(value),
         None => rand::random(),

@@ -30,7 +30,12 @@ impl<B: Backend> Limiter<B> {
         let Some(cache) = self.resilience.over_limit.as_ref() else {
             return false;
         };
-        let lands_anyway = |h: &Hit| h.demand.refund || (h.demand.always && h.demand.tokens > 0);
+        // A reservation's ledger may settle its bucket, which must then be counted.
+        let lands_anyway = |h: &Hit| {
+            h.demand.refund
+                || (h.demand.always && h.demand.tokens > 0)
+                || h.demand.algorithm == Algorithm::Reservation
+        };
         if asked.iter().any(lands_anyway) {
             return false;
         }

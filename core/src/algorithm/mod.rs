@@ -30,6 +30,7 @@ pub mod fixed_window;
 pub mod gcra;
 pub mod in_flight;
 pub mod peek;
+pub mod reservation;
 pub mod sliding_window;
 pub mod token_bucket;
 
@@ -41,6 +42,7 @@ pub use fixed_window::WindowState;
 pub use gcra::GcraState;
 pub use in_flight::{Ledger, Slots};
 pub use peek::{Level, Peek, peek};
+pub use reservation::Reserved;
 pub use sliding_window::SlidingState;
 
 /// How a rule counts hits. The default is the token bucket.
@@ -55,6 +57,9 @@ pub enum Algorithm {
     /// An in-flight cap (`in_flight` on a descriptor, not a `rate_limit.algorithm`): at most
     /// `capacity` holders at once, see [`in_flight`].
     InFlight,
+    /// A reservation's ledger key (a rule's `reserve`, not a `rate_limit.algorithm`): the hits
+    /// one holder reserved on the bucket decided right after it, see [`reservation`].
+    Reservation,
 }
 
 impl Algorithm {
@@ -75,6 +80,7 @@ impl Algorithm {
             Algorithm::SlidingWindow => "sliding_window",
             Algorithm::Gcra => "gcra",
             Algorithm::InFlight => "in_flight",
+            Algorithm::Reservation => "reservation",
         }
     }
 
@@ -98,6 +104,7 @@ impl Algorithm {
             Algorithm::SlidingWindow => 3,
             Algorithm::Gcra => 4,
             Algorithm::InFlight => 5,
+            Algorithm::Reservation => 6,
         }
     }
 
@@ -111,6 +118,7 @@ impl Algorithm {
             Algorithm::SlidingWindow => Some("sw"),
             Algorithm::Gcra => Some("gcra"),
             Algorithm::InFlight => Some("if"),
+            Algorithm::Reservation => Some("rv"),
         }
     }
 
@@ -172,6 +180,8 @@ pub enum State {
     /// An in-flight cap's slots as the deciding holder sees them (the backend keeps the
     /// [`Ledger`] itself and writes back what the decision made of the holder's slot).
     InFlight(Slots),
+    /// One holder's reservation ([`reservation`]).
+    Reserved(Reserved),
 }
 
 impl State {
@@ -184,6 +194,7 @@ impl State {
             State::SlidingWindow(s) => sliding_window::settled_at_ms(s, params),
             State::Gcra(s) => gcra::settled_at_ms(s),
             State::InFlight(s) => in_flight::settled_at_ms(s),
+            State::Reserved(r) => r.settled_at_ms(),
         }
     }
 }
@@ -246,6 +257,7 @@ pub const NEVER: u64 = u64::MAX;
 /// (the state to store). A state of another algorithm than its demand's is read as no state.
 pub fn decide(now_ms: u64, demands: &[Demand], states: &mut [Option<State>]) -> Vec<Verdict> {
     assert_eq!(demands.len(), states.len(), "one state per demand");
+    let demands = settle_reservations(now_ms, demands, states);
     let current: Vec<(Current, bool)> = demands
         .iter()
         .zip(states.iter())
@@ -257,17 +269,56 @@ pub fn decide(now_ms: u64, demands: &[Demand], states: &mut [Option<State>]) -> 
             .zip(&current)
             .map(|(d, (_, fits))| (d, *fits)),
     );
+    let takes: Vec<bool> = demands
+        .iter()
+        .zip(&current)
+        .map(|(d, (_, fits))| !d.refund && (d.always || (allowed && *fits)))
+        .collect();
     demands
         .iter()
         .zip(states.iter_mut())
         .zip(current)
-        .map(|((demand, slot), (state, fits))| {
-            let take = !demand.refund && (demand.always || (allowed && fits));
+        .enumerate()
+        .map(|(i, ((demand, slot), (state, fits)))| {
+            // A ledger records what its bucket, the next demand, took.
+            let take = match state {
+                Current::Reserved(_) => takes.get(i + 1).copied().unwrap_or(false),
+                _ => takes[i],
+            };
             let (after, verdict) = settle(state, now_ms, demand, fits, take);
             *slot = Some(after);
             verdict
         })
         .collect()
+}
+
+/// The demands as decided: where a ledger holds a live reservation, the bucket after it is
+/// settled against it ([`reservation::settlement`]).
+fn settle_reservations<'a>(
+    now_ms: u64,
+    demands: &'a [Demand],
+    states: &[Option<State>],
+) -> std::borrow::Cow<'a, [Demand]> {
+    if !demands
+        .iter()
+        .any(|d| d.algorithm == Algorithm::Reservation)
+    {
+        return std::borrow::Cow::Borrowed(demands);
+    }
+    let mut settled = demands.to_vec();
+    for i in 0..settled.len().saturating_sub(1) {
+        if settled[i].algorithm != Algorithm::Reservation {
+            continue;
+        }
+        let live = match states[i] {
+            Some(State::Reserved(r)) => r.live(now_ms),
+            _ => 0,
+        };
+        if live > 0 {
+            settled[i + 1] = reservation::settlement(&settled[i + 1], live);
+        }
+    }
+    std::borrow::Cow::Owned(settled)
 }
 
 /// Whether a request is allowed, given each demand and whether it fits: every ordinary demand
@@ -297,6 +348,8 @@ enum Current {
     /// GCRA's backlog: how far the theoretical arrival time is ahead of now, in ms.
     Gcra(f64),
     InFlight(Slots),
+    /// A ledger's live reservation (0: none).
+    Reserved(u64),
 }
 
 /// Phase one: the state as of `now`, and whether the demand fits it.
@@ -344,10 +397,18 @@ fn refresh(state: Option<State>, now_ms: u64, demand: &Demand) -> (Current, bool
             };
             (Current::InFlight(own), in_flight::fits(&own, demand))
         }
+        Algorithm::Reservation => {
+            let live = match state {
+                Some(State::Reserved(r)) => r.live(now_ms),
+                _ => 0,
+            };
+            (Current::Reserved(live), true)
+        }
     }
 }
 
-/// Phase two: apply the demand (`take` only when the whole request is allowed) and answer.
+/// Phase two: apply the demand (`take` only when the whole request is allowed; for a ledger,
+/// whether its bucket took) and answer.
 fn settle(
     current: Current,
     now_ms: u64,
@@ -375,6 +436,10 @@ fn settle(
         Current::InFlight(s) => {
             let (s, v) = in_flight::settle(s, now_ms, demand, fits, take);
             (State::InFlight(s), v)
+        }
+        Current::Reserved(found) => {
+            let (r, v) = reservation::settle(found, now_ms, demand, take);
+            (State::Reserved(r), v)
         }
     }
 }

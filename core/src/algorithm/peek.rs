@@ -84,6 +84,13 @@ pub enum Level {
         next_expiry_in_ms: u64,
         last_expiry_in_ms: u64,
     },
+    /// A holder's reservation ledger key ([`super::reservation`]).
+    Reservation {
+        /// Hits reserved and not settled (0: none).
+        reserved: u64,
+        /// Until the reservation lapses unsettled.
+        lapses_in_ms: u64,
+    },
 }
 
 impl Peek {
@@ -127,6 +134,10 @@ impl Peek {
                 max: params.capacity,
                 next_expiry_in_ms: s.first_expiry_ms.saturating_sub(now_ms),
                 last_expiry_in_ms: s.last_expiry_ms.saturating_sub(now_ms),
+            },
+            State::Reserved(r) => Level::Reservation {
+                reserved: r.live(now_ms),
+                lapses_in_ms: r.expires_ms.saturating_sub(now_ms),
             },
         }
     }

@@ -205,8 +205,8 @@ impl Builder<'_> {
             self.fill(&mut children, &spec.children, &path, &shared, &metric);
             // An in-flight cap's descriptor ends with its holder entry, whatever its value:
             // it reaches the same rule (which keeps it out of the storage key).
-            if let Some(rule) = rule.as_ref().filter(|r| r.in_flight.is_some())
-                && let Some(cap) = &rule.in_flight
+            if let Some(rule) = &rule
+                && let Some(cap) = rule.holding()
             {
                 let holder = Node::new(Some(rule.clone()), Level::default());
                 let inserted = children.insert(&cap.holder, Pattern::parse(None), holder);
@@ -244,11 +244,15 @@ impl Builder<'_> {
             self.domain_algorithm,
             self.default_algorithm,
         );
-        let (charge, charge_from) = resolved(
-            r.charge.as_ref().map(|c| c.value),
-            self.domain_charge,
-            self.default_charge,
-        );
+        let (charge, charge_from) = match r.reserve {
+            // A reservation is taken only when it fits; its settlement always lands.
+            Some(_) => (Charge::IfAllowed, Origin::Rule),
+            None => resolved(
+                r.charge.as_ref().map(|c| c.value),
+                self.domain_charge,
+                self.default_charge,
+            ),
+        };
         Arc::new(Rule {
             id,
             domain: self.domain.clone(),
@@ -266,6 +270,7 @@ impl Builder<'_> {
             lease: r.lease,
             shards: r.shards,
             in_flight: r.in_flight.clone(),
+            reserve: r.reserve.clone(),
             failure_mode: r.failure_mode.or(self.failure_mode),
             replaces: r.replaces.iter().map(|n| Arc::from(n.as_str())).collect(),
             shared_values: place.shared_values.clone(),

@@ -47,6 +47,17 @@ fn limit_algorithm_fields(rule: &RuleSpec, default: AlgorithmDefault<'_>, sink: 
             );
         }
     }
+    if let Some(reserve_at) = rule.reserve_at {
+        let (algorithm, from) = resolved_algorithm(rule, default);
+        if !algorithm.takes_lease() {
+            sink.error(
+                reserve_at,
+                format!(
+                    "`reserve` does not apply to `{algorithm}` (from {from}): a window that has ended cannot take back the unused part of a reservation made in it; use `token_bucket` or `gcra`"
+                ),
+            );
+        }
+    }
     if let Some(burst_at) = rule.burst_at {
         let (algorithm, from) = resolved_algorithm(rule, default);
         if !algorithm.takes_burst() {

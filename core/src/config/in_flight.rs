@@ -85,7 +85,7 @@ pub(crate) fn check(
             None
         }
     };
-    let holder = holder(raw, in_flight, sink);
+    let holder = holder(raw, in_flight, "in_flight", sink);
     let max_hold_ms = max_hold(&value.max_hold, sink);
     if !ok {
         return None;
@@ -109,16 +109,34 @@ pub(crate) fn check(
     })
 }
 
+/// `reserve` on a descriptor with a `rate_limit`: its holder entry and longest hold. Where
+/// it may not go (beside `rate_limits`, `in_flight`, `lease`, `shards`, `quota_mode`, `charge`, a
+/// limit that is not a bucket, a window algorithm) is checked with those fields.
+pub(crate) fn check_reserve(
+    raw: &RawDescriptor,
+    reserve: &Sp<RawInFlight>,
+    sink: &mut Sink,
+) -> Option<InFlightRule> {
+    let holder = holder(raw, reserve, "reserve", sink);
+    let max_hold_ms = max_hold(&reserve.value.max_hold, sink);
+    Some(InFlightRule {
+        holder: holder?.into(),
+        max_hold_ms: max_hold_ms?,
+    })
+}
+
+/// The holder entry of `in_flight` or `reserve` (`field`).
 fn holder<'a>(
     raw: &RawDescriptor,
-    in_flight: &'a Sp<RawInFlight>,
+    holding: &'a Sp<RawInFlight>,
+    field: &str,
     sink: &mut Sink,
 ) -> Option<&'a str> {
-    let holder = match &in_flight.value.holder {
+    let holder = match &holding.value.holder {
         Field::Absent => {
             sink.error(
-                in_flight.at,
-                "`in_flight` is missing required field `holder` (the descriptor entry naming who holds a slot, e.g. `request_id` from Envoy's x-request-id)",
+                holding.at,
+                format!("`{field}` is missing required field `holder` (the descriptor entry naming who holds a slot, e.g. `request_id` from Envoy's x-request-id)"),
             );
             return None;
         }
@@ -148,7 +166,7 @@ fn holder<'a>(
         sink.error(
             child.at,
             format!(
-                "a descriptor under an `in_flight` one cannot use its holder key `{}`: that entry names the holder",
+                "a descriptor under a `{field}` one cannot use its holder key `{}`: that entry names the holder",
                 holder.value
             ),
         );

@@ -69,6 +69,8 @@ pub(crate) struct RawDescriptor {
     /// shape of a `rate_limit`. `Absent` when not written.
     pub rate_limits: Field<Vec<Sp<RawRateLimit>>>,
     pub in_flight: Field<RawInFlight>,
+    /// `reserve`: reservations on the descriptor's `rate_limit` (`max` is never read).
+    pub reserve: Field<RawInFlight>,
     pub shadow_mode: Field<bool>,
     pub quota_mode: Field<bool>,
     pub detailed_metric: Field<bool>,
@@ -133,6 +135,7 @@ const DESCRIPTOR_FIELDS: &[&str] = &[
     "value_to_metric",
     "metadata",
     "in_flight",
+    "reserve",
 ];
 const RATE_LIMIT_FIELDS: &[&str] = &[
     "unit",
@@ -148,6 +151,7 @@ const RATE_LIMIT_FIELDS: &[&str] = &[
 ];
 const REPLACE_FIELDS: &[&str] = &["name"];
 const IN_FLIGHT_FIELDS: &[&str] = &["max", "holder", "max_hold"];
+const RESERVE_FIELDS: &[&str] = &["holder", "max_hold"];
 
 /// Every field name envoyproxy/ratelimit accepts. It checks names, not places: one of these in a
 /// mapping where it means nothing (`unit` on a descriptor) loads there and is ignored, so sluice
@@ -193,6 +197,7 @@ fn read_descriptor(node: &Node, sink: &mut Sink) -> Option<RawDescriptor> {
         rate_limit: fields.rate_limit(sink),
         rate_limits: fields.rate_limits(sink),
         in_flight: fields.in_flight(sink),
+        reserve: fields.reserve(sink),
         shadow_mode: fields.boolean("shadow_mode", sink),
         quota_mode: fields.boolean("quota_mode", sink),
         detailed_metric: fields.boolean("detailed_metric", sink),
@@ -439,13 +444,27 @@ impl Fields<'_> {
     }
 
     fn in_flight(&self, sink: &mut Sink) -> Field<RawInFlight> {
-        let Some((key, node)) = self.get("in_flight") else {
+        self.holding("in_flight", IN_FLIGHT_FIELDS, sink)
+    }
+
+    fn reserve(&self, sink: &mut Sink) -> Field<RawInFlight> {
+        self.holding("reserve", RESERVE_FIELDS, sink)
+    }
+
+    /// `in_flight` or `reserve`: a holder entry and a longest hold (and a cap, for `in_flight`).
+    fn holding(&self, name: &str, allowed: &[&'static str], sink: &mut Sink) -> Field<RawInFlight> {
+        let Some((key, node)) = self.get(name) else {
             return Field::Absent;
         };
-        match Fields::read(node, "`in_flight`", IN_FLIGHT_FIELDS, sink) {
+        let what = format!("`{name}`");
+        match Fields::read(node, &what, allowed, sink) {
             Some(fields) => Self::located(
                 RawInFlight {
-                    max: fields.integer("max", sink),
+                    max: if allowed.contains(&"max") {
+                        fields.integer("max", sink)
+                    } else {
+                        Field::Absent
+                    },
                     holder: fields.string("holder", sink),
                     max_hold: fields.string("max_hold", sink),
                 },

@@ -240,7 +240,7 @@ descriptors:
         [
             "1:1: unknown field `domian` in the config file; expected one of: domain, failure_mode, algorithm, charge, descriptors",
             "1:1: missing required field `domain`",
-            "4:5: unknown field `rate_limt` in a descriptor; expected one of: key, value, rate_limit, rate_limits, descriptors, shadow_mode, quota_mode, detailed_metric, cost, charge, failure_mode, share_threshold, value_to_metric, metadata, in_flight",
+            "4:5: unknown field `rate_limt` in a descriptor; expected one of: key, value, rate_limit, rate_limits, descriptors, shadow_mode, quota_mode, detailed_metric, cost, charge, failure_mode, share_threshold, value_to_metric, metadata, in_flight, reserve",
             "11:11: unknown field `why` in a `replaces` entry; expected one of: name",
         ]
     );

@@ -37,8 +37,8 @@ descriptors:
     assert_eq!(
         warnings(&config),
         [
-            "t.yaml:4:5: field `unit` has no effect in a descriptor and is ignored (envoyproxy/ratelimit ignores it there too); expected one of: key, value, rate_limit, rate_limits, descriptors, shadow_mode, quota_mode, detailed_metric, cost, charge, failure_mode, share_threshold, value_to_metric, metadata, in_flight",
-            "t.yaml:5:5: field `requests_per_unit` has no effect in a descriptor and is ignored (envoyproxy/ratelimit ignores it there too); expected one of: key, value, rate_limit, rate_limits, descriptors, shadow_mode, quota_mode, detailed_metric, cost, charge, failure_mode, share_threshold, value_to_metric, metadata, in_flight",
+            "t.yaml:4:5: field `unit` has no effect in a descriptor and is ignored (envoyproxy/ratelimit ignores it there too); expected one of: key, value, rate_limit, rate_limits, descriptors, shadow_mode, quota_mode, detailed_metric, cost, charge, failure_mode, share_threshold, value_to_metric, metadata, in_flight, reserve",
+            "t.yaml:5:5: field `requests_per_unit` has no effect in a descriptor and is ignored (envoyproxy/ratelimit ignores it there too); expected one of: key, value, rate_limit, rate_limits, descriptors, shadow_mode, quota_mode, detailed_metric, cost, charge, failure_mode, share_threshold, value_to_metric, metadata, in_flight, reserve",
             "t.yaml:9:7: field `shadow_mode` has no effect in `rate_limit` and is ignored (envoyproxy/ratelimit ignores it there too); expected one of: unit, unit_multiplier, requests_per_unit, burst, lease, shards, algorithm, name, unlimited, replaces",
         ]
     );

@@ -68,6 +68,10 @@ pub(crate) struct RuleSpec {
     pub shards: Option<u32>,
     /// `in_flight`: the rule caps requests in flight.
     pub in_flight: Option<InFlightRule>,
+    /// `reserve`: a holder's first call reserves its hits, its next one settles them.
+    pub reserve: Option<InFlightRule>,
+    /// Where `reserve` is written: whether it applies depends on the algorithm.
+    pub reserve_at: Option<Pos>,
     /// A limit of a `rate_limits` list: its window in seconds, which tags its storage key so
     /// each limit keeps its own state (and keeps it when another limit is added or removed).
     /// `None` for a `rate_limit`.
@@ -208,6 +212,12 @@ fn rule(
     sink: &mut Sink,
 ) -> Option<RuleSpec> {
     if let Field::Given(cap) = &raw.in_flight {
+        if let Some(reserve) = raw.reserve.given() {
+            sink.error(
+                reserve.key_at,
+                "`reserve` applies to a `rate_limit`, not to `in_flight`: a slot is not a cost",
+            );
+        }
         return in_flight_rule(raw, cap, sink);
     }
     let cost = count("cost", &raw.cost, sink);
@@ -222,6 +232,13 @@ fn rule(
             return None;
         }
         (Field::Absent, Field::Given(list)) => {
+            if let Some(reserve) = raw.reserve.given() {
+                sink.error(
+                    reserve.key_at,
+                    "`reserve` applies to a single `rate_limit`, not to `rate_limits`",
+                );
+                return None;
+            }
             return several(raw, list, (cost, charge, failure_mode), names, sink);
         }
         (Field::Given(rl), _) => rl,
@@ -232,6 +249,7 @@ fn rule(
                 ("cost", raw.cost.given().map(|f| f.key_at)),
                 ("charge", raw.charge.given().map(|f| f.key_at)),
                 ("failure_mode", raw.failure_mode.given().map(|f| f.key_at)),
+                ("reserve", raw.reserve.given().map(|f| f.key_at)),
             ];
             for (field, at) in stray {
                 if let Some(at) = at {
@@ -246,7 +264,69 @@ fn rule(
             return None;
         }
     };
-    spec(raw, rate_limit, (cost, charge, failure_mode), names, sink)
+    let mut spec = spec(raw, rate_limit, (cost, charge, failure_mode), names, sink)?;
+    if let Some(reserve) = raw.reserve.given() {
+        spec.reserve = Some(reserved(raw, reserve, &spec, sink)?);
+        spec.reserve_at = Some(reserve.key_at);
+    }
+    Some(spec)
+}
+
+/// `reserve` on a single `rate_limit` ([`in_flight::check_reserve`]), where nothing else decides
+/// how its hits are taken: no `lease`, `shards`, `quota_mode` or `charge`, and a bucket to take
+/// from.
+fn reserved(
+    raw: &RawDescriptor,
+    reserve: &Sp<super::raw::RawInFlight>,
+    spec: &RuleSpec,
+    sink: &mut Sink,
+) -> Option<InFlightRule> {
+    let mut ok = true;
+    let refuse = |sink: &mut Sink, at: Pos, why: &str| {
+        sink.error(at, format!("`reserve` does not combine with {why}"));
+    };
+    if let Some(at) = spec.lease_at {
+        refuse(
+            sink,
+            at,
+            "`lease`: a leased hit is paid before the reservation is made",
+        );
+        ok = false;
+    }
+    if spec.shards.is_some() {
+        refuse(
+            sink,
+            reserve.key_at,
+            "`shards`: a reservation settles on the bucket it took from",
+        );
+        ok = false;
+    }
+    if spec.quota_mode {
+        refuse(
+            sink,
+            reserve.key_at,
+            "`quota_mode`: a reservation is taken only when it fits",
+        );
+        ok = false;
+    }
+    if let Some(charge) = raw.charge.given() {
+        refuse(
+            sink,
+            charge.key_at,
+            "`charge`: a reservation is taken only when it fits, and its settlement always lands",
+        );
+        ok = false;
+    }
+    if !matches!(spec.limit, Limit::Bucket(_)) {
+        refuse(
+            sink,
+            reserve.key_at,
+            "`unlimited` or `requests_per_unit: 0`: there is no bucket to reserve from",
+        );
+        ok = false;
+    }
+    let checked = in_flight::check_reserve(raw, reserve, sink);
+    if ok { checked } else { None }
 }
 
 /// What a descriptor's rules share: its `cost`, `charge` and `failure_mode`, read once.
@@ -286,6 +366,8 @@ fn spec(
         window_tag: None,
         also: Vec::new(),
         in_flight: None,
+        reserve: None,
+        reserve_at: None,
     })
 }
 
@@ -314,6 +396,8 @@ fn in_flight_rule(
         lease_at: None,
         shards: None,
         in_flight: Some(checked.rule),
+        reserve: None,
+        reserve_at: None,
         charge: None,
         window_tag: None,
         also: Vec::new(),

@@ -476,6 +476,7 @@ fn outcome(algorithm: Algorithm, b: &BucketView) -> String {
             trim_float(1_000.0 / b.refill_per_second),
             b.capacity
         ),
+        Algorithm::Reservation => "a reservation ledger decides nothing itself".to_owned(),
         Algorithm::InFlight => format!(
             "OK while fewer than {} holders hold a slot (a holder holding one already is OK, taking no second), OVER_LIMIT otherwise; a release (is_negative_hits) frees only its holder's slot",
             b.capacity
@@ -685,6 +686,7 @@ fn shape_line(algorithm: Algorithm, b: &BucketView) -> String {
             b.capacity,
             b.cost
         ),
+        Algorithm::Reservation => "ledger:      a holder's reservation".to_owned(),
         Algorithm::InFlight => match &b.in_flight {
             Some(cap) => format!(
                 "slots:       at most {} in flight, held by the `{}` entry (kept out of the key), freed by its release or after {} ms",

@@ -16,7 +16,7 @@ use redis::aio::ConnectionLike;
 
 use super::{Link, RedisBackend, bounded, classify, script};
 use crate::algorithm::{
-    Algorithm, BucketState, GcraState, Peek, SlidingState, Slots, State, WindowState,
+    Algorithm, BucketState, GcraState, Peek, Reserved, SlidingState, Slots, State, WindowState,
 };
 use crate::backend::{BackendError, Hit, KeyPeek};
 
@@ -180,6 +180,10 @@ fn state_of(algorithm: Algorithm, fields: [Option<f64>; 3]) -> Result<State, Bac
         Algorithm::Gcra => State::Gcra(GcraState {
             tat_ms: a,
             tat_frac: b,
+        }),
+        Algorithm::Reservation => State::Reserved(Reserved {
+            amount: a as u64,
+            expires_ms: b as u64,
         }),
         Algorithm::InFlight => State::InFlight(Slots {
             live: a as u64,
