@@ -4,7 +4,8 @@
 //!
 //! HTTP/1.1 with keep-alive, one thread per connection (Envoy opens as many upstream connections
 //! as it has requests in flight). Each request is held `x-hold-ms` ms (default: the app's hold)
-//! and answered `200 ok`. Stopped on drop.
+//! and answered `200 ok`; a request with `x-cost: N` is answered with `x-tokens: N` (what an LLM
+//! response reports it cost), and the app adds N to the tenant's cost served. Stopped on drop.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -14,12 +15,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
 use std::time::Duration;
 
-/// Per tenant: requests being served now, the most ever at once, and requests served.
+/// Per tenant: requests being served now, the most ever at once, requests served, and the cost
+/// (`x-cost`) of the responses served.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Seen {
     pub now: u64,
     pub max: u64,
     pub served: u64,
+    pub cost: u64,
 }
 
 type Tenants = Arc<Mutex<HashMap<String, Seen>>>;
@@ -83,6 +86,7 @@ fn serve(conn: TcpStream, tenants: &Tenants, hold: Duration) {
             .get("x-hold-ms")
             .and_then(|ms| ms.parse().ok())
             .map_or(hold, Duration::from_millis);
+        let cost: Option<u64> = head.get("x-cost").and_then(|c| c.parse().ok());
         {
             let mut map = lock(tenants);
             let seen = map.entry(tenant.clone()).or_default();
@@ -95,9 +99,13 @@ fn serve(conn: TcpStream, tenants: &Tenants, hold: Duration) {
             let seen = map.entry(tenant).or_default();
             seen.now -= 1;
             seen.served += 1;
+            seen.cost += cost.unwrap_or(0);
         }
-        let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: text/plain\r\n\r\nok";
-        if reader.get_mut().write_all(reply).is_err() {
+        let tokens = cost.map_or(String::new(), |c| format!("x-tokens: {c}\r\n"));
+        let reply = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: text/plain\r\n{tokens}\r\nok"
+        );
+        if reader.get_mut().write_all(reply.as_bytes()).is_err() {
             return;
         }
     }
