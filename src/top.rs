@@ -202,11 +202,11 @@ impl TopRecorder {
     }
 }
 
-/// The entries that name a descriptor's key: an in-flight cap's holder entry left out, so a
-/// tenant is one key however many requests it holds.
+/// The entries that name a descriptor's key: the holder entry of an in-flight cap or of
+/// reservations left out, so a tenant is one key however many requests it holds.
 fn keyed<'a>(descriptor: &'a RequestDescriptor, status: &Status) -> &'a [Entry] {
-    match status.rule.as_ref().and_then(|r| r.in_flight.as_ref()) {
-        Some(cap) => holder::split(cap, &descriptor.entries).0,
+    match status.rule.as_ref().and_then(|r| r.holding()) {
+        Some(holding) => holder::split(holding, &descriptor.entries).0,
         None => &descriptor.entries,
     }
 }

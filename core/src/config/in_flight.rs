@@ -279,6 +279,75 @@ mod tests {
         );
     }
 
+    const TENANT: &str = "domain: d\ndescriptors:\n  - key: tenant\n";
+
+    #[test]
+    fn a_reservation_loads_with_its_holder_and_hold() {
+        let text = format!(
+            "{TENANT}    reserve: {{holder: request_id, max_hold: 90s}}\n    rate_limit: {{unit: minute, requests_per_unit: 300}}\n"
+        );
+        let config = load_sources(&[("f.yaml".to_owned(), text)]).unwrap();
+        let rule = config.rules().next().unwrap();
+        let r = rule.reserve.as_ref().unwrap();
+        assert_eq!((&*r.holder, r.max_hold_ms), ("request_id", 90_000));
+        assert_eq!(rule.algorithm, crate::algorithm::Algorithm::TokenBucket);
+        assert_eq!(rule.charge, crate::rule::Charge::IfAllowed);
+        // The holder entry reaches the rule whatever its value.
+        let entries = [
+            crate::request::Entry::new("tenant", "acme"),
+            crate::request::Entry::new("request_id", "r-1"),
+        ];
+        let domain = config.domain("d").unwrap();
+        assert_eq!(domain.find(&entries).map(|r| r.id), Some(rule.id));
+    }
+
+    #[test]
+    fn reservation_mistakes_are_reported_at_their_line() {
+        let rate = "    rate_limit: {unit: minute, requests_per_unit: 300";
+        let cases = [
+            (
+                format!("{TENANT}    reserve: {{holder: r}}\n{rate}, algorithm: fixed_window}}\n"),
+                "f.yaml:4:5: `reserve` does not apply to `fixed_window` (from its `algorithm`)",
+            ),
+            (
+                format!("{TENANT}    reserve: {{holder: r}}\n{rate}, lease: 10}}\n"),
+                "`reserve` does not combine with `lease`",
+            ),
+            (
+                format!("{TENANT}    reserve: {{holder: r}}\n    charge: always\n{rate}}}\n"),
+                "f.yaml:5:5: `reserve` does not combine with `charge`",
+            ),
+            (
+                format!("{TENANT}    reserve: {{holder: r}}\n"),
+                "f.yaml:4:5: `reserve` applies only to a descriptor with a `rate_limit`",
+            ),
+            (
+                format!(
+                    "{TENANT}    reserve: {{holder: r}}\n    rate_limits:\n      - {{unit: second, requests_per_unit: 1}}\n"
+                ),
+                "`reserve` applies to a single `rate_limit`, not to `rate_limits`",
+            ),
+            (
+                format!("{TENANT}    reserve: {{max_hold: 2s}}\n{rate}}}\n"),
+                "`reserve` is missing required field `holder`",
+            ),
+            (
+                format!("{TENANT}    reserve: {{holder: r, max: 2}}\n{rate}}}\n"),
+                "unknown field `max` in `reserve`",
+            ),
+            (
+                format!(
+                    "{TENANT}    reserve: {{holder: r}}\n    rate_limit: {{unit: minute, requests_per_unit: 0}}\n"
+                ),
+                "there is no bucket to reserve from",
+            ),
+        ];
+        for (text, expected) in cases {
+            let got = errors(&text);
+            assert!(got.contains(expected), "{text}\n→ {got}");
+        }
+    }
+
     #[test]
     fn durations_parse() {
         assert_eq!(parse_duration_ms("300s"), Some(300_000));

@@ -182,6 +182,9 @@ pub struct BucketView {
     /// `in_flight`: `capacity` slots, the holder entry and the longest hold.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub in_flight: Option<InFlightRule>,
+    /// `reserve`: the holder entry and how long a reservation waits for its settlement.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserve: Option<InFlightRule>,
 }
 
 impl BucketView {
@@ -396,6 +399,7 @@ fn bucket_of(
             }
         }),
         in_flight: rule.in_flight.clone(),
+        reserve: rule.reserve.clone(),
     };
     let key = |tag| storage_key(rule, domain, entries, options, tag);
     let mut outcome = if rule.shadow_mode {
@@ -439,8 +443,8 @@ fn storage_key(
     tag: RuleTag,
 ) -> String {
     let mut key = String::new();
-    let entries = match &rule.in_flight {
-        Some(cap) => crate::holder::split(cap, entries).0,
+    let entries = match rule.holding() {
+        Some(holding) => crate::holder::split(holding, entries).0,
         None => entries,
     };
     write_shared_bucket_key(
@@ -637,6 +641,13 @@ fn write_limit(out: &mut String, rule: &RuleView) {
             if let (Some(algorithm), Some(from)) = (rule.algorithm, rule.algorithm_from) {
                 let _ = writeln!(out, "algorithm:   {algorithm} (from {from})");
                 let _ = writeln!(out, "{}", shape_line(algorithm, b));
+            }
+            if let Some(r) = &b.reserve {
+                let _ = writeln!(
+                    out,
+                    "reserve:     a `{}` entry's first call reserves its hits (taken only if they fit), its next call settles them: the unused part comes back, an overrun lands in full; unsettled after {} ms, the reservation keeps what it took",
+                    r.holder, r.max_hold_ms
+                );
             }
             if let Some(lease) = b.lease {
                 let _ = writeln!(

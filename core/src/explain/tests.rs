@@ -571,3 +571,31 @@ fn in_flight_caps_keep_the_holder_out_of_the_key() {
     );
     assert!(without.to_text().contains("sluice:{edge|inflight=acme}~if"));
 }
+
+#[test]
+fn reservations_keep_the_holder_out_of_the_key_and_say_how_they_settle() {
+    let text = "domain: ai\ndescriptors:\n  - key: tenant\n    reserve: {holder: request_id, max_hold: 60s}\n    rate_limit: {unit: minute, requests_per_unit: 300}\n";
+    let config = load_sources(&[("ai.yaml".to_owned(), text.to_owned())]).unwrap();
+    let entries = [
+        Entry::new("tenant", "acme"),
+        Entry::new("request_id", "r-1"),
+    ];
+    let report = explain(&config, "ai", &entries, &options());
+    assert!(report.matched, "{report:?}");
+    let text = report.to_text();
+    assert!(
+        text.contains("reserve:     a `request_id` entry's first call reserves its hits"),
+        "{text}"
+    );
+    assert!(text.contains("unsettled after 60000 ms"), "{text}");
+    assert!(
+        text.contains("key:         sluice:{ai|tenant=acme}\n"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .filter(|l| l.starts_with("key:"))
+            .all(|l| !l.contains("r-1")),
+        "the holder is no part of the key: {text}"
+    );
+}
