@@ -124,6 +124,15 @@ fn one_request_settles(sluice: &SluiceProcess, redis: Option<&RedisServer>) {
         "{level}: the overrun of 50 lands in full"
     );
     assert_eq!(app.seen("acme").cost, 180);
+    // What the operator sees: two reservations made, both settled.
+    let count = |event: &str| {
+        let labels = [("domain", "ai"), ("key", "tenant"), ("event", event)];
+        sluice.metric("sluice_reservations_total", &labels)
+    };
+    sluice_harness::wait_until("both settlements counted", Duration::from_secs(5), || {
+        count("settled") == 2.0
+    });
+    assert_eq!(count("reserved"), 2.0);
     if let Some(redis) = redis {
         let ledgers: Vec<String> = redis.cmd(&["KEYS", "*~rv*"]);
         assert!(

@@ -29,6 +29,7 @@ use crate::clock::Stopwatch;
 use crate::config::{Config, ConfigStore};
 use crate::decision::Decision;
 use crate::lease::LeaseStore;
+use crate::limiter::SlotEvent;
 use crate::quota::{EndReason, Ignored, QuotaStats};
 use crate::request::LimitRequest;
 use crate::resilience::local::Replicas;
@@ -368,7 +369,7 @@ impl Metrics {
         }
     }
 
-    /// Feeds `sluice_in_flight_slots_total` from `source`, which calls its argument with each
+    /// Feeds `sluice_in_flight_slots_total` and `sluice_reservations_total` from `source`, which calls its argument with each
     /// rule's count and labels (`domain`, `key`, `event`).
     pub fn observe_slots(
         &self,
@@ -634,11 +635,12 @@ const OBSERVABLES: &[Observable] = &[
     Observable {
         name: "sluice_in_flight_slots_total",
         description: "In-flight caps' slots by event: taken, released (a holder's release freed its slot), released_nothing (a release that freed nothing: a refused request's, or a slot max_hold had expired); taken - released over a span counts the slots max_hold freed",
-        reading: Reading::Counter(|s, points| {
-            if let Some(source) = lock(&s.slots).as_ref() {
-                source(points);
-            }
-        }),
+        reading: Reading::Counter(|s, points| read_holders(s, &SlotEvent::IN_FLIGHT, points)),
+    },
+    Observable {
+        name: "sluice_reservations_total",
+        description: "Reservations (`reserve`) by event: reserved (a request's maximum taken up front), settled (its stream-done call gave back the unused part or charged the overrun); reserved - settled over a span counts the reservations that lapsed unsettled after max_hold",
+        reading: Reading::Counter(|s, points| read_holders(s, &SlotEvent::RESERVATION, points)),
     },
     Observable {
         name: "sluice_lease_local_total",
@@ -888,4 +890,21 @@ fn register_observables(meter: &Meter, shared: &Arc<Shared>) {
             }
         }
     }
+}
+
+/// The points of the holder events in `events` (one metric's family) from the limiter's
+/// [`SlotStats`](crate::limiter::SlotStats) source.
+fn read_holders(s: &Shared, events: &[SlotEvent], points: &mut dyn FnMut(u64, &[KeyValue])) {
+    let source = lock(&s.slots);
+    let Some(source) = source.as_ref() else {
+        return;
+    };
+    source(&mut |value, labels| {
+        let ours = labels.iter().any(|l| {
+            l.key.as_str() == "event" && events.iter().any(|e| l.value.as_str() == e.as_str())
+        });
+        if ours {
+            points(value, labels);
+        }
+    });
 }
