@@ -118,17 +118,7 @@ fn algorithm(c: &mut Criterion) {
     // A token bucket with state (the common case: a client seen before); the others start
     // empty, which is their common case within a window.
     for algorithm in Algorithm::ALL {
-        let demand = Demand {
-            algorithm,
-            params,
-            tokens: 1,
-            refund: false,
-            shadow: false,
-            quota: false,
-            lease: 0,
-            always: false,
-            holder: 0,
-        };
+        let demand = Demand::take(algorithm, params, 1);
         let state = match algorithm {
             Algorithm::TokenBucket => Some(State::TokenBucket(BucketState {
                 tokens: 50.5,

@@ -1067,15 +1067,12 @@ fn random_demand(rng: &mut impl Rng, algorithm: Algorithm, params: BucketParams)
     // stay below 2^53, where the Lua's doubles and the Rust's integers count alike.
     let always = lease == 0 && tokens != u64::MAX && rng.random_bool(0.25);
     Demand {
-        algorithm,
-        params,
-        tokens,
         refund: rng.random_bool(0.1),
         shadow: rng.random_bool(0.2),
         quota: rng.random_bool(0.3),
         lease,
         always,
-        holder: 0,
+        ..Demand::take(algorithm, params, tokens)
     }
 }
 

@@ -32,17 +32,7 @@ impl Hit {
     pub fn new(key: impl Into<String>, params: BucketParams, tokens: u64) -> Self {
         Hit {
             key: key.into(),
-            demand: Demand {
-                algorithm: Algorithm::TokenBucket,
-                params,
-                tokens,
-                refund: false,
-                shadow: false,
-                quota: false,
-                lease: 0,
-                always: false,
-                holder: 0,
-            },
+            demand: Demand::take(Algorithm::TokenBucket, params, tokens),
             rule: None,
         }
     }

@@ -261,15 +261,16 @@ impl<B: Backend> Limiter<B> {
         );
         let cost = target.rule.as_ref().map_or(1, |r| r.cost);
         let demand = Demand {
-            algorithm: target.algorithm,
-            params: target.params,
-            tokens: descriptor.hits(request.hits_addend).saturating_mul(cost),
             refund: descriptor.is_negative_hits,
             shadow: target.shadow,
             quota: target.quota,
-            lease: 0,
             always: target.always,
             holder,
+            ..Demand::take(
+                target.algorithm,
+                target.params,
+                descriptor.hits(request.hits_addend).saturating_mul(cost),
+            )
         };
         if let Some(ledger) = ledger_of(target, descriptor, &demand, &key)
             && index.find(&plan.buckets, &key).is_none()

@@ -248,15 +248,8 @@ fn take_hit(key: &str, rule: &Rule, params: crate::algorithm::BucketParams, n: u
     Hit {
         key: key.to_owned(),
         demand: Demand {
-            algorithm: rule.algorithm,
-            params,
-            tokens: if leases { 1 } else { n },
-            refund: false,
-            shadow: false,
-            quota: false,
             lease: if leases { n - 1 } else { 0 },
-            always: false,
-            holder: 0,
+            ..Demand::take(rule.algorithm, params, if leases { 1 } else { n })
         },
         rule: Some(rule.id),
     }
@@ -266,15 +259,8 @@ fn refund_hit(key: &str, rule: &Rule, params: crate::algorithm::BucketParams, n:
     Hit {
         key: key.to_owned(),
         demand: Demand {
-            algorithm: rule.algorithm,
-            params,
-            tokens: n,
             refund: true,
-            shadow: false,
-            quota: false,
-            lease: 0,
-            always: false,
-            holder: 0,
+            ..Demand::take(rule.algorithm, params, n)
         },
         rule: Some(rule.id),
     }

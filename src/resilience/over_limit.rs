@@ -223,17 +223,7 @@ mod tests {
     };
 
     fn take(tokens: u64) -> Demand {
-        Demand {
-            algorithm: Algorithm::TokenBucket,
-            params: PARAMS,
-            tokens,
-            refund: false,
-            shadow: false,
-            quota: false,
-            lease: 0,
-            always: false,
-            holder: 0,
-        }
+        Demand::take(Algorithm::TokenBucket, PARAMS, tokens)
     }
 
     fn rejected(retry: u64) -> Verdict {

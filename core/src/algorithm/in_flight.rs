@@ -181,15 +181,9 @@ mod tests {
 
     fn demand(holder: u64, tokens: u64, refund: bool) -> Demand {
         Demand {
-            algorithm: Algorithm::InFlight,
-            params: P,
-            tokens,
             refund,
-            shadow: false,
-            quota: false,
-            lease: 0,
-            always: false,
             holder,
+            ..Demand::take(Algorithm::InFlight, P, tokens)
         }
     }
 
@@ -283,17 +277,7 @@ mod tests {
         );
         assert!(l.is_empty());
         // Beside a key that refuses, the cap's fitting take is not taken.
-        let over = Demand {
-            algorithm: Algorithm::TokenBucket,
-            params: P,
-            tokens: 5,
-            refund: false,
-            shadow: false,
-            quota: false,
-            lease: 0,
-            always: false,
-            holder: 0,
-        };
+        let over = Demand::take(Algorithm::TokenBucket, P, 5);
         let before = l.view(Some(7));
         let mut states = [Some(State::InFlight(before)), None];
         let verdicts = decide(0, &[demand(7, 1, false), over], &mut states);

@@ -228,6 +228,25 @@ pub struct Demand {
     pub holder: u64,
 }
 
+impl Demand {
+    /// A take of `tokens` hits by `algorithm` (0: a check that counts nothing): counted when it
+    /// fits and the request is allowed, with every other field at its plain value (no refund,
+    /// shadow, quota, lease, always-charge or holder). Set the others with struct update syntax.
+    pub const fn take(algorithm: Algorithm, params: BucketParams, tokens: u64) -> Demand {
+        Demand {
+            algorithm,
+            params,
+            tokens,
+            refund: false,
+            shadow: false,
+            quota: false,
+            lease: 0,
+            always: false,
+            holder: 0,
+        }
+    }
+}
+
 /// The answer for one key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Verdict {
@@ -511,17 +530,7 @@ pub(crate) mod testing {
 
     /// A take of `tokens` hits by `algorithm`.
     pub fn take(algorithm: Algorithm, params: BucketParams, tokens: u64) -> Demand {
-        Demand {
-            algorithm,
-            params,
-            tokens,
-            refund: false,
-            shadow: false,
-            quota: false,
-            lease: 0,
-            always: false,
-            holder: 0,
-        }
+        Demand::take(algorithm, params, tokens)
     }
 
     /// An always-charged take (`charge: always`) of `tokens` hits by `algorithm`.
@@ -587,17 +596,7 @@ mod tests {
     };
 
     fn demand(algorithm: Algorithm, tokens: u64) -> Demand {
-        Demand {
-            algorithm,
-            params: P,
-            tokens,
-            refund: false,
-            shadow: false,
-            quota: false,
-            lease: 0,
-            always: false,
-            holder: 0,
-        }
+        Demand::take(algorithm, P, tokens)
     }
 
     #[test]

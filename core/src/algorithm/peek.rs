@@ -20,17 +20,7 @@ pub struct Peek {
 /// `state` (`None`: nothing stored) as the decision path reads it at `now_ms`; nothing is counted
 /// and the caller stores nothing.
 pub fn peek(now_ms: u64, algorithm: Algorithm, params: BucketParams, state: Option<State>) -> Peek {
-    let demand = Demand {
-        algorithm,
-        params,
-        tokens: 0,
-        refund: false,
-        shadow: false,
-        quota: false,
-        lease: 0,
-        always: false,
-        holder: 0,
-    };
+    let demand = Demand::take(algorithm, params, 0);
     let (current, fits) = refresh(state, now_ms, &demand);
     let (state, verdict) = settle(current, now_ms, &demand, fits, false);
     Peek { state, verdict }

@@ -545,7 +545,7 @@ mod tests {
             let mut state = None;
             for (dt, tokens, is_refund, is_shadow) in steps {
                 now = now.saturating_add_signed(dt);
-                let demand = Demand { algorithm: Algorithm::TokenBucket, params: p, tokens, refund: is_refund, shadow: is_shadow, quota: false, lease: 0, always: false, holder: 0 };
+                let demand = Demand { refund: is_refund, shadow: is_shadow, ..Demand::take(Algorithm::TokenBucket, p, tokens) };
                 let (v, s) = decide_one(now, demand, state);
                 prop_assert!(s.tokens >= 0.0 && s.tokens <= p.capacity as f64, "{s:?}");
                 prop_assert!(v.remaining <= p.capacity);
@@ -593,7 +593,7 @@ mod tests {
             let now = 1_000_000 + dt;
             let demands: Vec<Demand> = buckets
                 .iter()
-                .map(|&(p, _, tokens, refund, shadow, always)| Demand { algorithm: Algorithm::TokenBucket, params: p, tokens, refund, shadow, quota: false, lease: 0, always, holder: 0 })
+                .map(|&(p, _, tokens, refund, shadow, always)| Demand { refund, shadow, always, ..Demand::take(Algorithm::TokenBucket, p, tokens) })
                 .collect();
             let mut states: Vec<Option<BucketState>> = buckets
                 .iter()
