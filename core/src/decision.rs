@@ -41,13 +41,7 @@ impl AppliedLimit {
 
     /// The window's length in seconds: `unit_multiplier` × `unit`.
     pub const fn window_secs(&self) -> u64 {
-        RateLimit {
-            requests_per_unit: self.requests_per_unit,
-            unit: self.unit,
-            unit_multiplier: self.unit_multiplier,
-            burst: None,
-        }
-        .window_secs()
+        crate::rule::window_secs(self.unit, self.unit_multiplier)
     }
 }
 

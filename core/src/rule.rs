@@ -165,7 +165,7 @@ impl RateLimit {
 
     /// The window's length in seconds: `unit_multiplier` × `unit`.
     pub const fn window_secs(&self) -> u64 {
-        self.unit.seconds() * self.multiplier()
+        window_secs(self.unit, self.unit_multiplier)
     }
 
     /// The window's length in ms.
@@ -178,14 +178,6 @@ impl RateLimit {
         Window {
             unit: self.unit,
             multiplier: self.unit_multiplier,
-        }
-    }
-
-    const fn multiplier(&self) -> u64 {
-        if self.unit_multiplier == 0 {
-            1
-        } else {
-            self.unit_multiplier as u64
         }
     }
 
@@ -426,6 +418,19 @@ impl Rule {
     /// This rule and the descriptor's other limits, in config order.
     pub fn limits(self: &Arc<Self>) -> impl Iterator<Item = &Arc<Rule>> {
         std::iter::once(self).chain(self.also.iter())
+    }
+}
+
+/// The window of `unit_multiplier` × `unit`, in seconds (a multiplier of 0 counts as 1).
+pub const fn window_secs(unit: Unit, unit_multiplier: u32) -> u64 {
+    unit.seconds() * multiplier(unit_multiplier)
+}
+
+const fn multiplier(unit_multiplier: u32) -> u64 {
+    if unit_multiplier == 0 {
+        1
+    } else {
+        unit_multiplier as u64
     }
 }
 

@@ -14,6 +14,7 @@
 
 pub mod admin;
 pub mod metrics;
+mod observables;
 pub mod otlp;
 pub mod rules;
 pub mod traces;

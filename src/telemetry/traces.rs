@@ -21,7 +21,7 @@ use tracing_subscriber::filter::Targets;
 use tracing_subscriber::{Layer, Registry};
 
 use super::TelemetryArgs;
-use super::metrics::Outcome;
+use super::observables::Outcome;
 use crate::backend::BackendError;
 use crate::decision::{Code, Decision};
 use crate::request::LimitRequest;
