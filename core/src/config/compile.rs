@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::validate::{DescriptorSpec, DomainSpec, RuleSpec};
+use super::spec::{DescriptorSpec, DomainSpec, RuleSpec};
 use super::{Config, Domain};
 use crate::algorithm::Algorithm;
 use crate::descriptor::{Level, Node, Pattern};

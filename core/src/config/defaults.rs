@@ -5,7 +5,7 @@
 use super::Sink;
 use super::compile;
 use super::raw::Sp;
-use super::validate::{DescriptorSpec, RuleSpec};
+use super::spec::{DescriptorSpec, RuleSpec};
 use super::yaml::Pos;
 use crate::algorithm::Algorithm;
 use crate::rule::{Charge, Origin};

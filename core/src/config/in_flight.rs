@@ -10,6 +10,7 @@
 
 use super::Sink;
 use super::raw::{Field, RawDescriptor, RawInFlight, Sp};
+use super::yaml::Pos;
 use crate::algorithm::Algorithm;
 use crate::rule::{InFlightRule, Limit, RateLimit, Unit};
 
@@ -109,16 +110,64 @@ pub(crate) fn check(
     })
 }
 
-/// `reserve` on a descriptor with a `rate_limit`: its holder entry and longest hold. Where
-/// it may not go (beside `rate_limits`, `in_flight`, `lease`, `shards`, `quota_mode`, `charge`, a
-/// limit that is not a bucket, a window algorithm) is checked with those fields.
+/// What a `reserve` sits beside on its descriptor's rule.
+pub(crate) struct Beside<'a> {
+    pub lease_at: Option<Pos>,
+    pub shards: bool,
+    pub quota_mode: bool,
+    pub limit: &'a Limit,
+}
+
+/// `reserve` on a descriptor with a single `rate_limit`: its holder entry and longest hold, where
+/// nothing else decides how its hits are taken — no `lease`, `shards`, `quota_mode` or `charge`,
+/// and a bucket to take from. (Beside `rate_limits` or `in_flight`, and with a window algorithm,
+/// it is refused where those are read.)
 pub(crate) fn check_reserve(
     raw: &RawDescriptor,
     reserve: &Sp<RawInFlight>,
+    beside: &Beside<'_>,
     sink: &mut Sink,
 ) -> Option<InFlightRule> {
+    let mut ok = true;
+    let mut refuse = |at: Pos, why: &str| {
+        sink.error(at, format!("`reserve` does not combine with {why}"));
+        ok = false;
+    };
+    if let Some(at) = beside.lease_at {
+        refuse(
+            at,
+            "`lease`: a leased hit is paid before the reservation is made",
+        );
+    }
+    if beside.shards {
+        refuse(
+            reserve.key_at,
+            "`shards`: a reservation settles on the bucket it took from",
+        );
+    }
+    if beside.quota_mode {
+        refuse(
+            reserve.key_at,
+            "`quota_mode`: a reservation is taken only when it fits",
+        );
+    }
+    if let Some(charge) = raw.charge.given() {
+        refuse(
+            charge.key_at,
+            "`charge`: a reservation is taken only when it fits, and its settlement always lands",
+        );
+    }
+    if !matches!(beside.limit, Limit::Bucket(_)) {
+        refuse(
+            reserve.key_at,
+            "`unlimited` or `requests_per_unit: 0`: there is no bucket to reserve from",
+        );
+    }
     let holder = holder(raw, reserve, "reserve", sink);
     let max_hold_ms = max_hold(&reserve.value.max_hold, sink);
+    if !ok {
+        return None;
+    }
     Some(InFlightRule {
         holder: holder?.into(),
         max_hold_ms: max_hold_ms?,

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 
 use super::Diagnostic;
 use super::compile::Part;
-use super::validate::DescriptorSpec;
+use super::spec::DescriptorSpec;
 use super::yaml::Pos;
 use crate::descriptor::Pattern;
 

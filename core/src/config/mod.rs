@@ -11,6 +11,7 @@ mod in_flight;
 mod lint;
 mod load;
 mod raw;
+mod spec;
 mod validate;
 mod yaml;
 
@@ -291,7 +292,7 @@ pub fn load_sources_with(
 }
 
 /// The files of one domain: each file's index in the sources and its checked model.
-type DomainFiles = Vec<(usize, validate::DomainSpec)>;
+type DomainFiles = Vec<(usize, spec::DomainSpec)>;
 
 /// Each source through [`check_source`]; the good ones with their index, and the warnings
 /// reading them raised.
@@ -347,7 +348,7 @@ fn group_by_domain(
 /// The checks that need every file of a domain: merging, and the fields whose meaning depends on
 /// the algorithm.
 fn check_domain(
-    group: &[(usize, validate::DomainSpec)],
+    group: &[(usize, spec::DomainSpec)],
     sources: &[(String, String)],
     options: &LoadOptions,
     per_file: &mut [Vec<Diagnostic>],
@@ -421,7 +422,7 @@ fn compile_domains(
 /// algorithm.
 /// Problems are reported in the later file.
 fn check_merge(
-    group: &[(usize, validate::DomainSpec)],
+    group: &[(usize, spec::DomainSpec)],
     sources: &[(String, String)],
     per_file: &mut [Vec<Diagnostic>],
 ) {
@@ -452,7 +453,7 @@ impl<'a> MergeSeen<'a> {
     fn settings(
         &mut self,
         index: usize,
-        spec: &validate::DomainSpec,
+        spec: &spec::DomainSpec,
         sources: &[(String, String)],
         report: &mut impl FnMut(Pos, String),
     ) {
@@ -504,7 +505,7 @@ impl<'a> MergeSeen<'a> {
     fn top_descriptors(
         &mut self,
         index: usize,
-        spec: &'a validate::DomainSpec,
+        spec: &'a spec::DomainSpec,
         sources: &[(String, String)],
         report: &mut impl FnMut(Pos, String),
     ) {
@@ -533,7 +534,7 @@ impl<'a> MergeSeen<'a> {
     fn rule_names(
         &mut self,
         index: usize,
-        spec: &'a validate::DomainSpec,
+        spec: &'a spec::DomainSpec,
         sources: &[(String, String)],
         report: &mut impl FnMut(Pos, String),
     ) {
@@ -566,7 +567,7 @@ fn descriptor_label(key: &str, value: Option<&str>) -> String {
 }
 
 /// One source through parsing, shape and meaning checks.
-fn check_source(text: &str, sink: &mut Sink) -> Option<validate::DomainSpec> {
+fn check_source(text: &str, sink: &mut Sink) -> Option<spec::DomainSpec> {
     let docs = match yaml::parse(text) {
         Ok(docs) => docs,
         Err(e) => {

@@ -9,90 +9,10 @@ use std::collections::hash_map::Entry;
 use super::Sink;
 use super::in_flight;
 use super::raw::{Field, RawDescriptor, RawDomain, RawRateLimit, RawReplace, Sp};
+use super::spec::{DescriptorSpec, DomainSpec, RuleSpec};
 use super::yaml::Pos;
 use crate::algorithm::Algorithm;
-use crate::rule::{Charge, FailureMode, InFlightRule, Limit, MAX_WINDOW_SECS, RateLimit, Unit};
-
-/// One domain whose every field is known good.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct DomainSpec {
-    pub name: Sp<String>,
-    pub failure_mode: Option<FailureMode>,
-    /// The domain's default algorithm, where its value is written.
-    pub algorithm: Option<Sp<Algorithm>>,
-    /// The domain's default `charge`, where its value is written.
-    pub charge: Option<Sp<Charge>>,
-    pub descriptors: Vec<DescriptorSpec>,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct DescriptorSpec {
-    pub at: Pos,
-    pub key: String,
-    /// `None` for a bare key; an empty `value: ""` counts as none, as in envoyproxy/ratelimit.
-    pub value: Option<String>,
-    pub rule: Option<RuleSpec>,
-    pub children: Vec<DescriptorSpec>,
-    /// `share_threshold`: every value this wildcard matches shares one bucket.
-    pub share_threshold: bool,
-    /// `value_to_metric`: the request's value, not the pattern, names this level in metrics.
-    pub value_to_metric: bool,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct RuleSpec {
-    pub limit: Limit,
-    pub name: Option<String>,
-    pub replaces: Vec<String>,
-    pub shadow_mode: bool,
-    /// envoyproxy/ratelimit's `quota_mode`.
-    pub quota_mode: bool,
-    pub detailed_metric: bool,
-    /// envoyproxy/ratelimit's `metadata` of the descriptor holding the rule.
-    pub metadata: Option<serde_json::Value>,
-    pub cost: u64,
-    /// The descriptor's own `charge`, where its value is written.
-    pub charge: Option<Sp<Charge>>,
-    pub failure_mode: Option<FailureMode>,
-    /// The rule's own `rate_limit.algorithm`, where its value is written.
-    pub algorithm: Option<Sp<Algorithm>>,
-    /// Where `burst` is written, if it is: whether it means anything depends on the algorithm,
-    /// known only once the domain (and, when merging, its other files) has been read.
-    pub burst_at: Option<Pos>,
-    /// `rate_limit.lease`, checked against the bucket's capacity here and against the algorithm
-    /// with `burst`.
-    pub lease: Option<u64>,
-    pub lease_at: Option<Pos>,
-    /// `rate_limit.shards`, checked against the rate, burst, lease and cost here; it applies to
-    /// every algorithm.
-    pub shards: Option<u32>,
-    /// `in_flight`: the rule caps requests in flight.
-    pub in_flight: Option<InFlightRule>,
-    /// `reserve`: a holder's first call reserves its hits, its next one settles them.
-    pub reserve: Option<InFlightRule>,
-    /// Where `reserve` is written: whether it applies depends on the algorithm.
-    pub reserve_at: Option<Pos>,
-    /// A limit of a `rate_limits` list: its window in seconds, which tags its storage key so
-    /// each limit keeps its own state (and keeps it when another limit is added or removed).
-    /// `None` for a `rate_limit`.
-    pub window_tag: Option<u64>,
-    /// The other limits of a `rate_limits` list, after this first one.
-    pub also: Vec<RuleSpec>,
-}
-
-impl RuleSpec {
-    /// This limit and the others of its `rate_limits` list.
-    pub fn limits(&self) -> impl Iterator<Item = &RuleSpec> {
-        std::iter::once(self).chain(self.also.iter())
-    }
-}
-
-impl DescriptorSpec {
-    /// Every limit this descriptor defines: none, its `rate_limit`, or its `rate_limits`.
-    pub fn limits(&self) -> impl Iterator<Item = &RuleSpec> {
-        self.rule.iter().flat_map(RuleSpec::limits)
-    }
-}
+use crate::rule::{Charge, FailureMode, Limit, MAX_WINDOW_SECS, RateLimit, Unit};
 
 /// Limits for `requests_per_unit`, `burst` and `cost`: bucket sizes are `u32` on the wire
 /// (`RateLimitResponse.RateLimit.requests_per_unit`), and a cost above any capacity is meaningless.
@@ -266,67 +186,16 @@ fn rule(
     };
     let mut spec = spec(raw, rate_limit, (cost, charge, failure_mode), names, sink)?;
     if let Some(reserve) = raw.reserve.given() {
-        spec.reserve = Some(reserved(raw, reserve, &spec, sink)?);
+        let beside = in_flight::Beside {
+            lease_at: spec.lease_at,
+            shards: spec.shards.is_some(),
+            quota_mode: spec.quota_mode,
+            limit: &spec.limit,
+        };
+        spec.reserve = Some(in_flight::check_reserve(raw, reserve, &beside, sink)?);
         spec.reserve_at = Some(reserve.key_at);
     }
     Some(spec)
-}
-
-/// `reserve` on a single `rate_limit` ([`in_flight::check_reserve`]), where nothing else decides
-/// how its hits are taken: no `lease`, `shards`, `quota_mode` or `charge`, and a bucket to take
-/// from.
-fn reserved(
-    raw: &RawDescriptor,
-    reserve: &Sp<super::raw::RawInFlight>,
-    spec: &RuleSpec,
-    sink: &mut Sink,
-) -> Option<InFlightRule> {
-    let mut ok = true;
-    let refuse = |sink: &mut Sink, at: Pos, why: &str| {
-        sink.error(at, format!("`reserve` does not combine with {why}"));
-    };
-    if let Some(at) = spec.lease_at {
-        refuse(
-            sink,
-            at,
-            "`lease`: a leased hit is paid before the reservation is made",
-        );
-        ok = false;
-    }
-    if spec.shards.is_some() {
-        refuse(
-            sink,
-            reserve.key_at,
-            "`shards`: a reservation settles on the bucket it took from",
-        );
-        ok = false;
-    }
-    if spec.quota_mode {
-        refuse(
-            sink,
-            reserve.key_at,
-            "`quota_mode`: a reservation is taken only when it fits",
-        );
-        ok = false;
-    }
-    if let Some(charge) = raw.charge.given() {
-        refuse(
-            sink,
-            charge.key_at,
-            "`charge`: a reservation is taken only when it fits, and its settlement always lands",
-        );
-        ok = false;
-    }
-    if !matches!(spec.limit, Limit::Bucket(_)) {
-        refuse(
-            sink,
-            reserve.key_at,
-            "`unlimited` or `requests_per_unit: 0`: there is no bucket to reserve from",
-        );
-        ok = false;
-    }
-    let checked = in_flight::check_reserve(raw, reserve, sink);
-    if ok { checked } else { None }
 }
 
 /// What a descriptor's rules share: its `cost`, `charge` and `failure_mode`, read once.
