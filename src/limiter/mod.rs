@@ -35,6 +35,8 @@ mod tests;
 #[cfg(test)]
 mod tests_charge;
 #[cfg(test)]
+mod tests_leases;
+#[cfg(test)]
 mod tests_limits;
 
 use std::sync::Arc;
