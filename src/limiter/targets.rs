@@ -10,7 +10,7 @@ use crate::algorithm::{Algorithm, BucketParams};
 use crate::clock::Clock;
 use crate::config::Domain;
 use crate::key::RuleTag;
-use crate::request::RequestDescriptor;
+use crate::request::{LimitOverride, RequestDescriptor};
 use crate::rule::{Charge, FailureMode, Limit, RateLimit, Rule};
 
 use super::{Basis, Status};
@@ -104,34 +104,7 @@ impl<'a> Resolver<'a> {
             .or(self.domain.failure_mode)
             .unwrap_or(self.default_failure_mode);
         if let Some(o) = descriptor.limit_override {
-            if o.requests_per_unit == 0 {
-                return Err(Status {
-                    quota: self.quota_all,
-                    ..Status::blocked_by_override(rule, o.unit, self.clock.now_ms())
-                });
-            }
-            // As in envoyproxy/ratelimit: an override needs only a known domain, carries no name
-            // and is never in shadow mode, nor in quota mode but under `--quota-mode`; the
-            // matched rule still prices the hit (cost) and chooses the algorithm.
-            let rate = RateLimit {
-                requests_per_unit: o.requests_per_unit,
-                unit: o.unit,
-                unit_multiplier: 1,
-                burst: None,
-            };
-            let charge = rule.as_ref().map_or(self.domain.charge, |r| r.charge);
-            return Ok(Target {
-                algorithm: rule.as_ref().map_or(self.domain.algorithm, |r| r.algorithm),
-                always: charge == Charge::Always,
-                params: held_for(rule.as_deref(), rate.bucket()),
-                rule,
-                rate,
-                tag: RuleTag::Override(o),
-                name: None,
-                shadow: false,
-                quota: self.quota_all,
-                failure_mode,
-            });
+            return self.overridden(o, rule, failure_mode);
         }
         // envoyproxy/ratelimit's global quota mode counts a descriptor without a limit as a quota
         // descriptor under its limit (an `unlimited` rule's is not counted at all).
@@ -178,6 +151,45 @@ impl<'a> Resolver<'a> {
             failure_mode,
             always: rule.charge == Charge::Always,
             rule: Some(rule),
+        })
+    }
+}
+
+impl Resolver<'_> {
+    /// The target of a descriptor carrying its own `limit` (`o`), whatever rule it reached.
+    fn overridden(
+        &self,
+        o: LimitOverride,
+        rule: Option<Arc<Rule>>,
+        failure_mode: FailureMode,
+    ) -> Result<Target, Status> {
+        if o.requests_per_unit == 0 {
+            return Err(Status {
+                quota: self.quota_all,
+                ..Status::blocked_by_override(rule, o.unit, self.clock.now_ms())
+            });
+        }
+        // As in envoyproxy/ratelimit: an override needs only a known domain, carries no name and
+        // is never in shadow mode, nor in quota mode but under `--quota-mode`; the matched rule
+        // still prices the hit (cost) and chooses the algorithm.
+        let rate = RateLimit {
+            requests_per_unit: o.requests_per_unit,
+            unit: o.unit,
+            unit_multiplier: 1,
+            burst: None,
+        };
+        let charge = rule.as_ref().map_or(self.domain.charge, |r| r.charge);
+        Ok(Target {
+            algorithm: rule.as_ref().map_or(self.domain.algorithm, |r| r.algorithm),
+            always: charge == Charge::Always,
+            params: held_for(rule.as_deref(), rate.bucket()),
+            rule,
+            rate,
+            tag: RuleTag::Override(o),
+            name: None,
+            shadow: false,
+            quota: self.quota_all,
+            failure_mode,
         })
     }
 }

@@ -9,8 +9,8 @@
 //! time; the two latency histograms are the SDK's. A [`Metrics`] built with metrics off is empty:
 //! recording returns before reading a clock.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -161,28 +161,12 @@ impl Metrics {
         let meter = provider.meter("sluice");
 
         let active: Arc<ArcSwap<Config>> = store.active().clone();
-        let shared = Arc::new(Shared {
-            rules: RuleMetrics::new(
-                active,
-                options.near_limit_ratio,
-                options.detailed_max_values,
-            ),
-            outcomes: Default::default(),
-            unknown_domain: AtomicU64::new(0),
-            problems: Default::default(),
-            redis_errors: Default::default(),
-            redis_keys_repaired: AtomicU64::new(0),
-            config: store,
-            memory_buckets: Mutex::new(None),
-            memory_refused: Mutex::new(None),
-            breakers: Mutex::new(Vec::new()),
-            redis_timeout: options.redis_timeout,
-            leases: Mutex::new(None),
-            connections: Mutex::new(None),
-            quota: Mutex::new(None),
-            replicas: Mutex::new(None),
-            slots: Mutex::new(None),
-        });
+        let rules = RuleMetrics::new(
+            active,
+            options.near_limit_ratio,
+            options.detailed_max_values,
+        );
+        let shared = Arc::new(Shared::new(rules, store, options.redis_timeout));
         register_observables(&meter, &shared);
         let response_time = meter
             .f64_histogram("ratelimit_service_response_time_seconds")

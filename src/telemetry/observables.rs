@@ -98,6 +98,34 @@ pub(super) struct Shared {
     pub(super) slots: Mutex<Option<PointsSource>>,
 }
 
+impl Shared {
+    /// Nothing counted yet and no source registered.
+    pub(super) fn new(
+        rules: RuleMetrics,
+        config: Arc<ConfigStore>,
+        redis_timeout: Option<Duration>,
+    ) -> Shared {
+        Shared {
+            rules,
+            outcomes: Default::default(),
+            unknown_domain: AtomicU64::new(0),
+            problems: Default::default(),
+            redis_errors: Default::default(),
+            redis_keys_repaired: AtomicU64::new(0),
+            config,
+            memory_buckets: Mutex::new(None),
+            memory_refused: Mutex::new(None),
+            breakers: Mutex::new(Vec::new()),
+            redis_timeout,
+            leases: Mutex::new(None),
+            connections: Mutex::new(None),
+            quota: Mutex::new(None),
+            replicas: Mutex::new(None),
+            slots: Mutex::new(None),
+        }
+    }
+}
+
 pub(super) const REDIS_ERROR_KINDS: [&str; 5] = [
     "timeout",
     "unavailable",

@@ -559,62 +559,67 @@ impl Report {
             let _ = writeln!(out, "no rule:     {reason}");
         }
         if let Some(rule) = &self.rule {
-            let name = rule
-                .name
-                .as_deref()
-                .map(|n| format!(" (name `{n}`)"))
-                .unwrap_or_default();
-            let _ = writeln!(out, "rule:        {}{name}", rule.path);
-            let _ = writeln!(out, "source:      {}", rule.source);
-            write_limit(&mut out, rule);
-            let _ = writeln!(
-                out,
-                "shadow:      {}",
-                if rule.shadow { "yes" } else { "no" }
-            );
-            let _ = writeln!(
-                out,
-                "quota mode:  {}",
-                if rule.quota { "yes" } else { "no" }
-            );
-            let _ = writeln!(
-                out,
-                "on failure:  {} (from {})",
-                rule.failure_mode.as_str(),
-                rule.failure_mode_from
-            );
-            if rule.charge == Charge::Always {
-                let _ = writeln!(
-                    out,
-                    "charge:      always (from {}): hits are counted whether they fit or not; a key in debt refuses until refill repays it",
-                    rule.charge_from
-                );
-            }
-            if !rule.replaces.is_empty() {
-                let _ = writeln!(out, "replaces:    {}", rule.replaces.join(", "));
-            }
-            if let Some(key) = &rule.key {
-                let _ = writeln!(out, "key:         {key}");
-            }
-            for (i, key) in rule.shard_keys.iter().enumerate() {
-                let label = if i == 0 { "keys:" } else { "" };
-                let _ = writeln!(out, "{label:<13}{key}");
-            }
-            for limit in &rule.also {
-                let shape = limit.bucket.as_ref().map_or(String::new(), |b| {
-                    format!("{} per {}", b.requests_per_unit, b.window())
-                });
-                let algorithm = limit.algorithm.map_or(String::new(), |a| format!(" ({a})"));
-                let key = limit.key.as_deref().unwrap_or("");
-                let _ = writeln!(
-                    out,
-                    "also:        {}: {shape}{algorithm}, key {key}",
-                    limit.path
-                );
-            }
+            write_rule(&mut out, rule);
         }
         let _ = writeln!(out, "outcome:     {}", self.outcome);
         out
+    }
+}
+
+/// The lines of the rule a descriptor reached, from `rule:` to its other limits.
+fn write_rule(out: &mut String, rule: &RuleView) {
+    let name = rule
+        .name
+        .as_deref()
+        .map(|n| format!(" (name `{n}`)"))
+        .unwrap_or_default();
+    let _ = writeln!(out, "rule:        {}{name}", rule.path);
+    let _ = writeln!(out, "source:      {}", rule.source);
+    write_limit(out, rule);
+    let _ = writeln!(
+        out,
+        "shadow:      {}",
+        if rule.shadow { "yes" } else { "no" }
+    );
+    let _ = writeln!(
+        out,
+        "quota mode:  {}",
+        if rule.quota { "yes" } else { "no" }
+    );
+    let _ = writeln!(
+        out,
+        "on failure:  {} (from {})",
+        rule.failure_mode.as_str(),
+        rule.failure_mode_from
+    );
+    if rule.charge == Charge::Always {
+        let _ = writeln!(
+            out,
+            "charge:      always (from {}): hits are counted whether they fit or not; a key in debt refuses until refill repays it",
+            rule.charge_from
+        );
+    }
+    if !rule.replaces.is_empty() {
+        let _ = writeln!(out, "replaces:    {}", rule.replaces.join(", "));
+    }
+    if let Some(key) = &rule.key {
+        let _ = writeln!(out, "key:         {key}");
+    }
+    for (i, key) in rule.shard_keys.iter().enumerate() {
+        let label = if i == 0 { "keys:" } else { "" };
+        let _ = writeln!(out, "{label:<13}{key}");
+    }
+    for limit in &rule.also {
+        let shape = limit.bucket.as_ref().map_or(String::new(), |b| {
+            format!("{} per {}", b.requests_per_unit, b.window())
+        });
+        let algorithm = limit.algorithm.map_or(String::new(), |a| format!(" ({a})"));
+        let key = limit.key.as_deref().unwrap_or("");
+        let _ = writeln!(
+            out,
+            "also:        {}: {shape}{algorithm}, key {key}",
+            limit.path
+        );
     }
 }
 
