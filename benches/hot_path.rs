@@ -19,7 +19,7 @@ use sluice::config::{Config, load_sources};
 use sluice::key::{RuleTag, write_bucket_key};
 use sluice::limiter::{Limiter, LimiterOptions};
 use sluice::request::{Entry, LimitRequest, RequestDescriptor};
-use sluice::service::{HeaderOptions, RequestBounds, to_limit_request, to_response};
+use sluice::rls::{HeaderOptions, RequestBounds, to_limit_request, to_response};
 
 /// A domain `bench` with `n` exact-value rules (`k=v0..`) and, when `wildcards`, as many
 /// prefix wildcards (`w=p0*..`), which are tried in order.

@@ -250,7 +250,7 @@ mod raw {
     use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
     use prost::Message;
     use prost::bytes::{Buf, BufMut};
-    use sluice::security::wire::SHOULD_RATE_LIMIT_PATH;
+    use sluice::rls::wire::SHOULD_RATE_LIMIT_PATH;
     use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
     /// Sends raw bytes as a `RateLimitRequest` and decodes the answer.

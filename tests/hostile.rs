@@ -10,7 +10,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::UInt64Value;
 use prost::Message;
 use prost::bytes::{Buf, BufMut};
-use sluice::security::wire::SHOULD_RATE_LIMIT_PATH;
+use sluice::rls::wire::SHOULD_RATE_LIMIT_PATH;
 use sluice_harness::rls::*;
 use sluice_harness::sluice::TestServer;
 use tonic::Code;

@@ -16,9 +16,9 @@ use sluice::backend::memory::{MemoryBackend, MemoryOptions};
 use sluice::clock::ManualClock;
 use sluice::config::{Config, load_sources};
 use sluice::limiter::{Code, Limiter, LimiterOptions};
-use sluice::security::CallerPolicy;
-use sluice::security::wire::WireRequest;
-use sluice::service::{HeaderOptions, RequestBounds, to_limit_request, to_response};
+use sluice::rls::caller::CallerPolicy;
+use sluice::rls::wire::WireRequest;
+use sluice::rls::{HeaderOptions, RequestBounds, to_limit_request, to_response};
 
 const MAX_BUCKETS: usize = 64;
 

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sluice::security::wire::decode_request;
+use sluice::rls::wire::decode_request;
 
 #[path = "support.rs"]
 mod sluice_fuzz_support;

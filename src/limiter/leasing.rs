@@ -9,7 +9,7 @@
 
 use crate::algorithm::Verdict;
 use crate::backend::{Backend, Hit};
-use crate::lease::{LeaseStore, Remote, Reservation};
+use crate::limiter::lease::{LeaseStore, Remote, Reservation};
 
 use super::plan::{Bucket, Outcome, rejected};
 use super::{LimitError, Limiter};

@@ -2,7 +2,7 @@
 //!
 //! Pure domain logic: no protobuf, no gRPC. A request travels in named hops:
 //!
-//! 1. [`crate::service`] converts the protobuf request and calls [`Limiter::decide`];
+//! 1. [`crate::rls`] converts the protobuf request and calls [`Limiter::decide`];
 //! 2. `plan` (`plan.rs`, `targets.rs`): each descriptor → its rule or override → a target, and
 //!    one bucket per distinct storage key (descriptors naming one bucket are paid together);
 //! 3. `charge`: buckets with a lease are paid from it where they can (`leasing.rs`); the others
@@ -25,6 +25,7 @@
 //! beside the rule's full limit. Under the `local` policy a sharded rule falls back to one
 //! in-process bucket of the full limit / replicas, as an unsharded rule does.
 
+pub mod lease;
 mod leasing;
 mod plan;
 mod policy;
@@ -46,7 +47,7 @@ use arc_swap::ArcSwap;
 
 use crate::backend::{Backend, BackendError, Hit};
 use crate::config::Config;
-use crate::lease::LeaseStore;
+use crate::limiter::lease::LeaseStore;
 use crate::request::LimitRequest;
 use crate::resilience::Resilience;
 use crate::resilience::breaker::BreakerState;

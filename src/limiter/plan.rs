@@ -11,7 +11,7 @@ use crate::backend::{Backend, BackendError, Hit};
 use crate::config::Domain;
 use crate::holder;
 use crate::key::{RuleTag, without_shard, write_shared_bucket_key};
-use crate::lease::Reservation;
+use crate::limiter::lease::Reservation;
 use crate::request::{Entry, LimitRequest, RequestDescriptor};
 use crate::resilience::over_limit::CachedRejection;
 use crate::rule::{FailureMode, Rule};

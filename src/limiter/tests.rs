@@ -492,7 +492,9 @@ async fn the_over_limit_cache_never_answers_for_a_quota_bucket() {
 #[tokio::test]
 async fn a_quota_rule_is_never_leased() {
     let rig = rig(1, false, usize::MAX);
-    let store = Arc::new(LeaseStore::new(crate::lease::LeaseOptions::default()));
+    let store = Arc::new(LeaseStore::new(
+        crate::limiter::lease::LeaseOptions::default(),
+    ));
     let limiter = rig.limiter.with_leases(store.clone());
     let pair = request("open", &[("q1", "x"), ("q2", "x")]);
     for (overall, q2_left) in [(Code::Ok, 1), (Code::Ok, 0), (Code::OverLimit, 0)] {

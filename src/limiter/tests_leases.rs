@@ -42,7 +42,7 @@ fn leased_rig() -> (Rig, Arc<LeaseStore>) {
         Arc::new(clock.clone()),
         Arc::new(Replicas::fixed(1)),
     );
-    let store = Arc::new(LeaseStore::new(crate::lease::LeaseOptions {
+    let store = Arc::new(LeaseStore::new(crate::limiter::lease::LeaseOptions {
         max_keys: 100,
         lifetime_ms: 1_000,
     }));

@@ -30,13 +30,13 @@ use crate::backend::redis::RedisObserver;
 use crate::clock::Stopwatch;
 use crate::config::{Config, ConfigStore};
 use crate::decision::Decision;
-use crate::lease::LeaseStore;
+use crate::limiter::lease::LeaseStore;
 use crate::quota::QuotaStats;
 use crate::request::LimitRequest;
 use crate::resilience::local::Replicas;
+use crate::rls::validate::Problem;
 use crate::security::listener::ConnectionStats;
 use crate::settings::{BackendKind, OtlpSettings, Settings};
-use crate::validate::Problem;
 
 /// Upper bounds (seconds) of the latency histograms: sub-millisecond steps, then up to and past
 /// Envoy's 20 ms filter timeout.

@@ -11,12 +11,12 @@ use opentelemetry::metrics::Meter;
 use super::rules::{Counter, RuleMetrics};
 use crate::backend::breaker::BreakerState;
 use crate::config::ConfigStore;
-use crate::lease::LeaseStore;
 use crate::limiter::SlotEvent;
+use crate::limiter::lease::LeaseStore;
 use crate::quota::{EndReason, Ignored, QuotaStats};
 use crate::resilience::local::Replicas;
+use crate::rls::validate::Problem;
 use crate::security::listener::{ConnectionStats, Refusal};
-use crate::validate::Problem;
 
 /// How a `ShouldRateLimit` call ended (the `outcome` label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -18,6 +18,11 @@
 //!
 //! No decisions are made here; this module only translates.
 
+pub mod caller;
+pub mod dynamic_metadata;
+pub mod validate;
+pub mod wire;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,16 +43,15 @@ use tracing::Instrument as _;
 
 use crate::advertised::{Advertised, advertise};
 use crate::backend::{Backend, BackendError};
-use crate::dynamic_metadata;
 use crate::limiter::{AppliedLimit, Code, Decision, LimitError, Limiter, Status};
 use crate::request::LimitRequest;
-use crate::security::wire::{self, SHOULD_RATE_LIMIT_PATH, WireRequest};
 use crate::settings::{ResponseHeaders, Settings};
 use crate::telemetry::{Metrics, Outcome, traces};
 use crate::top::TopRecorder;
-use crate::validate::{self, Checked, Problem, RequestError};
+use validate::{Checked, Problem, RequestError};
+use wire::{SHOULD_RATE_LIMIT_PATH, WireRequest};
 
-pub use crate::validate::RequestBounds;
+pub use validate::RequestBounds;
 
 /// Which rate-limit headers to add to the response, and their names.
 #[derive(Clone, Debug)]
@@ -60,7 +64,7 @@ pub struct HeaderOptions {
     /// Names the failure policies that decided a degraded response (`local`, `open, closed`);
     /// empty: never sent.
     pub degraded: String,
-    /// `--response-dynamic-metadata`: fill `dynamic_metadata` ([`crate::dynamic_metadata`]).
+    /// `--response-dynamic-metadata`: fill `dynamic_metadata` ([`crate::rls::dynamic_metadata`]).
     pub dynamic_metadata: bool,
 }
 

@@ -1,4 +1,4 @@
-//! The strict wire decoding of `RateLimitRequest`: the codec [`crate::service::RateLimitServer`]
+//! The strict wire decoding of `RateLimitRequest`: the codec [`crate::rls::RateLimitServer`]
 //! serves `ShouldRateLimit` with.
 //!
 //! Envoy copies header values unchanged into descriptor values, and a header value may hold
@@ -6,7 +6,7 @@
 //! fields) cannot carry such a request. [`StrictCodec`] decodes into [`WireRequest`] instead, the
 //! same message on the wire with entry values as `bytes`, so such a value is decided like any
 //! other. The domain and entry keys come from Envoy's configuration, which is UTF-8: one that is
-//! not is INVALID_ARGUMENT naming the field the way [`crate::service::to_limit_request`] does
+//! not is INVALID_ARGUMENT naming the field the way [`crate::rls::to_limit_request`] does
 //! (`descriptors[2].entries[0].key: not valid UTF-8`), where tonic's prost codec would answer
 //! INTERNAL, blaming the server for the caller's bytes. Encoding is prost's.
 //!

@@ -8,12 +8,12 @@
 //! latter are [`Problem`]s, logged at WARN once per cause and counted, so an operator can alert
 //! on them. What a client controls — descriptor values — is always decided: values are bytes of
 //! any length, and a descriptor with no entries (Envoy's `skip_if_absent`) is answered OK with no
-//! limit. [`crate::service`] maps [`RequestError`] to a gRPC status.
+//! limit. [`crate::rls`] maps [`RequestError`] to a gRPC status.
 
 use crate::request::{Entry, LimitOverride, LimitRequest, RequestDescriptor};
+use crate::rls::caller::CallerPolicy;
+use crate::rls::wire::{WireDescriptor, WireEntry, WireRequest};
 use crate::rule::Unit;
-use crate::security::CallerPolicy;
-use crate::security::wire::{WireDescriptor, WireEntry, WireRequest};
 use crate::settings::Settings;
 
 /// Size bounds on incoming requests; past them a request is refused ([`RequestError`]).
