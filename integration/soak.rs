@@ -32,11 +32,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::io::{BufRead, BufReader, Write};
-use std::net::SocketAddr;
-use std::os::unix::process::CommandExt;
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -46,8 +44,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use sluice_harness::rls::{OK, OVER_LIMIT, desc, header, http_get};
-use sluice_harness::{RedisServer, without_sluice_env};
+use sluice_harness::rls::{OK, OVER_LIMIT, desc, header};
+use sluice_harness::{RedisServer, SluiceBuilder, SluiceProcess};
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
@@ -408,138 +406,47 @@ impl Load {
     }
 }
 
-/// A `sluice serve` child process with its log in a file; SIGKILLed on drop unless terminated.
-struct Replica {
-    child: Child,
-    /// Held open so a late write to stdout never meets a closed pipe.
-    _stdout: ChildStdout,
-    grpc: SocketAddr,
-    admin: SocketAddr,
-    log: PathBuf,
-    exited: bool,
+/// A `sluice serve` replica on `redis_url` reading `config_dir`.
+fn replica(config_dir: &Path, redis_url: &str) -> SluiceProcess {
+    SluiceBuilder::config(config_dir)
+        .args(["--backend", "redis", "--redis-url", redis_url])
+        // The test takes a replica out of rotation itself before its SIGTERM.
+        .args(["--drain-delay", "0s"])
+        // Generous: this run checks resources and invariants, not latency, on 2 busy cores.
+        .args(["--redis-timeout", "250ms", "--redis-connect-timeout", "2s"])
+        .args(["--watch-debounce", "100ms", "--drain-timeout", "2s"])
+        .start()
 }
 
-impl Replica {
-    fn start(config_dir: &Path, redis_url: &str, log: PathBuf) -> Replica {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
-        without_sluice_env(&mut cmd);
-        cmd.args(["serve", "--config"])
-            .arg(config_dir)
-            .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
-            .args(["--backend", "redis", "--redis-url", redis_url])
-            // The test takes a replica out of rotation itself before its SIGTERM.
-            .args(["--drain-delay", "0s"])
-            // Generous: this run checks resources and invariants, not latency, on 2 busy cores.
-            .args(["--redis-timeout", "250ms", "--redis-connect-timeout", "2s"])
-            .args(["--watch-debounce", "100ms", "--drain-timeout", "2s"])
-            .env("SLUICE_LOG_FORMAT", "text")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::piped())
-            .stderr(File::create(&log).expect("create the sluice log"))
-            .process_group(0);
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let mut child = cmd.spawn().expect("spawn sluice");
-        let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-        let mut line = String::new();
-        stdout.read_line(&mut line).expect("read the ready line");
-        let addr = |name: &str| -> SocketAddr {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(name))
-                .unwrap_or_else(|| {
-                    panic!(
-                        "no ready line from sluice: {line:?}\n{}",
-                        std::fs::read_to_string(&log).unwrap_or_default()
-                    )
-                })
-                .parse()
-                .expect("an address")
-        };
-        let (grpc, admin) = (addr("grpc="), addr("admin="));
-        Replica {
-            child,
-            _stdout: stdout.into_inner(),
-            grpc,
-            admin,
-            log,
-            exited: false,
-        }
-    }
-
-    async fn client(&self) -> RateLimitServiceClient<Channel> {
-        RateLimitServiceClient::connect(format!("http://{}", self.grpc))
-            .await
-            .expect("client connects")
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// `GET /metrics`.
-    fn scrape(&self) -> String {
-        let (status, body) = http_get(self.admin, "/metrics");
-        assert_eq!(status, 200, "GET /metrics: {body}");
-        body
-    }
-
-    /// Resources from `/proc` and the replica count from `/metrics`.
-    fn resources(&self) -> Resources {
-        let pid = self.pid();
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-        let field = |name: &str| -> u64 {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|rest| rest.split_whitespace().next())
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
-        };
-        let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
-            .expect("proc fd")
-            .count() as u64;
-        Resources {
-            rss_kib: field("VmRSS:"),
-            fds,
-            threads: field("Threads:"),
-            replicas: value(&self.scrape(), "sluice_replicas")
-                .expect("sluice_replicas in the scrape") as u64,
-        }
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-
-    /// SIGTERM and wait for the exit (drain, leases handed back).
-    fn terminate(&mut self) -> ExitStatus {
-        // SAFETY: kill(2) on the process this struct spawned and has not reaped.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        let status = self.child.wait().expect("sluice exits");
-        self.exited = true;
+/// Resources from `/proc` and the replica count from `/metrics`.
+fn resources(replica: &SluiceProcess) -> Resources {
+    let pid = replica.pid();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let field = |name: &str| -> u64 {
         status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
+    };
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("proc fd")
+        .count() as u64;
+    Resources {
+        rss_kib: field("VmRSS:"),
+        fds,
+        threads: field("Threads:"),
+        replicas: value(&replica.metrics(), "sluice_replicas")
+            .expect("sluice_replicas in the scrape") as u64,
     }
 }
 
-impl Drop for Replica {
-    fn drop(&mut self) {
-        if !self.exited {
-            // SAFETY: plain kill(2) on the process group this struct created.
-            unsafe {
-                libc::kill(-(self.child.id() as i32), libc::SIGKILL);
-            }
-            let _ = self.child.wait();
-        }
-    }
+/// The last 40 lines of `replica`'s log.
+fn log_tail(replica: &SluiceProcess) -> String {
+    let text = replica.log();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
 /// The value of an unlabelled metric in a Prometheus text scrape.
@@ -716,13 +623,14 @@ fn write_config(dir: &Path, text: &str) {
 
 /// Polls every replica's scrape until `done` holds for all of them; panics after 20 s.
 async fn until_every_replica(
-    replicas: &[Replica],
+    replicas: &[SluiceProcess],
     what: &str,
     done: impl Fn(&str) -> bool,
 ) -> Vec<String> {
     let deadline = now() + Duration::from_secs(20);
     loop {
-        let scrapes: Vec<String> = blocking(|| replicas.iter().map(Replica::scrape).collect());
+        let scrapes: Vec<String> =
+            blocking(|| replicas.iter().map(SluiceProcess::metrics).collect());
         if scrapes.iter().all(|s| done(s)) {
             return scrapes;
         }
@@ -731,7 +639,7 @@ async fn until_every_replica(
             "not every replica {what} within 20 s; logs:\n{}",
             replicas
                 .iter()
-                .map(Replica::log_tail)
+                .map(log_tail)
                 .collect::<Vec<_>>()
                 .join("\n---\n")
         );
@@ -761,15 +669,9 @@ async fn soak(plan: Plan) {
     let config_dir = dir.path().join("config");
     std::fs::create_dir(&config_dir).unwrap();
     write_config(&config_dir, &config(FW_LIMITS[0], ""));
-    let mut replicas: Vec<Replica> = blocking(|| {
+    let mut replicas: Vec<SluiceProcess> = blocking(|| {
         (0..REPLICAS)
-            .map(|i| {
-                Replica::start(
-                    &config_dir,
-                    &redis.url(),
-                    dir.path().join(format!("sluice-{i}.log")),
-                )
-            })
+            .map(|_| replica(&config_dir, &redis.url()))
             .collect()
     });
     let mut clients = Vec::new();
@@ -827,8 +729,7 @@ async fn soak(plan: Plan) {
         }
         if start.elapsed() >= next_sample {
             let at = ms(now());
-            let sluice: Vec<Resources> =
-                blocking(|| replicas.iter().map(Replica::resources).collect());
+            let sluice: Vec<Resources> = blocking(|| replicas.iter().map(resources).collect());
             let redis_keys: u64 = blocking(|| redis.cmd(&["DBSIZE"]));
             rows.push(Row {
                 at,
@@ -848,7 +749,13 @@ async fn soak(plan: Plan) {
         value(s, "sluice_replicas") == Some(REPLICAS as f64)
     })
     .await;
-    let exits: Vec<ExitStatus> = blocking(|| replicas.iter_mut().map(Replica::terminate).collect());
+    // SIGTERM: drain, leases handed back.
+    let exits: Vec<ExitStatus> = blocking(|| {
+        replicas
+            .iter_mut()
+            .map(|r| r.terminate(Duration::from_secs(30)))
+            .collect()
+    });
 
     let report = Report::new(&plan, &samples, &errors, &faults, &rows, end);
     report.print(&config_notes);
@@ -857,18 +764,18 @@ async fn soak(plan: Plan) {
         assert!(
             status.success(),
             "sluice {i} exited with {status} after SIGTERM:\n{}",
-            replicas[i].log_tail()
+            log_tail(&replicas[i])
         );
     }
     report.assert_invariants();
 }
 
 /// Writes a changed valid config and waits until both replicas run it.
-async fn reload(replicas: &[Replica], state: &mut ConfigState) -> String {
+async fn reload(replicas: &[SluiceProcess], state: &mut ConfigState) -> String {
     let before: Vec<f64> = blocking(|| {
         replicas
             .iter()
-            .map(|r| value(&r.scrape(), "ratelimit_service_config_load_success").unwrap_or(0.0))
+            .map(|r| value(&r.metrics(), "ratelimit_service_config_load_success").unwrap_or(0.0))
             .collect()
     });
     let next = if state.fw_limit == FW_LIMITS[0] {
@@ -913,11 +820,11 @@ async fn reload(replicas: &[Replica], state: &mut ConfigState) -> String {
 
 /// Writes an invalid config (`lease` on a fixed window) and waits until both replicas refused
 /// it; the last good config must stay active.
-async fn refuse_invalid(replicas: &[Replica], state: &ConfigState) -> String {
+async fn refuse_invalid(replicas: &[SluiceProcess], state: &ConfigState) -> String {
     let before: Vec<f64> = blocking(|| {
         replicas
             .iter()
-            .map(|r| value(&r.scrape(), "ratelimit_service_config_load_error").unwrap_or(0.0))
+            .map(|r| value(&r.metrics(), "ratelimit_service_config_load_error").unwrap_or(0.0))
             .collect()
     });
     let written = now();
