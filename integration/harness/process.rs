@@ -266,9 +266,14 @@ impl SluiceProcess {
         metric_in(&self.metrics(), name, labels)
     }
 
-    /// The process's log so far.
+    /// The process's log so far; panics if it is not UTF-8.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+        std::fs::read_to_string(self.log_path()).expect("the log, as UTF-8")
+    }
+
+    /// The log for a failure message (lossy, never panics).
+    fn log_lossy(&self) -> String {
+        String::from_utf8_lossy(&std::fs::read(self.log_path()).unwrap_or_default()).into_owned()
     }
 
     pub fn log_path(&self) -> PathBuf {
@@ -302,7 +307,7 @@ impl SluiceProcess {
             assert!(
                 waited < deadline,
                 "sluice did not exit within {deadline:?}; log:\n{}",
-                self.log()
+                self.log_lossy()
             );
             std::thread::sleep(Duration::from_millis(10));
             waited += Duration::from_millis(10);
@@ -325,7 +330,11 @@ impl Drop for SluiceProcess {
     fn drop(&mut self) {
         self.kill();
         if std::thread::panicking() {
-            eprintln!("--- log of sluice at {} ---\n{}", self.grpc, self.log());
+            eprintln!(
+                "--- log of sluice at {} ---\n{}",
+                self.grpc,
+                self.log_lossy()
+            );
         }
     }
 }
