@@ -144,6 +144,7 @@ impl SluiceBuilder {
         SluiceProcess {
             child: Some(child),
             _stdout: stdout.into_inner(),
+            ready: line.trim_end().to_string(),
             grpc,
             admin,
             dir,
@@ -196,6 +197,8 @@ pub struct SluiceProcess {
     child: Option<Child>,
     /// Held open so a late write to stdout never meets a closed pipe.
     _stdout: ChildStdout,
+    /// The first line on stdout (`sluice ready grpc=… admin=…`).
+    ready: String,
     pub grpc: SocketAddr,
     pub admin: SocketAddr,
     dir: tempfile::TempDir,
@@ -233,6 +236,11 @@ impl SluiceProcess {
     /// The process's pid (its wrapper's, under [`SluiceBuilder::wrapped_in`]).
     pub fn pid(&self) -> i32 {
         self.child.as_ref().expect("running").id() as i32
+    }
+
+    /// The ready line the process printed, without its newline.
+    pub fn ready_line(&self) -> &str {
+        &self.ready
     }
 
     /// An RLS client connected to the gRPC listener.
