@@ -8,7 +8,7 @@
 //! Redis killed (-9) and started again empty after 1 s, Redis SIGSTOPped for 3 s, a changed valid
 //! config written (both replicas must activate it), an invalid one (both must refuse it and keep
 //! the last good one). A Cluster failover is left out: this soak runs on one standalone Redis
-//! (failovers under load are `integration/chaos.rs`'s and `integration/scale.rs`'s).
+//! (failovers under load are `integration/chaos/`'s and `integration/scale.rs`'s).
 //!
 //! Sampled every few seconds: each sluice's RSS, open file descriptors and threads (from
 //! `/proc/<pid>`), its `sluice_replicas` gauge, and Redis's key count (`DBSIZE`). sluice exposes
