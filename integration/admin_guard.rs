@@ -246,89 +246,6 @@ fn the_metrics_listener_serves_metrics_and_nothing_that_names_a_tenant() {
 // Bytes in, bytes out: a value that is not UTF-8, from the RLS request to `/top` and back into
 // `DELETE /buckets`.
 
-mod raw {
-    use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-    use prost::Message;
-    use prost::bytes::{Buf, BufMut};
-    use sluice::rls::wire::SHOULD_RATE_LIMIT_PATH;
-    use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
-
-    /// Sends raw bytes as a `RateLimitRequest` and decodes the answer.
-    #[derive(Clone, Copy, Default)]
-    struct RawCodec;
-    struct RawEncoder;
-    struct ResponseDecoder;
-
-    impl Codec for RawCodec {
-        type Encode = Vec<u8>;
-        type Decode = RateLimitResponse;
-        type Encoder = RawEncoder;
-        type Decoder = ResponseDecoder;
-        fn encoder(&mut self) -> RawEncoder {
-            RawEncoder
-        }
-        fn decoder(&mut self) -> ResponseDecoder {
-            ResponseDecoder
-        }
-    }
-
-    impl Encoder for RawEncoder {
-        type Item = Vec<u8>;
-        type Error = tonic::Status;
-        fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-            dst.put_slice(&item);
-            Ok(())
-        }
-    }
-
-    impl Decoder for ResponseDecoder {
-        type Item = RateLimitResponse;
-        type Error = tonic::Status;
-        fn decode(
-            &mut self,
-            src: &mut DecodeBuf<'_>,
-        ) -> Result<Option<RateLimitResponse>, tonic::Status> {
-            let bytes = src.copy_to_bytes(src.remaining());
-            RateLimitResponse::decode(bytes)
-                .map(Some)
-                .map_err(|e| tonic::Status::internal(e.to_string()))
-        }
-    }
-
-    /// `request` encoded, the first `needle` replaced by same-length `with`, decided: the
-    /// overall code.
-    pub async fn call(
-        grpc: std::net::SocketAddr,
-        request: &RateLimitRequest,
-        needle: &[u8],
-        with: &[u8],
-    ) -> i32 {
-        let mut bytes = request.encode_to_vec();
-        let at = bytes
-            .windows(needle.len())
-            .position(|w| w == needle)
-            .expect("needle present");
-        bytes[at..at + with.len()].copy_from_slice(with);
-        let channel = tonic::transport::Channel::from_shared(format!("http://{grpc}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut client = tonic::client::Grpc::new(channel);
-        client.ready().await.unwrap();
-        client
-            .unary(
-                tonic::Request::new(bytes),
-                http::uri::PathAndQuery::from_static(SHOULD_RATE_LIMIT_PATH),
-                RawCodec,
-            )
-            .await
-            .expect("decided")
-            .into_inner()
-            .overall_code
-    }
-}
-
 const BYTES: &str = r#"
 domain: ops
 descriptors:
@@ -350,7 +267,7 @@ async fn admin_call(admin: SocketAddr, method: &'static str, path: String) -> (u
 #[tokio::test]
 async fn a_value_that_is_not_utf8_is_printed_and_reset_as_the_same_bytes() {
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-    use sluice_harness::rls::{OK, OVER_LIMIT, desc, req};
+    use sluice_harness::rls::{OK, OVER_LIMIT, desc, patched, raw_call, req};
     let (_dir, token) = token_dir("t");
     let sluice = SluiceProcess::start(
         &[("ops.yaml", BYTES)],
@@ -358,7 +275,10 @@ async fn a_value_that_is_not_utf8_is_printed_and_reset_as_the_same_bytes() {
     );
     let (grpc, admin) = (sluice.grpc, sluice.admin);
     let raw = req("ops", vec![desc(&[("tenant", "ab~")])]);
-    let spend_raw = || raw::call(grpc, &raw, b"ab~", b"ab\xFF");
+    let spend_raw = || async {
+        let bytes = patched(&raw, b"ab~", b"ab\xFF");
+        raw_call(grpc, bytes).await.expect("decided").overall_code
+    };
     // `ab\xFF` spends its bucket; its lossy spelling `ab\u{FFFD}` is another client, spent too.
     let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
         .await

@@ -1,10 +1,11 @@
 //! The binary as an operator runs it: `check-config` exit codes and messages, `serve` printing its
 //! bound addresses, SIGTERM draining to a clean exit.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
 
-use sluice_harness::without_sluice_env;
+use sluice_harness::{SluiceProcess, without_sluice_env};
 
 fn sluice() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
@@ -110,45 +111,13 @@ fn check_config_takes_the_default_algorithm() {
     );
 }
 
-#[cfg(unix)]
 #[test]
 fn serve_prints_addresses_and_exits_cleanly_on_sigterm() {
-    let mut child = sluice()
-        .args([
-            "serve",
-            "--config",
-            &repo("config"),
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--admin-addr",
-            "127.0.0.1:0",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let mut serve = SluiceProcess::start_with_config(Path::new(&repo("config")), &[]);
+    let line = serve.ready_line();
     assert!(line.starts_with("sluice ready grpc=127.0.0.1:"), "{line}");
     assert!(line.contains(" admin=127.0.0.1:"), "{line}");
-    let grpc: std::net::SocketAddr = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("grpc="))
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(std::net::TcpStream::connect(grpc).is_ok());
-    // SAFETY: plain kill(2) on our own child.
-    let rc = unsafe { libc_kill(child.id() as i32, 15) };
-    assert_eq!(rc, 0);
-    let status = child.wait().unwrap();
+    assert!(std::net::TcpStream::connect(serve.grpc).is_ok());
+    let status = serve.terminate(Duration::from_secs(30));
     assert!(status.success(), "exit after SIGTERM: {status:?}");
-}
-
-#[cfg(unix)]
-unsafe extern "C" {
-    #[link_name = "kill"]
-    fn libc_kill(pid: i32, sig: i32) -> i32;
 }

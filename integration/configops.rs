@@ -2,15 +2,14 @@
 //! `explain` as CI and operators run them, and an envoyproxy/ratelimit deployment (its
 //! environment, its runtime directory, its Redis) switched to sluice by changing the image.
 
-use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::Duration;
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice_harness as harness;
 use sluice_harness::rls::{OK, OVER_LIMIT, desc, header, http_get, req};
+use sluice_harness::{SluiceBuilder, SluiceProcess};
 
 /// The binary with an empty environment: nothing from the developer's or CI's environment
 /// (SLUICE_*, REDIS_URL, PORT, ...) may leak into what is tested.
@@ -33,81 +32,11 @@ fn run(c: &mut Command) -> (Option<i32>, String, String) {
     )
 }
 
-/// A `sluice serve` process; killed on drop. Its stderr (the log) goes to a file.
-struct Serve {
-    child: Child,
-    grpc: SocketAddr,
-    admin: SocketAddr,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Serve {
-    fn start(mut command: Command) -> Serve {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("stderr.log");
-        let mut child = command
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = |name: &str| -> SocketAddr {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(name))
-                .unwrap_or_else(|| {
-                    panic!(
-                        "no ready line ({line:?}); log:\n{}",
-                        std::fs::read_to_string(&log).unwrap_or_default()
-                    )
-                })
-                .parse()
-                .unwrap()
-        };
-        let (grpc, admin) = (addr("grpc="), addr("admin="));
-        Serve {
-            child,
-            grpc,
-            admin,
-            log,
-            _dir: dir,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap()
-    }
-
-    fn config_json(&self) -> serde_json::Value {
-        let (code, body) = http_get(self.admin, "/config");
-        assert_eq!(code, 200, "{body}");
-        serde_json::from_str(&body).unwrap()
-    }
-
-    async fn client(&self) -> RateLimitServiceClient<tonic::transport::Channel> {
-        RateLimitServiceClient::connect(format!("http://{}", self.grpc))
-            .await
-            .unwrap()
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-#[cfg(unix)]
-fn signal(child: &Child, sig: i32) {
-    unsafe extern "C" {
-        fn kill(pid: i32, sig: i32) -> i32;
-    }
-    // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(unsafe { kill(child.id() as i32, sig) }, 0);
+/// `GET /config` on `serve`'s admin listener, as JSON.
+fn config_json(serve: &SluiceProcess) -> serde_json::Value {
+    let (code, body) = http_get(serve.admin, "/config");
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
 }
 
 /// Polls `check` every 10 ms; fails after 10 s.
@@ -122,26 +51,18 @@ const EDGE: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit:
 fn sighup_reloads_the_config() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("edge.yaml"), EDGE).unwrap();
-    let mut command = sluice();
-    command.args([
-        "serve",
-        "--grpc-addr",
-        "127.0.0.1:0",
-        "--admin-addr",
-        "127.0.0.1:0",
-    ]);
-    command.arg("--config").arg(dir.path());
-    command.args(["--watch-config", "false"]);
-    let serve = Serve::start(command);
-    let before = serve.config_json()["digest"].clone();
+    let serve = SluiceBuilder::config(dir.path())
+        .args(["--watch-config", "false"])
+        .start();
+    let before = config_json(&serve)["digest"].clone();
 
     std::fs::write(dir.path().join("edge.yaml"), EDGE.replace(": 3}", ": 30}")).unwrap();
-    signal(&serve.child, 1);
+    serve.signal(libc::SIGHUP);
     eventually("SIGHUP reloaded the edited file", || {
-        let json = serve.config_json();
+        let json = config_json(&serve);
         json["digest"] != before && json["loads"]["ok"] == 2
     });
-    let json = serve.config_json();
+    let json = config_json(&serve);
     assert_eq!(
         json["domains"][0]["rules"][0]["limit"]["bucket"]["requests_per_unit"],
         30
@@ -150,12 +71,12 @@ fn sighup_reloads_the_config() {
     assert!(log.contains("SIGHUP received"), "{log}");
     // A broken file on SIGHUP: rejected, the process lives on with the last good config.
     std::fs::write(dir.path().join("edge.yaml"), "domain: [").unwrap();
-    signal(&serve.child, 1);
+    serve.signal(libc::SIGHUP);
     eventually("the broken file was rejected", || {
-        serve.config_json()["loads"]["failed"] == 1
+        config_json(&serve)["loads"]["failed"] == 1
     });
     assert_eq!(
-        serve.config_json()["last_rejected"]["source"]
+        config_json(&serve)["last_rejected"]["source"]
             .as_str()
             .map(|s| s.contains("SIGHUP")),
         Some(true)
@@ -417,34 +338,34 @@ async fn an_envoyproxy_ratelimit_deployment_switches_by_changing_the_image() {
     let root = tempfile::tempdir().unwrap();
     let runtime_root = runtime_layout(root.path());
 
-    let mut command = sluice();
-    command.arg("serve").envs([
-        ("RUNTIME_ROOT", runtime_root.to_str().unwrap()),
-        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-        ("RUNTIME_APPDIRECTORY", "config"),
-        ("RUNTIME_IGNOREDOTFILES", "true"),
-        ("RUNTIME_WATCH_ROOT", "false"),
-        ("REDIS_SOCKET_TYPE", "tcp"),
-        ("REDIS_URL", &redis.addr()),
-        ("REDIS_TYPE", "SINGLE"),
-        ("REDIS_POOL_SIZE", "10"),
-        ("GRPC_HOST", "127.0.0.1"),
-        ("GRPC_PORT", "0"),
-        ("HOST", "127.0.0.1"),
-        ("PORT", "0"),
-        ("DEBUG_PORT", "6070"),
-        ("LOG_LEVEL", "INFO"),
-        ("LOG_FORMAT", "text"),
-        ("CACHE_KEY_PREFIX", "ratelimit:"),
-        ("MERGE_DOMAIN_CONFIG", "true"),
-        ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
-        ("LIMIT_REMAINING_HEADER", "X-RateLimit-Left"),
-        ("USE_STATSD", "true"),
-        ("STATSD_HOST", "statsd.monitoring"),
-        ("USE_PROMETHEUS", "true"),
-        ("LOCAL_CACHE_SIZE_IN_BYTES", "1048576"),
-    ]);
-    let serve = Serve::start(command);
+    let serve = SluiceBuilder::environment()
+        .envs([
+            ("RUNTIME_ROOT", runtime_root.to_str().unwrap()),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_APPDIRECTORY", "config"),
+            ("RUNTIME_IGNOREDOTFILES", "true"),
+            ("RUNTIME_WATCH_ROOT", "false"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", &redis.addr()),
+            ("REDIS_TYPE", "SINGLE"),
+            ("REDIS_POOL_SIZE", "10"),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", "0"),
+            ("HOST", "127.0.0.1"),
+            ("PORT", "0"),
+            ("DEBUG_PORT", "6070"),
+            ("LOG_LEVEL", "INFO"),
+            ("LOG_FORMAT", "text"),
+            ("CACHE_KEY_PREFIX", "ratelimit:"),
+            ("MERGE_DOMAIN_CONFIG", "true"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_REMAINING_HEADER", "X-RateLimit-Left"),
+            ("USE_STATSD", "true"),
+            ("STATSD_HOST", "statsd.monitoring"),
+            ("USE_PROMETHEUS", "true"),
+            ("LOCAL_CACHE_SIZE_IN_BYTES", "1048576"),
+        ])
+        .start();
 
     // Every unsupported setting is named once, never dropped silently.
     let log = serve.log();
@@ -512,7 +433,7 @@ async fn an_envoyproxy_ratelimit_deployment_switches_by_changing_the_image() {
     // envoyproxy/ratelimit's health check path on PORT; the config came from the runtime dir.
     let (code, body) = http_get(serve.admin, "/healthcheck");
     assert_eq!((code, body.as_str()), (200, "OK"));
-    let json = serve.config_json();
+    let json = config_json(&serve);
     assert_eq!(json["rule_count"], 3);
     assert!(
         json["domains"][0]["file"]

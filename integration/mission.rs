@@ -1,9 +1,6 @@
 //! The mission: several sluice processes sharing one Redis hold one limit, whatever their number,
 //! through the real path (gRPC in, Redis out). Real processes, real sockets.
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -12,118 +9,27 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice_harness as harness;
-use sluice_harness::{RedisCluster, RedisServer, command_calls, without_sluice_env};
+use sluice_harness::{RedisCluster, RedisServer, SluiceBuilder, SluiceProcess, command_calls};
 use tonic::transport::Channel;
 
 const OK: i32 = 1;
 const OVER_LIMIT: i32 = 2;
 
-/// A `sluice serve` child process; killed on drop.
-struct Sluice {
-    child: Child,
-    grpc: SocketAddr,
-    _dir: tempfile::TempDir,
-}
-
-impl Sluice {
-    fn start(config: &str, redis_urls: &str, mode: &str) -> Sluice {
-        Self::start_env(config, redis_urls, mode, &[])
-    }
-
-    /// Runs sluice under a wrapper command (e.g. `faketime -f +2h`).
-    fn start_with_prefix(prefix: &[&str], config: &str, redis_urls: &str) -> Sluice {
-        Self::launch(prefix, config, redis_urls, "standalone", &[])
-    }
-
-    fn start_env(config: &str, redis_urls: &str, mode: &str, env: &[(&str, &str)]) -> Sluice {
-        Self::launch(&[], config, redis_urls, mode, env)
-    }
-
-    fn launch(
-        prefix: &[&str],
-        config: &str,
-        redis_urls: &str,
-        mode: &str,
-        env: &[(&str, &str)],
-    ) -> Sluice {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("mission.yaml"), config).unwrap();
-        let sluice = env!("CARGO_BIN_EXE_sluice");
-        let mut cmd = match prefix.split_first() {
-            None => Command::new(sluice),
-            Some((program, args)) => {
-                let mut c = Command::new(program);
-                c.args(args).arg(sluice);
-                c
-            }
-        };
-        without_sluice_env(&mut cmd);
-        cmd.args(["serve", "--config"])
-            .arg(dir.path())
-            .args([
-                "--grpc-addr",
-                "127.0.0.1:0",
-                "--admin-addr",
-                "127.0.0.1:0",
-                "--backend",
-                "redis",
-                "--redis-url",
-                redis_urls,
-                "--redis-mode",
-                mode,
-                // Generous: these tests check sharing, not latency, on a busy 2-core machine.
-                "--redis-timeout",
-                "500ms",
-                "--redis-connect-timeout",
-                "2s",
-            ])
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            // Own process group, so Drop also reaches grandchildren (a wrapper like faketime
-            // forks), and SIGKILL if the test process dies first.
-            .process_group(0);
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let mut child = cmd.spawn().expect("spawn sluice");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let grpc = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("grpc="))
-            .unwrap_or_else(|| panic!("no ready line from sluice: {line:?}"))
-            .parse()
-            .unwrap();
-        Sluice {
-            child,
-            grpc,
-            _dir: dir,
-        }
-    }
-
-    async fn client(&self) -> RateLimitServiceClient<Channel> {
-        RateLimitServiceClient::connect(format!("http://{}", self.grpc))
-            .await
-            .unwrap()
-    }
-}
-
-impl Drop for Sluice {
-    fn drop(&mut self) {
-        // SAFETY: plain kill(2) on the process group this struct created.
-        unsafe {
-            libc::kill(-(self.child.id() as i32), libc::SIGKILL);
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `sluice serve` with `config` as its one file, on the Redis at `redis_urls` in `mode`.
+fn sluice(config: &str, redis_urls: &str, mode: &str) -> SluiceBuilder {
+    SluiceBuilder::files(&[("mission.yaml", config)]).args([
+        "--backend",
+        "redis",
+        "--redis-url",
+        redis_urls,
+        "--redis-mode",
+        mode,
+        // Generous: these tests check sharing, not latency, on a busy 2-core machine.
+        "--redis-timeout",
+        "500ms",
+        "--redis-connect-timeout",
+        "2s",
+    ])
 }
 
 fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitRequest {
@@ -163,8 +69,8 @@ async fn mission_one_two_and_four_replicas_allow_the_same_total() {
     let redis = RedisServer::start();
     let mut figures = Vec::new();
     for replicas in [1usize, 2, 4] {
-        let procs: Vec<Sluice> = (0..replicas)
-            .map(|_| Sluice::start(SLOW, &redis.url(), "standalone"))
+        let procs: Vec<SluiceProcess> = (0..replicas)
+            .map(|_| sluice(SLOW, &redis.url(), "standalone").start())
             .collect();
         let mut clients = Vec::new();
         for p in &procs {
@@ -340,8 +246,8 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 100, burst: 50}
 "#;
     let redis = RedisServer::start();
-    let procs: Vec<Sluice> = (0..3)
-        .map(|_| Sluice::start(config, &redis.url(), "standalone"))
+    let procs: Vec<SluiceProcess> = (0..3)
+        .map(|_| sluice(config, &redis.url(), "standalone").start())
         .collect();
     let targets = procs
         .iter()
@@ -413,12 +319,9 @@ async fn mission_one_evalsha_per_should_rate_limit() {
     let redis = RedisServer::start();
     // A fixed replica count: no heartbeat script runs beside the decisions being counted (and
     // the readiness probe stays quiet while traffic flows).
-    let sluice = Sluice::start_env(
-        SLOW,
-        &redis.url(),
-        "standalone",
-        &[("SLUICE_REPLICAS", "1")],
-    );
+    let sluice = sluice(SLOW, &redis.url(), "standalone")
+        .env("SLUICE_REPLICAS", "1")
+        .start();
     let mut client = sluice.client().await;
     // Warm up (the connection and the script load happen at start).
     client
@@ -464,10 +367,7 @@ async fn mission_concurrent_calls_share_script_calls_and_hold_the_limit() {
         ("SLUICE_REPLICAS", "2"),
         ("SLUICE_OVER_LIMIT_CACHE", "false"),
     ];
-    let procs = [
-        Sluice::start_env(SLOW, &redis.url(), "standalone", &env),
-        Sluice::start_env(SLOW, &redis.url(), "standalone", &env),
-    ];
+    let procs = [(), ()].map(|_| sluice(SLOW, &redis.url(), "standalone").envs(env).start());
     let mut clients = Vec::new();
     for p in &procs {
         let mut client = p.client().await;
@@ -524,7 +424,7 @@ fn calls_outside_script(redis: &RedisServer) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mission_script_flush_and_redis_restart_are_survived() {
     let mut redis = RedisServer::start();
-    let sluice = Sluice::start(SLOW, &redis.url(), "standalone");
+    let sluice = sluice(SLOW, &redis.url(), "standalone").start();
     let mut client = sluice.client().await;
     let call = |c: &mut RateLimitServiceClient<Channel>, id: String| {
         let mut c = c.clone();
@@ -575,7 +475,7 @@ descriptors:
   - key: client
     rate_limit: {unit: second, requests_per_unit: 10, burst: 2}
 "#;
-    let sluice = Sluice::start(config, &redis.url(), "standalone");
+    let sluice = sluice(config, &redis.url(), "standalone").start();
     let mut client = sluice.client().await;
     client
         .should_rate_limit(request("mission", &[&[("client", "ttl")]]))
@@ -599,7 +499,7 @@ descriptors:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mission_cluster_keeps_a_request_in_one_slot() {
     let cluster = RedisCluster::start(3, 0);
-    let sluice = Sluice::start(SLOW, &cluster.urls().join(","), "cluster");
+    let sluice = sluice(SLOW, &cluster.urls().join(","), "cluster").start();
     let mut client = sluice.client().await;
     let r = client
         .should_rate_limit(request(
@@ -638,12 +538,10 @@ async fn mission_cluster_keeps_a_request_in_one_slot() {
 async fn mission_local_clocks_do_not_matter() {
     let faketime = tool("faketime", "faketime");
     let redis = RedisServer::start();
-    let normal = Sluice::start(SLOW, &redis.url(), "standalone");
-    let skewed = Sluice::start_with_prefix(
-        &[faketime.to_str().unwrap(), "-f", "+2h x5"],
-        SLOW,
-        &redis.url(),
-    );
+    let normal = sluice(SLOW, &redis.url(), "standalone").start();
+    let skewed = sluice(SLOW, &redis.url(), "standalone")
+        .wrapped_in(&[faketime.to_str().unwrap(), "-f", "+2h x5"])
+        .start();
     let mut clients = [normal.client().await, skewed.client().await];
     let mut remaining = Vec::new();
     for i in 0..30 {

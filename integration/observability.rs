@@ -3,16 +3,14 @@
 //! Also: every metric the Grafana dashboard and the alert rules use is in a real scrape.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use sluice::settings::BackendKind;
 use sluice_harness::rls::{OK, OVER_LIMIT, desc, http_get, req};
 use sluice_harness::sluice::TestServer;
-use sluice_harness::{RedisServer, command_calls, wait_until};
+use sluice_harness::{RedisServer, SluiceBuilder, command_calls, wait_until};
 
 /// One scrape: (sample name, labels) → value, and the families of `# TYPE` lines.
 #[derive(Debug, Default)]
@@ -683,45 +681,13 @@ async fn the_binary_logs_json_lines_and_takes_the_near_limit_ratio_from_envoypro
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("obs.yaml");
     std::fs::write(&file, OBS).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["serve", "--config"])
-        .arg(dir.path())
-        .args([
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--admin-addr",
-            "127.0.0.1:0",
-            "--log-format",
-            "json",
-            "--watch-debounce",
-            "20ms",
-            "--drain-timeout",
-            "200ms",
-        ])
-        .env_remove("RUST_LOG")
+    let mut sluice = SluiceBuilder::config(dir.path())
+        .args(["--log-format", "json", "--watch-debounce", "20ms"])
+        .args(["--drain-timeout", "200ms"])
         .env("NEAR_LIMIT_RATIO", "0.5")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("sluice starts");
-    let mut ready = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut ready)
-        .unwrap();
-    let grpc = ready
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("grpc="))
-        .unwrap_or_else(|| panic!("ready line: {ready}"))
-        .to_string();
-    let admin: SocketAddr = ready
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("admin="))
-        .unwrap()
-        .parse()
-        .unwrap();
-    let mut client = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::connect(format!("http://{grpc}"))
-        .await
-        .unwrap();
+        .start();
+    let admin = sluice.admin;
+    let mut client = sluice.client().await;
     for _ in 0..20 {
         client
             .should_rate_limit(req("obs", vec![desc(&[("tenant", "acme")])]))
@@ -753,9 +719,8 @@ async fn the_binary_logs_json_lines_and_takes_the_near_limit_ratio_from_envoypro
     });
     // An open connection would hold the drain for its full timeout.
     drop(client);
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let output = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8(output.stderr).unwrap();
+    sluice.terminate(Duration::from_secs(30));
+    let stderr = sluice.log();
     let lines: Vec<serde_json::Value> = stderr
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))

@@ -3,10 +3,7 @@
 //! buckets live only in the second Redis, the others only in the main one; both limit; a dead
 //! per-second Redis puts only per-second descriptors under their failure policy.
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
@@ -16,7 +13,7 @@ use sluice::resilience::breaker::BreakerState;
 use sluice::settings::RedisModeArg;
 use sluice_harness::rls::{OK, OVER_LIMIT, header, http_get, request};
 use sluice_harness::sluice::Sluice;
-use sluice_harness::{RedisServer, wait_until};
+use sluice_harness::{RedisServer, SluiceBuilder, wait_until};
 use tonic::transport::Channel;
 
 /// `burst`: 3 per second, answered `closed` when its Redis is away; `quota`: 10 per minute.
@@ -198,66 +195,6 @@ async fn a_dead_per_second_redis_fails_only_per_second_descriptors() {
     sluice.stop().await;
 }
 
-/// A `sluice serve` process started with an envoyproxy/ratelimit environment; killed on drop.
-struct Serve {
-    child: Child,
-    grpc: SocketAddr,
-    admin: SocketAddr,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Serve {
-    /// Starts the binary with exactly `env` (nothing inherited) and waits for its ready line.
-    fn start(env: &[(&str, &str)]) -> Serve {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("stderr.log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .arg("serve")
-            .env_clear()
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = |name: &str| -> SocketAddr {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(name))
-                .unwrap_or_else(|| {
-                    panic!(
-                        "no ready line ({line:?}); log:\n{}",
-                        std::fs::read_to_string(&log).unwrap_or_default()
-                    )
-                })
-                .parse()
-                .unwrap()
-        };
-        let (grpc, admin) = (addr("grpc="), addr("admin="));
-        Serve {
-            child,
-            grpc,
-            admin,
-            log,
-            _dir: dir,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap()
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// A deployment's environment, unchanged: REDIS_PERSECOND with a `host:port` URL and the
 /// reference's pool size is all sluice needs to put per-second buckets on the second Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -270,23 +207,25 @@ async fn the_reference_environment_enables_the_per_second_redis() {
     std::fs::create_dir_all(&config).unwrap();
     std::fs::write(config.join("ps.yaml"), CONFIG).unwrap();
     let runtime_root = root.path().join("current");
-    let serve = Serve::start(&[
-        ("RUNTIME_ROOT", runtime_root.to_str().unwrap()),
-        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-        ("RUNTIME_WATCH_ROOT", "false"),
-        ("REDIS_SOCKET_TYPE", "tcp"),
-        ("REDIS_URL", &main.addr()),
-        ("REDIS_PERSECOND", "true"),
-        ("REDIS_PERSECOND_URL", &fast.addr()),
-        ("REDIS_PERSECOND_AUTH", "fast-pw"),
-        ("REDIS_PERSECOND_POOL_SIZE", "10"),
-        ("CACHE_KEY_PREFIX", "rl:"),
-        ("GRPC_HOST", "127.0.0.1"),
-        ("GRPC_PORT", "0"),
-        ("HOST", "127.0.0.1"),
-        ("PORT", "0"),
-        ("LOG_LEVEL", "info"),
-    ]);
+    let serve = SluiceBuilder::environment()
+        .envs([
+            ("RUNTIME_ROOT", runtime_root.to_str().unwrap()),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_WATCH_ROOT", "false"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", &main.addr()),
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_URL", &fast.addr()),
+            ("REDIS_PERSECOND_AUTH", "fast-pw"),
+            ("REDIS_PERSECOND_POOL_SIZE", "10"),
+            ("CACHE_KEY_PREFIX", "rl:"),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", "0"),
+            ("HOST", "127.0.0.1"),
+            ("PORT", "0"),
+            ("LOG_LEVEL", "info"),
+        ])
+        .start();
     let log = serve.log();
     assert!(
         log.contains("REDIS_PERSECOND_URL → SLUICE_REDIS_PER_SECOND_URL=redis://:***@"),
@@ -299,9 +238,7 @@ async fn the_reference_environment_enables_the_per_second_redis() {
     assert!(!log.contains("ignored: REDIS_PERSECOND"), "{log}");
     assert!(log.contains("REDIS_PERSECOND_POOL_SIZE accepted"), "{log}");
 
-    let mut client = RateLimitServiceClient::connect(format!("http://{}", serve.grpc))
-        .await
-        .unwrap();
+    let mut client = serve.client().await;
     let r = call(&mut client, &[("burst", "a"), ("quota", "a")], 1).await;
     assert_eq!(r.overall_code, OK);
     assert_eq!(

@@ -12,17 +12,14 @@
 //! variable true charges nothing for a rejected request. Where sluice answers differently on
 //! purpose the test asserts sluice's answer and says why.
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::DescriptorStatus;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use sluice_harness::RedisServer;
 use sluice_harness::rls::{OK, OVER_LIMIT, desc, http_get, req, request};
+use sluice_harness::{RedisServer, SluiceBuilder, SluiceProcess};
 use tonic::transport::Channel;
 
 /// `RateLimitResponse.RateLimit.Unit`.
@@ -50,98 +47,48 @@ fn runtime_root() -> tempfile::TempDir {
     root
 }
 
-/// A `sluice serve` process in the reference's environment; killed on drop. Its log goes to a
-/// file, shown when it does not start.
-struct Serve {
-    child: Child,
-    grpc: SocketAddr,
-    admin: SocketAddr,
-    _log_dir: tempfile::TempDir,
+/// `sluice serve` in the reference's environment, and nothing else of this process's. `extra`:
+/// the reference settings a test varies (local cache, key prefix, …).
+fn serve(root: &Path, redis: &RedisServer, extra: &[(&str, &str)]) -> SluiceProcess {
+    SluiceBuilder::environment()
+        .envs([
+            ("RUNTIME_ROOT", root.to_str().unwrap()),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_APPDIRECTORY", "config"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_TYPE", "SINGLE"),
+            ("REDIS_URL", &redis.addr()),
+            ("BACKEND_TYPE", "redis"),
+            ("USE_STATSD", "false"),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", "0"),
+            ("HOST", "127.0.0.1"),
+            ("PORT", "0"),
+            // The migration mode: the reference's fixed windows.
+            ("SLUICE_DEFAULT_ALGORITHM", "fixed_window"),
+            // A shared 2-core test machine must not turn a slow healthy Redis reply into an
+            // error (the default bound is 15 ms; the reference waits on its pool).
+            ("SLUICE_REDIS_TIMEOUT", "1s"),
+        ])
+        .envs(extra.iter().copied())
+        .start()
 }
 
-impl Serve {
-    /// `extra`: the reference settings a test varies (local cache, key prefix, …).
-    fn start(root: &Path, redis: &RedisServer, extra: &[(&str, &str)]) -> Serve {
-        let log_dir = tempfile::tempdir().unwrap();
-        let log = log_dir.path().join("stderr.log");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
-        command
-            .arg("serve")
-            .env_clear()
-            .envs([
-                ("RUNTIME_ROOT", root.to_str().unwrap()),
-                ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-                ("RUNTIME_APPDIRECTORY", "config"),
-                ("REDIS_SOCKET_TYPE", "tcp"),
-                ("REDIS_TYPE", "SINGLE"),
-                ("REDIS_URL", &redis.addr()),
-                ("BACKEND_TYPE", "redis"),
-                ("USE_STATSD", "false"),
-                ("GRPC_HOST", "127.0.0.1"),
-                ("GRPC_PORT", "0"),
-                ("HOST", "127.0.0.1"),
-                ("PORT", "0"),
-                // The migration mode: the reference's fixed windows.
-                ("SLUICE_DEFAULT_ALGORITHM", "fixed_window"),
-                // A shared 2-core test machine must not turn a slow healthy Redis reply into an
-                // error (the default bound is 15 ms; the reference waits on its pool).
-                ("SLUICE_REDIS_TIMEOUT", "1s"),
-            ])
-            .envs(extra.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap());
-        let mut child = command.spawn().unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = |name: &str| -> SocketAddr {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(name))
-                .and_then(|a| a.parse().ok())
-                .unwrap_or_else(|| {
-                    panic!(
-                        "no ready line ({line:?}); log:\n{}",
-                        std::fs::read_to_string(&log).unwrap_or_default()
-                    )
-                })
-        };
-        Serve {
-            grpc: addr("grpc="),
-            admin: addr("admin="),
-            child,
-            _log_dir: log_dir,
-        }
-    }
-
-    async fn client(&self) -> RateLimitServiceClient<Channel> {
-        RateLimitServiceClient::connect(format!("http://{}", self.grpc))
-            .await
-            .unwrap()
-    }
-
-    /// `ratelimit_service_rate_limit_<counter>{domain, key}` from `/metrics` (0 when absent).
-    async fn counter(&self, counter: &str, domain: &str, key: &str) -> u64 {
-        let admin = self.admin;
-        let (status, body) = tokio::task::spawn_blocking(move || http_get(admin, "/metrics"))
-            .await
-            .unwrap();
-        assert_eq!(status, 200);
-        let prefix = format!("ratelimit_service_rate_limit_{counter}{{");
-        let (domain, key) = (format!("domain=\"{domain}\""), format!("key=\"{key}\""));
-        body.lines()
-            .filter(|l| l.starts_with(&prefix) && l.contains(&domain) && l.contains(&key))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .map(|v| v as u64)
-            .sum()
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `ratelimit_service_rate_limit_<counter>{domain, key}` from `serve`'s `/metrics` (0 when
+/// absent).
+async fn counter(serve: &SluiceProcess, counter: &str, domain: &str, key: &str) -> u64 {
+    let admin = serve.admin;
+    let (status, body) = tokio::task::spawn_blocking(move || http_get(admin, "/metrics"))
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    let prefix = format!("ratelimit_service_rate_limit_{counter}{{");
+    let (domain, key) = (format!("domain=\"{domain}\""), format!("key=\"{key}\""));
+    body.lines()
+        .filter(|l| l.starts_with(&prefix) && l.contains(&domain) && l.contains(&key))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
 }
 
 async fn call(
@@ -195,7 +142,7 @@ async fn away_from_a_minute_boundary() {
 /// `testBasicBaseConfig`: an unknown domain, a per-second limit, a minute limit run past, two
 /// descriptors of one request where the second runs out first, and a day window counting down.
 /// `local` selects the `_local` keys the reference sends with its local cache on.
-async fn basic_sequence(serve: &Serve, local: bool) {
+async fn basic_sequence(serve: &SluiceProcess, local: bool) {
     let key = |k: &str| {
         if local {
             format!("{k}_local")
@@ -225,7 +172,7 @@ async fn basic_sequence(serve: &Serve, local: bool) {
     assert_eq!(limited(&r.statuses[0]), (OK, 50, SECOND, 49));
     assert_eq!(reset_secs(&r.statuses[0], 1), 1);
     assert!(r.response_headers_to_add.is_empty(), "no headers");
-    assert_eq!(serve.counter("total_hits", "basic", &key("key1")).await, 1);
+    assert_eq!(counter(serve, "total_hits", "basic", &key("key1")).await, 1);
 
     // 20 per minute, 25 calls: 19..0 left, then OVER_LIMIT with 0.
     // Each test has a Redis of its own, so a fixed value is fresh (the reference draws a random
@@ -248,14 +195,12 @@ async fn basic_sequence(serve: &Serve, local: bool) {
         reset_secs(&r.statuses[0], 60);
     }
     let k2 = key("key2");
-    assert_eq!(serve.counter("total_hits", "another", &k2).await, 25);
-    assert_eq!(serve.counter("over_limit", "another", &k2).await, 5);
+    assert_eq!(counter(serve, "total_hits", "another", &k2).await, 25);
+    assert_eq!(counter(serve, "over_limit", "another", &k2).await, 5);
     // The first rejection is Redis's; the cache answers the next four (as in the reference).
     let cached = if local { 4 } else { 0 };
     assert_eq!(
-        serve
-            .counter("over_limit_with_local_cache", "another", &k2)
-            .await,
+        counter(serve, "over_limit_with_local_cache", "another", &k2).await,
         cached
     );
 
@@ -266,15 +211,13 @@ async fn basic_sequence(serve: &Serve, local: bool) {
     two_keys_sequence(&mut client, &key, !local, local).await;
     // The reference's counters after both sequences: key2 40 hits, 5 over the limit; key3 15
     // hits, 5 over, 4 of them from the cache when it is on.
-    assert_eq!(serve.counter("total_hits", "another", &k2).await, 40);
-    assert_eq!(serve.counter("over_limit", "another", &k2).await, 5);
+    assert_eq!(counter(serve, "total_hits", "another", &k2).await, 40);
+    assert_eq!(counter(serve, "over_limit", "another", &k2).await, 5);
     let k3 = key("key3");
-    assert_eq!(serve.counter("total_hits", "another", &k3).await, 15);
-    assert_eq!(serve.counter("over_limit", "another", &k3).await, 5);
+    assert_eq!(counter(serve, "total_hits", "another", &k3).await, 15);
+    assert_eq!(counter(serve, "over_limit", "another", &k3).await, 5);
     assert_eq!(
-        serve
-            .counter("over_limit_with_local_cache", "another", &k3)
-            .await,
+        counter(serve, "over_limit_with_local_cache", "another", &k3).await,
         cached
     );
 
@@ -358,7 +301,7 @@ async fn two_keys_sequence(
 async fn basic_config() {
     let redis = RedisServer::start();
     let root = runtime_root();
-    let serve = Serve::start(root.path(), &redis, &[("LOCAL_CACHE_SIZE_IN_BYTES", "0")]);
+    let serve = serve(root.path(), &redis, &[("LOCAL_CACHE_SIZE_IN_BYTES", "0")]);
     basic_sequence(&serve, false).await;
     // The reference's counting: key2's window counted all 15 calls of the second sequence,
     // key3's its 15 too, 5 past its limit of 10.
@@ -372,7 +315,7 @@ async fn basic_config() {
 async fn basic_config_with_local_cache_and_key_prefix() {
     let redis = RedisServer::start();
     let root = runtime_root();
-    let serve = Serve::start(
+    let serve = serve(
         root.path(),
         &redis,
         &[
@@ -398,7 +341,7 @@ async fn basic_config_with_local_cache_and_key_prefix() {
 async fn stop_cache_key_increment_when_overlimit() {
     let redis = RedisServer::start();
     let root = runtime_root();
-    let serve = Serve::start(
+    let serve = serve(
         root.path(),
         &redis,
         &[
@@ -427,7 +370,7 @@ fn window_count(redis: &RedisServer, part: &str) -> u64 {
 async fn config_reload() {
     let redis = RedisServer::start();
     let root = runtime_root();
-    let serve = Serve::start(root.path(), &redis, &[]);
+    let serve = serve(root.path(), &redis, &[]);
     let mut client = serve.client().await;
     let block = || request("reload", &[("block", "foo")]);
 
@@ -475,7 +418,7 @@ async fn config_reload() {
 async fn share_threshold() {
     let redis = RedisServer::start();
     let root = runtime_root();
-    let serve = Serve::start(root.path(), &redis, &[]);
+    let serve = serve(root.path(), &redis, &[]);
     let mut client = serve.client().await;
     let domain = "share-threshold-test";
 

@@ -1,6 +1,6 @@
 //! The resilience features through the real path (gRPC in, Redis out), one redis-server each:
 //! the over-limit cache sparing Redis, the in-flight bound, the replica heartbeat. The faults
-//! themselves (kill, stop, restart, failover) are in `chaos.rs`.
+//! themselves (kill, stop, restart, failover) are in `chaos/`.
 
 use std::time::Duration;
 

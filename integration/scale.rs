@@ -12,10 +12,6 @@
 //! (`cargo nextest run -p sluice --test scale --no-capture`).
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,9 +20,9 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice::settings::RedisModeArg;
-use sluice_harness::rls::{OK, OVER_LIMIT, desc, header, http_get};
+use sluice_harness::rls::{OK, OVER_LIMIT, desc, header};
 use sluice_harness::sluice::Sluice;
-use sluice_harness::{RedisCluster, RedisServer, without_sluice_env};
+use sluice_harness::{RedisCluster, RedisServer, SluiceBuilder, SluiceProcess};
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
@@ -478,124 +474,42 @@ async fn wait_for(what: &str, mut ready: impl FnMut() -> bool) -> Instant {
     now()
 }
 
-/// A `sluice serve` child process whose stderr (its log) is collected;
-/// SIGKILLed on drop unless it was stopped.
-struct Replica {
-    child: Child,
-    grpc: SocketAddr,
-    admin: SocketAddr,
-    log: Arc<Mutex<Vec<String>>>,
-    reader: Option<std::thread::JoinHandle<()>>,
-    _dir: tempfile::TempDir,
+/// A `sluice serve` replica of [`CONFIG`] on `redis_url`.
+fn replica(redis_url: &str) -> SluiceProcess {
+    SluiceBuilder::files(&[("scale.yaml", CONFIG)])
+        .args(["--backend", "redis", "--redis-url", redis_url])
+        // The test takes a replica out of rotation itself before its SIGTERM.
+        .args(["--drain-delay", "0s"])
+        // Generous: this test checks sharing and counting, not latency, on 2 busy cores.
+        .args(["--redis-timeout", "500ms", "--redis-connect-timeout", "2s"])
+        // Leases outlive the test: only a shutdown hands tokens back.
+        .args(["--lease-lifetime", "600s", "--drain-timeout", "2s"])
+        .start()
 }
 
-impl Replica {
-    fn start(redis_url: &str) -> Replica {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("scale.yaml"), CONFIG).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
-        without_sluice_env(&mut cmd);
-        cmd.args(["serve", "--config"])
-            .arg(dir.path())
-            .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
-            .args(["--backend", "redis", "--redis-url", redis_url])
-            // The test takes a replica out of rotation itself before its SIGTERM.
-            .args(["--drain-delay", "0s"])
-            // Generous: this test checks sharing and counting, not latency, on 2 busy cores.
-            .args(["--redis-timeout", "500ms", "--redis-connect-timeout", "2s"])
-            // Leases outlive the test: only a shutdown hands tokens back.
-            .args(["--lease-lifetime", "600s", "--drain-timeout", "2s"])
-            .env("SLUICE_LOG_FORMAT", "text")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let mut child = cmd.spawn().expect("spawn sluice");
-        let log: Arc<Mutex<Vec<String>>> = Arc::default();
-        let stderr = child.stderr.take().unwrap();
-        let sink = log.clone();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(strip_ansi(&line));
-            }
-        });
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = |name: &str| -> SocketAddr {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(name))
-                .unwrap_or_else(|| panic!("no ready line from sluice: {line:?}"))
-                .parse()
-                .unwrap()
-        };
-        let (grpc, admin) = (addr("grpc="), addr("admin="));
-        Replica {
-            child,
-            grpc,
-            admin,
-            log,
-            reader: Some(reader),
-            _dir: dir,
-        }
-    }
-
-    async fn client(&self) -> RateLimitServiceClient<Channel> {
-        RateLimitServiceClient::connect(format!("http://{}", self.grpc))
-            .await
-            .unwrap()
-    }
-
-    /// The replica count the `local` policy divides by, as this process's `/metrics` reports
-    /// it (`sluice_replicas`).
-    fn replica_count(&self) -> u64 {
-        let (status, body) = http_get(self.admin, "/metrics");
-        assert_eq!(status, 200, "GET /metrics: {body}");
-        gauge(&body, "sluice_replicas")
-            .unwrap_or_else(|| panic!("no sluice_replicas in the scrape:\n{body}"))
-    }
-
-    /// SIGTERM and wait for the exit (a graceful shutdown: drain, hand leases back); returns the
-    /// leased tokens it logged handing back.
-    fn terminate(mut self) -> u64 {
-        // SAFETY: kill(2) on the process this struct spawned and has not reaped.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        let status = self.child.wait().expect("sluice exits");
-        assert!(
-            status.success(),
-            "sluice exited with {status} after SIGTERM"
-        );
-        if let Some(reader) = self.reader.take() {
-            reader.join().unwrap();
-        }
-        // Nothing is logged when no lease held a token.
-        let log = self.log.lock().unwrap();
-        log.iter()
-            .find(|line| line.contains("leased tokens handed back"))
-            .and_then(|line| field(line, "tokens"))
-            .unwrap_or(0)
-    }
+/// The replica count the `local` policy divides by, as `replica`'s `/metrics` reports it
+/// (`sluice_replicas`).
+fn replica_count(replica: &SluiceProcess) -> u64 {
+    let scrape = replica.metrics();
+    gauge(&scrape, "sluice_replicas")
+        .unwrap_or_else(|| panic!("no sluice_replicas in the scrape:\n{scrape}"))
 }
 
-impl Drop for Replica {
-    fn drop(&mut self) {
-        if self.reader.is_some() {
-            // SAFETY: plain kill(2) on the process group this struct created.
-            unsafe {
-                libc::kill(-(self.child.id() as i32), libc::SIGKILL);
-            }
-            let _ = self.child.wait();
-        }
-    }
+/// SIGTERM and the exit (a graceful shutdown: drain, hand leases back); returns the leased
+/// tokens it logged handing back.
+fn terminate(mut replica: SluiceProcess) -> u64 {
+    let status = replica.terminate(Duration::from_secs(30));
+    assert!(
+        status.success(),
+        "sluice exited with {status} after SIGTERM"
+    );
+    // Nothing is logged when no lease held a token.
+    replica
+        .log()
+        .lines()
+        .find(|line| line.contains("leased tokens handed back"))
+        .and_then(|line| field(line, "tokens"))
+        .unwrap_or(0)
 }
 
 /// `name=<integer>` in a log line.
@@ -603,23 +517,6 @@ fn field(line: &str, name: &str) -> Option<u64> {
     line.split_whitespace()
         .find_map(|w| w.strip_prefix(&format!("{name}=")))
         .and_then(|v| v.trim_matches(|c: char| !c.is_ascii_digit()).parse().ok())
-}
-
-fn strip_ansi(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// The value of an unlabelled gauge in a Prometheus text scrape.
@@ -633,11 +530,11 @@ fn gauge(scrape: &str, name: &str) -> Option<u64> {
 /// Scrapes every replica of `replicas` every 20 ms until each reports the count `want`; returns
 /// how long after `since` the last of them was first seen at it (scrape resolution; the count
 /// moves only at a heartbeat, so a replica seen at `want` stays there).
-async fn count_lag(replicas: &[Replica], want: u64, since: Instant) -> Duration {
+async fn count_lag(replicas: &[SluiceProcess], want: u64, since: Instant) -> Duration {
     let deadline = now() + Duration::from_secs(30);
     let mut reached: Vec<Option<Instant>> = vec![None; replicas.len()];
     loop {
-        let counts: Vec<u64> = blocking(|| replicas.iter().map(Replica::replica_count).collect());
+        let counts: Vec<u64> = blocking(|| replicas.iter().map(replica_count).collect());
         let seen = now();
         for (at, count) in reached.iter_mut().zip(&counts) {
             if *count == want {
@@ -674,14 +571,14 @@ fn pool_tokens(redis: &RedisServer, pool: usize) -> f64 {
 async fn chaos_replicas_scaled_one_eight_two_under_load() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let mut replicas = vec![blocking(|| Replica::start(&url))];
+    let mut replicas = vec![blocking(|| replica(&url))];
     let load = Load::start(vec![replicas[0].client().await], 10);
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     // Up: seven more, each joining the rotation once ready.
     load.set_phase(1);
     for _ in 0..7 {
-        replicas.push(blocking(|| Replica::start(&url)));
+        replicas.push(blocking(|| replica(&url)));
         let mut clients = Vec::new();
         for r in &replicas {
             clients.push(r.client().await);
@@ -695,20 +592,20 @@ async fn chaos_replicas_scaled_one_eight_two_under_load() {
     // Down: six leave the rotation, then get SIGTERM (as an endpoint is removed before its pod
     // stops).
     load.set_phase(2);
-    let leaving: Vec<Replica> = replicas.drain(2..).collect();
+    let leaving: Vec<SluiceProcess> = replicas.drain(2..).collect();
     let mut clients = Vec::new();
     for r in &replicas {
         clients.push(r.client().await);
     }
     load.set_targets(clients);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let returned: Vec<u64> = blocking(|| leaving.into_iter().map(Replica::terminate).collect());
+    let returned: Vec<u64> = blocking(|| leaving.into_iter().map(terminate).collect());
     let down_at = now();
     let down_lag = count_lag(&replicas, 2, down_at).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let samples = load.finish().await;
     // The last two stop too, so every leased token is back and the buckets can be read whole.
-    let kept: Vec<u64> = blocking(|| replicas.into_iter().map(Replica::terminate).collect());
+    let kept: Vec<u64> = blocking(|| replicas.into_iter().map(terminate).collect());
 
     let mut lines = Vec::new();
     for (phase, name) in [(0, "1 replica"), (1, "8 replicas"), (2, "2 replicas")] {

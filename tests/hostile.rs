@@ -6,15 +6,12 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use prost::Message;
-use prost::bytes::{Buf, BufMut};
-use sluice::rls::wire::SHOULD_RATE_LIMIT_PATH;
 use sluice_harness::rls::*;
 use sluice_harness::sluice::TestServer;
 use tonic::Code;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
 const CONFIG: &str = r#"
 domain: edge
@@ -332,76 +329,6 @@ async fn untrusted_caller_policy_through_grpc() {
     s.stop().await;
 }
 
-/// Sends raw bytes as a `RateLimitRequest` and decodes the answer.
-#[derive(Clone, Copy, Default)]
-struct RawCodec;
-struct RawEncoder;
-struct ResponseDecoder;
-
-impl Codec for RawCodec {
-    type Encode = Vec<u8>;
-    type Decode = RateLimitResponse;
-    type Encoder = RawEncoder;
-    type Decoder = ResponseDecoder;
-    fn encoder(&mut self) -> RawEncoder {
-        RawEncoder
-    }
-    fn decoder(&mut self) -> ResponseDecoder {
-        ResponseDecoder
-    }
-}
-
-impl Encoder for RawEncoder {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl Decoder for ResponseDecoder {
-    type Item = RateLimitResponse;
-    type Error = tonic::Status;
-    fn decode(
-        &mut self,
-        src: &mut DecodeBuf<'_>,
-    ) -> Result<Option<RateLimitResponse>, tonic::Status> {
-        let bytes = src.copy_to_bytes(src.remaining());
-        RateLimitResponse::decode(bytes)
-            .map(Some)
-            .map_err(|e| tonic::Status::internal(e.to_string()))
-    }
-}
-
-async fn call_raw(s: &TestServer, bytes: Vec<u8>) -> Result<RateLimitResponse, tonic::Status> {
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", s.grpc_addr()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready().await.unwrap();
-    grpc.unary(
-        tonic::Request::new(bytes),
-        http::uri::PathAndQuery::from_static(SHOULD_RATE_LIMIT_PATH),
-        RawCodec,
-    )
-    .await
-    .map(|r| r.into_inner())
-}
-
-/// The encoding of `request` with the first `needle` replaced by same-length `with`.
-fn patched(request: &RateLimitRequest, needle: &[u8], with: &[u8]) -> Vec<u8> {
-    let mut bytes = request.encode_to_vec();
-    let at = bytes
-        .windows(needle.len())
-        .position(|w| w == needle)
-        .expect("needle present");
-    bytes[at..at + with.len()].copy_from_slice(with);
-    bytes
-}
-
 #[tokio::test]
 async fn invalid_utf8_and_malformed_protobuf_are_invalid_argument() {
     let mut s = TestServer::start(&[("edge.yaml", CONFIG)]).await;
@@ -412,7 +339,9 @@ async fn invalid_utf8_and_malformed_protobuf_are_invalid_argument() {
             desc(&[("tenant", "globex"), ("route", "EXPORT")]),
         ],
     );
-    let valid = call_raw(&s, request.encode_to_vec()).await.unwrap();
+    let valid = raw_call(s.grpc_addr(), request.encode_to_vec())
+        .await
+        .unwrap();
     assert_eq!(valid.statuses.len(), 2);
 
     // Domain and keys come from Envoy's config, which is UTF-8; values are bytes (decided).
@@ -421,7 +350,7 @@ async fn invalid_utf8_and_malformed_protobuf_are_invalid_argument() {
         (b"route", b"r\xed\xa0\x80t", "descriptors[1].entries[1].key"),
         (b"tenant", b"te\xc3\x28nt", "descriptors[0].entries[0].key"),
     ] {
-        let err = call_raw(&s, patched(&request, needle, with))
+        let err = raw_call(s.grpc_addr(), patched(&request, needle, with))
             .await
             .expect_err("rejected");
         assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
@@ -436,13 +365,15 @@ async fn invalid_utf8_and_malformed_protobuf_are_invalid_argument() {
         vec![0xff; 64],
         vec![0x12, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80],
     ] {
-        let err = call_raw(&s, bytes).await.expect_err("rejected");
+        let err = raw_call(s.grpc_addr(), bytes).await.expect_err("rejected");
         assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
         assert!(err.message().starts_with("message: not a valid"), "{err:?}");
         still_serving(&mut s).await;
     }
     // Zero bytes decode to the empty request, which names its first missing field.
-    let err = call_raw(&s, Vec::new()).await.expect_err("rejected");
+    let err = raw_call(s.grpc_addr(), Vec::new())
+        .await
+        .expect_err("rejected");
     assert_eq!(
         (err.code(), err.message()),
         (Code::InvalidArgument, "domain: must not be empty")
@@ -463,14 +394,14 @@ async fn unknown_fields_count_toward_the_message_bound() {
     let mut s = TestServer::start(&[("edge.yaml", CONFIG)]).await;
     let valid = req("edge", vec![desc(&[("tenant", "unknown")])]).encode_to_vec();
     // A small unknown field is skipped, as protobuf wants.
-    let r = call_raw(&s, with_unknown_field(valid.clone(), 100))
+    let r = raw_call(s.grpc_addr(), with_unknown_field(valid.clone(), 100))
         .await
         .unwrap();
     assert_eq!(r.overall_code, OK);
     for len in [4 * MIB, 6 * MIB] {
         let bytes = with_unknown_field(valid.clone(), len);
         let size = bytes.len();
-        let err = call_raw(&s, bytes).await.expect_err("refused");
+        let err = raw_call(s.grpc_addr(), bytes).await.expect_err("refused");
         assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
         assert_eq!(
             err.message(),
@@ -630,7 +561,7 @@ fn bytes_request(descriptors: &[Option<(&str, &[u8])>]) -> Vec<u8> {
 
 /// (overall code, per status: code and remaining, or `None` without a limit).
 async fn decided(s: &TestServer, bytes: Vec<u8>) -> (i32, Vec<(i32, Option<u32>)>) {
-    let r = call_raw(s, bytes).await.expect("decided");
+    let r = raw_call(s.grpc_addr(), bytes).await.expect("decided");
     let statuses = r
         .statuses
         .iter()

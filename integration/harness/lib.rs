@@ -36,7 +36,7 @@ pub use app::SlowApp;
 pub use cluster::RedisCluster;
 pub use envoy::{Bootstrap, Envoy};
 pub use http::{HttpClient, HttpResponse};
-pub use process::SluiceProcess;
+pub use process::{SluiceBuilder, SluiceProcess};
 pub use redis::RedisServer;
 pub use sentinel::RedisSentinel;
 
@@ -77,7 +77,7 @@ pub fn workspace_bin(name: &str) -> PathBuf {
 }
 
 /// Removes every `SLUICE_*` variable from `cmd`'s environment: the developer's environment must
-/// not leak into a sluice process a test starts.
+/// not leak into a sluice command a test runs. ([`SluiceProcess`] clears the whole environment.)
 pub fn without_sluice_env(cmd: &mut Command) -> &mut Command {
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("SLUICE_") {

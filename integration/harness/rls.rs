@@ -1,5 +1,6 @@
 //! Talking to sluice as Envoy does: RLS requests and descriptors, the response codes and
-//! headers, and plain HTTP/1.0 GETs for the admin listener.
+//! headers, raw request bytes (what no well-behaved client sends), and plain HTTP/1.0 GETs for
+//! the admin listener.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -8,6 +9,9 @@ use std::time::Duration;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use prost::Message;
+use prost::bytes::{Buf, BufMut};
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
 /// `RateLimitResponse.Code` OK and OVER_LIMIT.
 pub const OK: i32 = 1;
@@ -59,6 +63,85 @@ pub fn request(domain: &str, descriptors: &[(&str, &str)]) -> RateLimitRequest {
             })
             .collect(),
         hits_addend: 0,
+    }
+}
+
+/// The gRPC path of `ShouldRateLimit`, as Envoy calls it.
+const SHOULD_RATE_LIMIT_PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// `bytes` sent as the `RateLimitRequest` of a `ShouldRateLimit` call to `addr`: the decoded
+/// answer, or the status it was refused with.
+pub async fn raw_call(
+    addr: SocketAddr,
+    bytes: Vec<u8>,
+) -> Result<RateLimitResponse, tonic::Status> {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    grpc.unary(
+        tonic::Request::new(bytes),
+        http::uri::PathAndQuery::from_static(SHOULD_RATE_LIMIT_PATH),
+        RawCodec,
+    )
+    .await
+    .map(|r| r.into_inner())
+}
+
+/// The encoding of `request` with the first `needle` replaced by same-length `with` (e.g. a
+/// value made invalid UTF-8).
+pub fn patched(request: &RateLimitRequest, needle: &[u8], with: &[u8]) -> Vec<u8> {
+    let mut bytes = request.encode_to_vec();
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("needle present");
+    bytes[at..at + with.len()].copy_from_slice(with);
+    bytes
+}
+
+/// Sends raw bytes as a `RateLimitRequest` and decodes the answer.
+#[derive(Clone, Copy, Default)]
+struct RawCodec;
+struct RawEncoder;
+struct ResponseDecoder;
+
+impl Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = RateLimitResponse;
+    type Encoder = RawEncoder;
+    type Decoder = ResponseDecoder;
+    fn encoder(&mut self) -> RawEncoder {
+        RawEncoder
+    }
+    fn decoder(&mut self) -> ResponseDecoder {
+        ResponseDecoder
+    }
+}
+
+impl Encoder for RawEncoder {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl Decoder for ResponseDecoder {
+    type Item = RateLimitResponse;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        src: &mut DecodeBuf<'_>,
+    ) -> Result<Option<RateLimitResponse>, tonic::Status> {
+        let bytes = src.copy_to_bytes(src.remaining());
+        RateLimitResponse::decode(bytes)
+            .map(Some)
+            .map_err(|e| tonic::Status::internal(e.to_string()))
     }
 }
 

@@ -1,7 +1,7 @@
 //! Where bucket state lives: one trait, an in-process [`memory`] backend and a shared [`redis`] one.
 //!
 //! Both evaluate every key of one request in one atomic step with the arithmetic of
-//! [`crate::algorithm`] (each key by its own algorithm); `integration/conformance.rs` runs one
+//! [`crate::algorithm`] (each key by its own algorithm); `integration/conformance/` runs one
 //! suite against each so they cannot drift.
 
 pub mod breaker;
