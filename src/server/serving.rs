@@ -172,3 +172,72 @@ fn hand_over(shares: &[ShareSeats], tcp: TcpStream, remote_addr: SocketAddr) {
         Err(error) => tracing::debug!(%remote_addr, %error, "cannot hand the connection over"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+
+    use super::*;
+    use crate::security::tls::Conn;
+
+    /// A "server" that reports each connection it takes, with the thread it was taken on, and
+    /// holds it open until the test drops it.
+    fn reporting(seen: mpsc::UnboundedSender<(String, Conn)>) -> ServeShare {
+        Arc::new(move |mut incoming: GrpcIncoming, mut stop| {
+            let seen = seen.clone();
+            Box::pin(async move {
+                loop {
+                    tokio::select! {
+                        conn = incoming.next() => match conn {
+                            Some(Ok(conn)) => {
+                                let thread = std::thread::current().name().unwrap_or("").to_string();
+                                let _ = seen.send((thread, conn));
+                            }
+                            Some(Err(_)) => {}
+                            None => return Ok(()),
+                        },
+                        () = &mut stop => return Ok(()),
+                    }
+                }
+            })
+        })
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn each_connection_goes_to_the_share_with_the_fewest_open() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let listening = Listening {
+            listener,
+            tls: None,
+            limits: ConnectionLimits::default(),
+            stats: Arc::default(),
+        };
+        let (seen_tx, mut seen) = mpsc::unbounded_channel();
+        let (closing, closing_rx) = watch::channel(false);
+        let served = start(
+            listening,
+            2,
+            reporting(seen_tx),
+            closing_rx,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let served = tokio::spawn(served);
+        let here = std::thread::current().name().unwrap_or("").to_string();
+
+        let _first = TcpStream::connect(addr).await.unwrap();
+        let (thread, first_conn) = seen.recv().await.unwrap();
+        assert_eq!(thread, here, "a lone connection is served on share 0");
+        let _second = TcpStream::connect(addr).await.unwrap();
+        let (thread, _second_conn) = seen.recv().await.unwrap();
+        assert_eq!(thread, "sluice-serve-1");
+        drop(first_conn);
+        let _third = TcpStream::connect(addr).await.unwrap();
+        let (thread, _third_conn) = seen.recv().await.unwrap();
+        assert_eq!(thread, here, "share 0 has none open again");
+
+        closing.send(true).unwrap();
+        served.await.unwrap().unwrap();
+    }
+}
