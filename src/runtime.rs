@@ -90,7 +90,10 @@ mod tests {
             .await
             .unwrap()
         });
-        assert_eq!(ran_on, caller, "a spawned task runs on the serving thread itself");
+        assert_eq!(
+            ran_on, caller,
+            "a spawned task runs on the serving thread itself"
+        );
     }
 
     #[test]

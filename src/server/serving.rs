@@ -33,7 +33,10 @@ const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
 /// The gRPC server over one share's connections, stopping to accept when its second argument
 /// resolves (tonic's `serve_with_incoming_shutdown`).
 pub(super) type ServeShare = Arc<
-    dyn Fn(GrpcIncoming, BoxFuture<'static, ()>) -> BoxFuture<'static, Result<(), tonic::transport::Error>>
+    dyn Fn(
+            GrpcIncoming,
+            BoxFuture<'static, ()>,
+        ) -> BoxFuture<'static, Result<(), tonic::transport::Error>>
         + Send
         + Sync,
 >;
@@ -92,7 +95,9 @@ pub(super) fn start(
         let mut result = own.await;
         for other in others {
             let other = other.await.unwrap_or_else(|_| {
-                Err(ServeError::Backend("a serving thread ended without an answer".into()))
+                Err(ServeError::Backend(
+                    "a serving thread ended without an answer".into(),
+                ))
             });
             result = result.and(other);
         }
@@ -153,10 +158,7 @@ async fn accept_loop(
 
 /// Hands `tcp` to the share with the fewest open connections (the first of equals).
 fn hand_over(shares: &[ShareSeats], tcp: TcpStream, remote_addr: SocketAddr) {
-    let Some(share) = shares
-        .iter()
-        .min_by_key(|s| s.open.load(Ordering::Relaxed))
-    else {
+    let Some(share) = shares.iter().min_by_key(|s| s.open.load(Ordering::Relaxed)) else {
         return;
     };
     let seat = Seat::take(&share.open);
