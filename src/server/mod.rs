@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -483,8 +482,8 @@ async fn grpc_health<B: Backend>(
 
 /// Binds both listeners and runs the built parts until the stop signal, then drains.
 async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Running, ServeError> {
-    let grpc_listener = bind(settings.grpc_addr).await?;
-    let grpc_addr = local_addr(&grpc_listener, settings.grpc_addr)?;
+    let grpc_listener = serving::bind(settings.grpc_addr).await?;
+    let grpc_addr = serving::local_addr(&grpc_listener, settings.grpc_addr)?;
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     let grpc_health = grpc_health::<B>(health_reporter, &built.readiness).await;
@@ -751,18 +750,6 @@ impl Heartbeat {
             }
         });
     }
-}
-
-async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServeError::Bind { addr, source })
-}
-
-fn local_addr(listener: &TcpListener, addr: SocketAddr) -> Result<SocketAddr, ServeError> {
-    listener
-        .local_addr()
-        .map_err(|source| ServeError::Bind { addr, source })
 }
 
 /// Resolves on SIGTERM or SIGINT (Ctrl-C). The handlers are installed when this is called, not

@@ -105,6 +105,23 @@ pub(super) fn start(
     }))
 }
 
+/// A listener bound to `addr` (gRPC, admin, metrics).
+pub(super) async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })
+}
+
+/// The address `listener` is bound to (`addr` as asked, for the error).
+pub(super) fn local_addr(
+    listener: &TcpListener,
+    addr: SocketAddr,
+) -> Result<SocketAddr, ServeError> {
+    listener
+        .local_addr()
+        .map_err(|source| ServeError::Bind { addr, source })
+}
+
 /// Resolves once `closing` is sent (or its sender is gone).
 async fn closed(mut closing: watch::Receiver<bool>) {
     let _ = closing.wait_for(|c| *c).await;
