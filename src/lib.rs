@@ -37,7 +37,7 @@
 //!   `bucket` (a client of `/buckets`).
 //! - [`security`]: TLS/mTLS, caller policy, HTTP/2 limits, strict request decoding.
 //! - [`settings`]: CLI flags and environment → [`settings::Settings`]; a leaf module.
-//! - [`runtime`]: the tokio runtime `serve` runs on (LIFO slot off, worker threads).
+//! - [`runtime`]: the tokio runtimes: one current-thread runtime per serving thread for `serve`.
 //! - [`server`]: `run(settings, shutdown)` — wires the pieces and serves.
 //! - [`xds`]: config pushed by an xDS management server (ADS), validated like files.
 

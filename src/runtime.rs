@@ -1,29 +1,43 @@
-//! The tokio runtime `serve` runs on.
+//! The tokio runtimes sluice runs on.
 //!
-//! - **The LIFO slot is off** (when built with `--cfg tokio_unstable`, which
-//!   `.cargo/config.toml` sets). With it on, the HTTP/2 connection task a finished call wakes runs
-//!   first and flushes that one response, so responses leave one `writev` each; with it off, the
-//!   connection task queues behind the other finished calls and flushes them together. The effect
-//!   on throughput is measured in docs/benchmarks.md.
-//! - **Worker threads** are `--worker-threads` (default: the CPUs this process may use), so a
-//!   deployment sharing its cores with Redis or a sidecar can choose fewer.
-//!
-//! `disable_lifo_slot` is an unstable tokio API: built without the cfg, sluice still works,
-//! with tokio's default scheduling, and [`LIFO_SLOT_DISABLED`] says so in the start-up log.
+//! - **`sluice serve`: one current-thread runtime per serving thread** ([`current_thread`], the
+//!   count from [`serving_threads`]): the main thread's, and one more thread per further CPU,
+//!   each running its own copy of the gRPC server over the connections handed to it
+//!   (`crate::server`'s serving threads). A connection and every call on it stay on one thread,
+//!   so a call wakes no other thread: on a multi-threaded runtime, hyper's task per HTTP/2 stream
+//!   made tokio unpark a second worker for almost every call when calls arrive one or a few at a
+//!   time, as Envoy makes them on its one connection (~0.7 context switches per request).
+//!   A current-thread runtime also runs a woken connection task after the calls already queued,
+//!   so responses that finish together leave in one write per connection.
+//! - **[`build_with`]: a multi-threaded runtime**, for the load generator and the no-op
+//!   reference servers of the benchmarks: tokio's defaults, or the LIFO slot off (when built
+//!   with `--cfg tokio_unstable`, which `.cargo/config.toml` sets; [`LIFO_SLOT_DISABLED`] says
+//!   whether the build can). With the LIFO slot on, the connection task a finished call wakes
+//!   runs first and flushes that one response; off, it queues behind the other finished calls.
 
 use std::num::NonZeroUsize;
 
-/// Whether this build turns tokio's LIFO slot off (see the module docs).
+/// Whether this build can turn tokio's LIFO slot off in [`build_with`].
 pub const LIFO_SLOT_DISABLED: bool = cfg!(tokio_unstable);
 
-/// A multi-threaded runtime with I/O and timers, `worker_threads` workers (tokio's default, the
-/// available parallelism, when `None`) and the LIFO slot off where the build allows.
-pub fn build(worker_threads: Option<NonZeroUsize>) -> std::io::Result<tokio::runtime::Runtime> {
-    build_with(worker_threads, true)
+/// A current-thread runtime with I/O and timers: one serving thread's.
+pub fn current_thread() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
 }
 
-/// [`build`], with tokio's LIFO slot kept when `disable_lifo_slot` is false: the benchmarks'
-/// reference row for a server on tokio's defaults.
+/// Serving threads for `--worker-threads` (`requested`); when `None`, one per CPU this process
+/// may use (cgroup quota and affinity included), at least one.
+pub fn serving_threads(requested: Option<NonZeroUsize>) -> usize {
+    requested
+        .or_else(|| std::thread::available_parallelism().ok())
+        .map_or(1, NonZeroUsize::get)
+}
+
+/// A multi-threaded runtime with I/O and timers, `worker_threads` workers (tokio's default, the
+/// available parallelism, when `None`), with tokio's LIFO slot off when `disable_lifo_slot` and
+/// the build allows.
 pub fn build_with(
     worker_threads: Option<NonZeroUsize>,
     disable_lifo_slot: bool,
@@ -49,7 +63,7 @@ mod tests {
     #[test]
     fn runs_tasks_on_the_requested_workers() {
         for workers in [1, 3] {
-            let runtime = build(NonZeroUsize::new(workers)).expect("runtime");
+            let runtime = build_with(NonZeroUsize::new(workers), true).expect("runtime");
             assert_eq!(runtime.metrics().num_workers(), workers);
             let answer = runtime.block_on(async {
                 let (tx, rx) = tokio::sync::oneshot::channel();
@@ -64,13 +78,39 @@ mod tests {
     }
 
     #[test]
+    fn a_serving_runtime_is_one_thread_with_timers() {
+        let runtime = current_thread().expect("runtime");
+        assert_eq!(runtime.metrics().num_workers(), 1);
+        let caller = std::thread::current().id();
+        let ran_on = runtime.block_on(async {
+            tokio::spawn(async {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                std::thread::current().id()
+            })
+            .await
+            .unwrap()
+        });
+        assert_eq!(
+            ran_on, caller,
+            "a spawned task runs on the serving thread itself"
+        );
+    }
+
+    #[test]
+    fn serving_threads_follow_the_flag_else_the_cpus() {
+        assert_eq!(serving_threads(NonZeroUsize::new(3)), 3);
+        let cpus = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
+        assert_eq!(serving_threads(None), cpus);
+    }
+
+    #[test]
     #[allow(
         clippy::assertions_on_constants,
         reason = "the constant is the build's cfg; this test fails the builds that drop it"
     )]
-    fn the_repository_build_turns_the_lifo_slot_off() {
+    fn the_repository_build_can_turn_the_lifo_slot_off() {
         // `.cargo/config.toml` sets `--cfg tokio_unstable`; a RUSTFLAGS override drops it and
-        // with it the measured response coalescing, which this makes visible.
+        // with it the benchmarks' LIFO-off reference runtime, which this makes visible.
         assert!(LIFO_SLOT_DISABLED, "built without --cfg tokio_unstable");
     }
 }

@@ -76,6 +76,13 @@ cpu_ticks() {
   echo "$n"
 }
 
+# ctx_switches PID: context switches (voluntary + involuntary) of the process's live threads
+# together (/proc/PID/task/*/status); no PID (or an empty one): 0.
+ctx_switches() {
+  [ -n "${1:-}" ] || { echo 0; return; }
+  cat "/proc/$1"/task/*/status 2>/dev/null | awk '/^(non)?voluntary_ctxt_switches:/ { n += $2 } END { printf "%.0f\n", n }'
+}
+
 # cpu_ns PID...: nanoseconds the processes' live threads have run, together (the first field of
 # /proc/PID/task/TID/schedstat): finer than cpu_ticks' 10 ms ticks, for processes that are nearly
 # idle; a thread that exited no longer counts. No PID (or an empty one): 0.

@@ -3,7 +3,8 @@
 # from wrk through Envoy (`--concurrency 1`), one run, the variants alternated round by round:
 #
 #   alone            Envoy without a rate-limit filter
-#   noop             + the ratelimit filter → `sluice-bench noop` (the floor of asking at all)
+#   noop             + the ratelimit filter → `sluice-bench noop`: a no-op tonic RLS server on
+#                    tokio's defaults (multi-threaded, LIFO slot on), the floor of asking at all
 #   memory, redis    + the ratelimit filter → sluice on the memory / Redis backend
 #   rlqs             + the rate_limit_quota filter → sluice (memory backend)
 #   limitador-memory, limitador-redis   + the ratelimit filter → Kuadrant's limitador-server
@@ -13,7 +14,8 @@
 #                    (B_VARIANTS picks among the three)
 #
 #   integration/bench/envoy.sh     # Envoy from target/venv (integration/test.sh), or ENVOY=path
-#   ROUNDS=4 DURATION=10 LIMITADOR=/path/to/limitador-server integration/bench/envoy.sh
+#   ROUNDS=5 DURATION=10 LIMITADOR=/path/to/limitador-server integration/bench/envoy.sh
+#   SLUICE=a/sluice SLUICE_B=b/sluice B_VARIANTS="memory-b redis-b" integration/bench/envoy.sh
 #
 # Every request takes the same path: wrk → Envoy listener → (filter → RPC) → the route's cluster,
 # a second listener of the same Envoy answering 200 by `direct_response` (no app process). The
@@ -23,8 +25,13 @@
 # `tenant=t1` (the config's 1,000,000/s rule: never denied). Each variant has its own Envoy and
 # server, started once and idle while the others are loaded.
 #
-# Per run: wrk's req/s and p50/p99 (`--latency`), the CPU seconds the server, Envoy and
-# redis-server used (/proc/PID/stat) per request, and the deltas of Envoy's
+# The headline is CPU per request per process: the CPU seconds (user + system, /proc/PID/stat)
+# the server, redis-server and Envoy used over the same wrk run, divided by the requests wrk
+# completed; throughput on a shared machine moves far more between rounds than CPU per request
+# does. Per variant: the median over the rounds of each, the server's (+ redis-server's) CPU per
+# request against the no-op server's of the same round, and the server's context switches per
+# request (voluntary + involuntary, every thread: /proc/PID/task/*/status), beside wrk's req/s and
+# p50/p99 (`--latency`). Per run also the deltas of Envoy's
 # `cluster.backend.ratelimit.{ok,error,over_limit,failure_mode_allowed}` (RLQS has no filter
 # stats: its 429s are wrk's non-2xx count, which must be 0). Prints one table; every wrk output
 # and the per-run rows are kept in OUT, the whole output in OUT/run.txt
@@ -35,14 +42,14 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 OUT=${OUT:-target/bench/envoy}
-ROUNDS=${ROUNDS:-4}
-DURATION=${DURATION:-10}    # seconds per wrk run
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-8}     # seconds per wrk run
 WARMUP=${WARMUP:-3}         # seconds of wrk per variant before the first round (not measured)
 CONNECTIONS=${CONNECTIONS:-32}
 WRK_THREADS=${WRK_THREADS:-1}
 REDIS_TIMEOUT=${REDIS_TIMEOUT:-200ms}
-# Runtime workers of sluice (`--worker-threads`) and of the no-op server (`--threads`), so the
-# floor runs on the same runtime; unset: sluice's default (the CPUs it may use) for both.
+# Serving threads of sluice (`--worker-threads`) and runtime workers of the no-op server
+# (`--threads`); unset: sluice's default and tokio's (the CPUs the process may use) for both.
 WORKER_THREADS=${WORKER_THREADS:-}
 LIMITADOR=${LIMITADOR:-}
 SLUICE_B=${SLUICE_B:-}
@@ -65,7 +72,7 @@ SLUICE_B=${SLUICE_B:-$SLUICE}
 
 start_noop() {
   SERVER_PORT=$($BENCH free-port)
-  $BENCH --threads "${WORKER_THREADS:-$(nproc)}" noop --addr "127.0.0.1:$SERVER_PORT" >"$TMP/noop.out" 2>&1 &
+  $BENCH --tokio-lifo-slot --threads "${WORKER_THREADS:-$(nproc)}" noop --addr "127.0.0.1:$SERVER_PORT" >"$TMP/noop.out" 2>&1 &
   SERVER_PID=$!
   started+=("$SERVER_PID")
   wait_ready "$TMP/noop.out" "noop ready" "$SERVER_PID"
@@ -197,29 +204,32 @@ for v in $VARIANTS; do
 done
 
 ROWS=$OUT/runs.tsv
-printf 'round\tvariant\treq_s\tp50_ms\tp99_ms\trequests\tnon2xx\tsocket_errors\tserver_us\tenvoy_us\tredis_us\t%s\n' \
+printf 'round\tvariant\treq_s\tp50_ms\tp99_ms\trequests\tnon2xx\tsocket_errors\tserver_us\tenvoy_us\tredis_us\tserver_cs\t%s\n' \
   "$(echo "$RL_STATS" | tr ' ' '\t')" >"$ROWS"
 {
   echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at the start"
   echo "envoy: $("$ENVOY" --version | grep -o 'version: .*')"
+  echo "sluice: $SLUICE (tree $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' with uncommitted changes'))"
   echo "wrk -t $WRK_THREADS -c $CONNECTIONS -d ${DURATION}s --latency; $ROUNDS rounds; variants: $VARIANTS"
-  echo "server workers: ${WORKER_THREADS:-default ($(nproc))}"
+  echo "server threads: ${WORKER_THREADS:-default ($(nproc))}"
   if [ "$VARIANTS" != "${VARIANTS%-b}" ]; then echo "build B: $SLUICE_B $SLUICE_B_ARGS"; fi
 } | tee "$OUT/run.txt"
 
 # measure ROUND VARIANT: one wrk run, its row appended to ROWS.
 measure() {
   local round=$1 v=$2 log=$OUT/$2.$1.wrk
-  local admin=${V_ADMIN[$v]} s0 e0 r0 s1 e1 r1 st0 st1
+  local admin=${V_ADMIN[$v]} s0 e0 r0 c0 s1 e1 r1 c1 st0 st1
   st0=$(rl_stats "$admin")
+  c0=$(ctx_switches "${V_SERVER[$v]}")
   s0=$(cpu_ticks "${V_SERVER[$v]}") e0=$(cpu_ticks "${V_ENVOY[$v]}") r0=$(cpu_ticks "${V_REDIS[$v]}")
   wrk -t "$WRK_THREADS" -c "$CONNECTIONS" -d "${DURATION}s" --latency "http://127.0.0.1:${V_FRONT[$v]}/" >"$log"
   s1=$(cpu_ticks "${V_SERVER[$v]}") e1=$(cpu_ticks "${V_ENVOY[$v]}") r1=$(cpu_ticks "${V_REDIS[$v]}")
+  c1=$(ctx_switches "${V_SERVER[$v]}")
   st1=$(rl_stats "$admin")
-  python3 - "$log" "$round" "$v" "$CLK_TCK" "$((s1 - s0))" "$((e1 - e0))" "$((r1 - r0))" \
+  python3 - "$log" "$round" "$v" "$CLK_TCK" "$((s1 - s0))" "$((e1 - e0))" "$((r1 - r0))" "$((c1 - c0))" \
     "${V_SERVER[$v]:+1}" "${V_REDIS[$v]:+1}" "$st0" "$st1" >>"$ROWS" <<'EOF'
 import re, sys
-log, rnd, v, hz, ds, de, dr, has_server, has_redis, st0, st1 = sys.argv[1:]
+log, rnd, v, hz, ds, de, dr, dc, has_server, has_redis, st0, st1 = sys.argv[1:]
 text = open(log).read()
 def ms(s):
     n, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", s).groups()
@@ -234,11 +244,12 @@ stats = [int(b) - int(a) for a, b in zip(st0.split(), st1.split())]
 print("\t".join([rnd, v, "%.0f" % rps, "%.3f" % ms(pct["50"]), "%.3f" % ms(pct["99"]), str(requests),
                  non2xx.group(1) if non2xx else "0",
                  str(sum(map(int, sock.groups()))) if sock else "0",
-                 us(ds) if has_server else "-", us(de), us(dr) if has_redis else "-"]
+                 us(ds) if has_server else "-", us(de), us(dr) if has_redis else "-",
+                 "%.3f" % (int(dc) / requests) if has_server else "-"]
                 + [str(s) for s in stats]))
 EOF
-  tail -1 "$ROWS" | awk -F'\t' '{ printf "round %s  %-17s %8s req/s  p50 %6s ms  p99 %6s ms  non-2xx %s  server %s µs/req  envoy %s µs/req  rl ok/err/over %s/%s/%s\n",
-    $1, $2, $3, $4, $5, $7, $9, $10, $12, $13, $14 }' | tee -a "$OUT/run.txt"
+  tail -1 "$ROWS" | awk -F'\t' '{ printf "round %s  %-17s server %5s µs/req  redis %5s  envoy %5s  cs/req %5s  %6s req/s  p50 %6s ms  p99 %6s ms  non-2xx %s  rl ok/err/over %s/%s/%s\n",
+    $1, $2, $9, $11, $10, $12, $3, $4, $5, $7, $13, $14, $15 }' | tee -a "$OUT/run.txt"
 }
 
 for round in $(seq "$ROUNDS"); do
@@ -248,9 +259,10 @@ for round in $(seq "$ROUNDS"); do
 done
 echo "machine: load average $(cut -d' ' -f1-3 /proc/loadavg) at the end" | tee -a "$OUT/run.txt"
 
-# The table: per variant the rounds' req/s, the medians of the per-round ratios to `alone` and
-# `noop` and of the per-round added p50/p99 against `alone`, the median CPU per request, and the
-# summed counters.
+# The tables: CPU per request per process first (medians over the rounds; "× noop" is the median
+# of the per-round ratios of the server's CPU per request, redis-server's added, to the no-op
+# server's), then throughput and latency (per-round req/s, the medians of the per-round ratios to
+# `alone` and `noop` and of the per-round added p50/p99 against `alone`, the summed counters).
 python3 - "$ROWS" <<'EOF' | tee "$OUT/table.txt" | tee -a "$OUT/run.txt"
 import csv, statistics as st, sys
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
@@ -260,28 +272,43 @@ rounds = sorted({r["round"] for r in rows}, key=int)
 def med(xs):
     xs = [x for x in xs if x is not None]
     return st.median(xs) if xs else None
+def num(r, v, c):
+    x = by[r, v][c]
+    return None if x == "-" else float(x)
+def col(v, c):
+    return med([num(r, v, c) for r in rounds])
+def paid(r, v):  # the limit service's CPU per request, its redis-server's included
+    s = num(r, v, "server_us")
+    return None if s is None else s + (num(r, v, "redis_us") or 0.0)
 def ratio(v, base):
     if base not in order: return None
     return med([float(by[r, v]["req_s"]) / float(by[r, base]["req_s"]) for r in rounds])
-def added(v, col):
+def cpu_ratio(v):
+    if "noop" not in order or paid(rounds[0], v) is None: return None
+    return med([paid(r, v) / paid(r, "noop") for r in rounds])
+def added(v, c):
     if "alone" not in order: return None
-    return med([float(by[r, v][col]) - float(by[r, "alone"][col]) for r in rounds])
-def cpu(v, col):
-    xs = [by[r, v][col] for r in rounds]
-    return None if "-" in xs else med([float(x) for x in xs])
+    return med([float(by[r, v][c]) - float(by[r, "alone"][c]) for r in rounds])
 f = lambda x, fmt: "–" if x is None else fmt % x
-head = ["variant", "req/s per round", "median", "÷ alone", "÷ noop", "+p50 ms", "+p99 ms",
-        "server µs/req", "envoy µs/req", "redis µs/req", "non-2xx", "rl ok", "error", "over_limit", "fm_allowed"]
-out = [head]
+def table(head, body):
+    w = [max(len(r[i]) for r in [head] + body) for i in range(len(head))]
+    for r in [head] + body:
+        print("  ".join(c.ljust(w[i]) for i, c in enumerate(r)).rstrip())
+print("CPU per request per process (µs; medians of %d rounds):" % len(rounds))
+table(["variant", "server", "redis", "server+redis", "× noop", "envoy", "server cs/req", "req/s", "p50 ms", "p99 ms"],
+      [[v, f(col(v, "server_us"), "%.1f"), f(col(v, "redis_us"), "%.1f"),
+        f(med([paid(r, v) for r in rounds]), "%.1f"), f(cpu_ratio(v), "%.2f"),
+        f(col(v, "envoy_us"), "%.1f"), f(col(v, "server_cs"), "%.3f"), "%.0f" % col(v, "req_s"),
+        "%.2f" % col(v, "p50_ms"), "%.2f" % col(v, "p99_ms")] for v in order])
+print()
+print("Throughput and latency:")
+body = []
 for v in order:
-    rs = [float(by[r, v]["req_s"]) for r in rounds]
-    tot = lambda col: str(sum(int(by[r, v][col]) for r in rounds))
-    out.append([v, " / ".join("%.0f" % x for x in rs), "%.0f" % st.median(rs),
-                f(ratio(v, "alone"), "%.2f"), f(ratio(v, "noop"), "%.2f"),
-                f(added(v, "p50_ms"), "%+.2f"), f(added(v, "p99_ms"), "%+.2f"),
-                f(cpu(v, "server_us"), "%.1f"), f(cpu(v, "envoy_us"), "%.1f"), f(cpu(v, "redis_us"), "%.1f"),
-                tot("non2xx"), tot("ok"), tot("error"), tot("over_limit"), tot("failure_mode_allowed")])
-w = [max(len(r[i]) for r in out) for i in range(len(head))]
-for r in out:
-    print("  ".join(c.ljust(w[i]) for i, c in enumerate(r)).rstrip())
+    tot = lambda c: str(sum(int(by[r, v][c]) for r in rounds))
+    body.append([v, " / ".join("%.0f" % float(by[r, v]["req_s"]) for r in rounds), "%.0f" % col(v, "req_s"),
+                 f(ratio(v, "alone"), "%.2f"), f(ratio(v, "noop"), "%.2f"),
+                 f(added(v, "p50_ms"), "%+.2f"), f(added(v, "p99_ms"), "%+.2f"),
+                 tot("non2xx"), tot("ok"), tot("error"), tot("over_limit"), tot("failure_mode_allowed")])
+table(["variant", "req/s per round", "median", "÷ alone", "÷ noop", "+p50 ms", "+p99 ms",
+       "non-2xx", "rl ok", "error", "over_limit", "fm_allowed"], body)
 EOF

@@ -5,9 +5,10 @@
 #
 #   integration/bench/h2load.sh        # needs h2load (apt-get install nghttp2-client) and curl
 #
-# Drives two no-op servers (one on sluice's runtime, src/runtime.rs, with tokio's LIFO slot off;
-# one, noop-tokio, on tokio's defaults, as a plain tonic server runs), sluice (memory backend),
-# sluice (Redis backend, on two workers and on one: --worker-threads 1) and sluice (Redis
+# Drives two no-op servers (one on a multi-threaded runtime with tokio's LIFO slot off,
+# src/runtime.rs's build_with; one, noop-tokio, on tokio's defaults, as a plain tonic server
+# runs), sluice (memory backend),
+# sluice (Redis backend, on two serving threads and on one: --worker-threads 1) and sluice (Redis
 # backend, `lease: 100`: integration/bench/config-lease) with one gRPC
 # ShouldRateLimit request (domain bench, k=v1: the bench config's roomy rule, so every answer is
 # an OK decision) at `h2load -c 16 -m 32` for DURATION, then at half of each peak (--rps per

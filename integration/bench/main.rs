@@ -35,8 +35,8 @@ struct Cli {
     #[arg(long, global = true, default_value_t = 2)]
     threads: usize,
     /// Keep tokio's LIFO slot (tokio's default scheduling). Without this the runtime is
-    /// sluice's own (src/runtime.rs, LIFO slot off), so the no-op server is the floor under the
-    /// same scheduling; with it, `noop` is a tonic server on tokio's defaults.
+    /// multi-threaded with the LIFO slot off (src/runtime.rs's `build_with`); with it, `noop` is a
+    /// tonic server on tokio's defaults (envoy.sh's no-op reference).
     #[arg(long, global = true)]
     tokio_lifo_slot: bool,
     #[command(subcommand)]

@@ -18,10 +18,10 @@ use crate::rule::Limit;
 use crate::settings::{CheckConfigArgs, ExplainArgs, OtlpSettings, OutputFormat, Settings};
 use crate::{compat, runtime, server, telemetry};
 
-/// `sluice serve`: the runtime (its worker count is a flag, so it is built here rather than by
-/// `#[tokio::main]`), logs and traces, then the server until a shutdown signal.
+/// `sluice serve`: the main thread's runtime, the first serving thread (the server starts the
+/// others: [`runtime`]), logs and traces, then the server until a shutdown signal.
 pub fn serve(settings: Settings, compat: compat::Translation) -> ExitCode {
-    match runtime::build(settings.worker_threads) {
+    match runtime::current_thread() {
         Ok(runtime) => runtime.block_on(serve_on_runtime(settings, compat)),
         Err(e) => {
             eprintln!("sluice: cannot start the runtime: {e}");
@@ -38,12 +38,6 @@ async fn serve_on_runtime(mut settings: Settings, compat: compat::Translation) -
         &settings.telemetry,
     );
     compat.log();
-    if !runtime::LIFO_SLOT_DISABLED {
-        tracing::warn!(
-            "built without --cfg tokio_unstable: tokio's LIFO slot stays on and responses are \
-             flushed one write each (see src/runtime.rs)"
-        );
-    }
     if settings.max_value_bytes.is_some() {
         tracing::warn!(
             "--max-value-bytes (SLUICE_MAX_VALUE_BYTES) is deprecated and has no effect: every \

@@ -10,11 +10,15 @@
 
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
 
 use crate::settings::ListenerArgs;
 
@@ -115,17 +119,74 @@ impl Drop for ConnectionSlot {
     }
 }
 
-/// What an accepted connection carries: its slot and, until the handshake is complete, the
-/// watch over it.
+/// A connection accepted on one thread and handed to the serving thread that will run it
+/// (`crate::server`'s serving threads): the socket, taken off the accepting runtime's reactor so
+/// the receiving runtime registers it with its own, the peer, and its seat there.
+#[derive(Debug)]
+pub struct Handoff {
+    pub tcp: std::net::TcpStream,
+    pub remote_addr: SocketAddr,
+    pub seat: Seat,
+}
+
+/// One connection counted on the serving thread it was handed to, until dropped.
+#[derive(Debug)]
+pub struct Seat(Arc<AtomicU64>);
+
+impl Seat {
+    /// Counts one more connection in `open`.
+    pub fn take(open: &Arc<AtomicU64>) -> Seat {
+        open.fetch_add(1, Ordering::Relaxed);
+        Seat(Arc::clone(open))
+    }
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Where [`crate::security::tls::GrpcIncoming`] takes its connections from.
+pub(crate) enum Source {
+    Listener(TcpListener),
+    Handed(mpsc::UnboundedReceiver<Handoff>),
+}
+
+impl Source {
+    /// The next connection, its peer and (handed over) its seat; `None` once the senders of a
+    /// handed source are gone.
+    #[allow(clippy::type_complexity, reason = "one private poll function's result")]
+    pub(crate) fn poll_accept(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<io::Result<(TcpStream, SocketAddr, Option<Seat>)>>> {
+        match self {
+            Source::Listener(listener) => listener
+                .poll_accept(cx)
+                .map(|accepted| Some(accepted.map(|(tcp, remote)| (tcp, remote, None)))),
+            Source::Handed(handed) => handed.poll_recv(cx).map(|handoff| {
+                handoff.map(|h| {
+                    TcpStream::from_std(h.tcp).map(|tcp| (tcp, h.remote_addr, Some(h.seat)))
+                })
+            }),
+        }
+    }
+}
+
+/// What an accepted connection carries: its slot, its seat on a serving thread when it was
+/// handed to one, and, until the handshake is complete, the watch over it.
 #[derive(Debug)]
 pub struct ConnectionGuard {
     _slot: ConnectionSlot,
+    _seat: Option<Seat>,
     watch: Option<HandshakeWatch>,
 }
 
 impl ConnectionGuard {
-    pub(crate) fn new(slot: ConnectionSlot, timeout: Duration) -> Self {
+    pub(crate) fn new(slot: ConnectionSlot, seat: Option<Seat>, timeout: Duration) -> Self {
         ConnectionGuard {
+            _seat: seat,
             watch: Some(HandshakeWatch {
                 deadline: Box::pin(tokio::time::sleep(timeout)),
                 seen: 0,

@@ -31,12 +31,15 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-use super::listener::{ConnectionGuard, ConnectionLimits, ConnectionStats, Refusal};
+use super::listener::{
+    ConnectionGuard, ConnectionLimits, ConnectionStats, Handoff, Refusal, Source,
+};
 use crate::settings::TlsArgs;
 
 /// Handshakes in progress at once; further connections wait in the kernel's accept queue.
@@ -460,10 +463,11 @@ impl AsyncWrite for Conn {
 }
 
 /// The gRPC listener's connections for tonic's `serve_with_incoming_shutdown`: plaintext, or
-/// TLS-terminated with the [`TlsState`] current at each handshake. Dropping it closes the
-/// listening socket and abandons pending handshakes.
+/// TLS-terminated with the [`TlsState`] current at each handshake; accepted from a listener, or
+/// handed over by an accept loop on another thread ([`GrpcIncoming::handed`]). Dropping it closes
+/// the listening socket (or stops taking connections) and abandons pending handshakes.
 pub struct GrpcIncoming {
-    listener: TcpListener,
+    source: Source,
     tls: Option<Arc<TlsState>>,
     limits: ConnectionLimits,
     stats: Arc<ConnectionStats>,
@@ -474,8 +478,19 @@ pub struct GrpcIncoming {
 impl GrpcIncoming {
     /// With the default [`ConnectionLimits`].
     pub fn new(listener: TcpListener, tls: Option<Arc<TlsState>>) -> Self {
+        Self::from_source(Source::Listener(listener), tls)
+    }
+
+    /// Over the connections another thread accepted and sends on `handed`; ends when every
+    /// sender is gone. Poll it on the runtime that is to run the connections: each socket is
+    /// registered with the reactor of the runtime that takes it.
+    pub fn handed(handed: mpsc::UnboundedReceiver<Handoff>, tls: Option<Arc<TlsState>>) -> Self {
+        Self::from_source(Source::Handed(handed), tls)
+    }
+
+    fn from_source(source: Source, tls: Option<Arc<TlsState>>) -> Self {
         GrpcIncoming {
-            listener,
+            source,
             tls,
             limits: ConnectionLimits::default(),
             stats: Arc::default(),
@@ -517,19 +532,20 @@ impl Stream for GrpcIncoming {
                 }
                 this.backoff = None;
             }
-            let (tcp, remote_addr) = match this.listener.poll_accept(cx) {
+            let (tcp, remote_addr, seat) = match this.source.poll_accept(cx) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(Err(error)) => {
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Ready(Some(Err(error))) => {
                     this.backoff = Some(Box::pin(tokio::time::sleep(ACCEPT_ERROR_BACKOFF)));
                     return Poll::Ready(Some(Err(error)));
                 }
-                Poll::Ready(Ok(accepted)) => accepted,
+                Poll::Ready(Some(Ok(accepted))) => accepted,
             };
             let Some(slot) = this.stats.admit(this.limits.max_connections) else {
                 tracing::debug!(%remote_addr, "--max-connections reached: connection closed");
                 continue;
             };
-            let guard = ConnectionGuard::new(slot, this.limits.handshake_timeout);
+            let guard = ConnectionGuard::new(slot, seat, this.limits.handshake_timeout);
             // Small request/response RPCs: never hold a segment back waiting for more.
             let _ = tcp.set_nodelay(true);
             let local_addr = tcp.local_addr().ok();

@@ -124,13 +124,13 @@ pub(super) async fn spawn(
     stop: watch::Receiver<bool>,
 ) -> Result<AdminListening, ServeError> {
     let unbound = |addr: SocketAddr| move |source| ServeError::Bind { addr, source };
-    let admin = super::bind(settings.admin_addr).await?;
-    let admin_addr = super::local_addr(&admin, settings.admin_addr)?;
+    let admin = super::serving::bind(settings.admin_addr).await?;
+    let admin_addr = super::serving::local_addr(&admin, settings.admin_addr)?;
     let mut listeners = vec![(admin.into_std().map_err(unbound(admin_addr))?, router)];
     let mut metrics_addr = None;
     if let Some(addr) = settings.admin.metrics_addr {
-        let listener = super::bind(addr).await?;
-        metrics_addr = Some(super::local_addr(&listener, addr)?);
+        let listener = super::serving::bind(addr).await?;
+        metrics_addr = Some(super::serving::local_addr(&listener, addr)?);
         let listener = listener.into_std().map_err(unbound(addr))?;
         let router = admin::metrics_router(metrics.clone(), Arc::clone(readiness));
         listeners.push((listener, router));

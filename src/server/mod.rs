@@ -3,6 +3,7 @@
 
 mod admin_routes;
 mod drain;
+mod serving;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -11,7 +12,6 @@ use std::time::Duration;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -36,7 +36,7 @@ use crate::rls::{HeaderOptions, RateLimitHandler, RateLimitServer, RequestBounds
 use crate::rule::FailureMode;
 use crate::security;
 use crate::security::listener::{ConnectionLimits, ConnectionStats};
-use crate::security::tls::{AuthorizeLayer, GrpcIncoming, TlsState};
+use crate::security::tls::{AuthorizeLayer, TlsState};
 use crate::settings::{BackendKind, Settings};
 use crate::telemetry::{BreakerReading, Metrics, MetricsOptions};
 use crate::top::TopRecorder;
@@ -74,6 +74,8 @@ pub enum ServeError {
     Backend(String),
     #[error("gRPC server: {0}")]
     Grpc(#[from] tonic::transport::Error),
+    #[error("cannot start a serving thread: {0}")]
+    Thread(std::io::Error),
 }
 
 /// A started service: its bound addresses and a handle to stop it.
@@ -480,8 +482,8 @@ async fn grpc_health<B: Backend>(
 
 /// Binds both listeners and runs the built parts until the stop signal, then drains.
 async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Running, ServeError> {
-    let grpc_listener = bind(settings.grpc_addr).await?;
-    let grpc_addr = local_addr(&grpc_listener, settings.grpc_addr)?;
+    let grpc_listener = serving::bind(settings.grpc_addr).await?;
+    let grpc_addr = serving::local_addr(&grpc_listener, settings.grpc_addr)?;
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     let grpc_health = grpc_health::<B>(health_reporter, &built.readiness).await;
@@ -502,30 +504,44 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
     }
     let connections = Arc::new(ConnectionStats::default());
     built.metrics.observe_connections(connections.clone());
-    let incoming = GrpcIncoming::new(grpc_listener, built.tls).with_limits(
-        ConnectionLimits::from(&settings.security.listener),
-        connections.clone(),
-    );
     let times = DrainTimes {
         delay: settings.drain_delay,
         timeout: settings.drain_timeout,
     };
-    let grpc = security::grpc_server(&settings.security.http2)
+    let router = security::grpc_server(&settings.security.http2)
         .layer(AuthorizeLayer::new(enforces_allow_list))
         .add_service(health_service)
         .add_service(rls)
-        .add_service(rlqs)
-        .serve_with_incoming_shutdown(
-            incoming,
-            drain::leaving(
-                stop_rx,
-                built.readiness.clone(),
-                grpc_health,
-                connections,
-                times.delay,
-                closing,
-            ),
-        );
+        .add_service(rlqs);
+    let serve_share: serving::ServeShare = Arc::new(move |incoming, stop_accepting| {
+        Box::pin(
+            router
+                .clone()
+                .serve_with_incoming_shutdown(incoming, stop_accepting),
+        )
+    });
+    let listening = serving::Listening {
+        listener: grpc_listener,
+        tls: built.tls,
+        limits: ConnectionLimits::from(&settings.security.listener),
+        stats: connections.clone(),
+    };
+    let threads = crate::runtime::serving_threads(settings.worker_threads);
+    let grpc = serving::start(
+        listening,
+        threads,
+        serve_share,
+        closing_rx.clone(),
+        times.timeout,
+    )?;
+    tokio::spawn(drain::leaving(
+        stop_rx,
+        built.readiness.clone(),
+        grpc_health,
+        connections,
+        times.delay,
+        closing,
+    ));
     let wind_down = WindDown {
         admin_thread: admin.thread,
         local_sweeper: built.local_sweeper,
@@ -534,7 +550,7 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
         metrics: built.metrics.clone(),
     };
     let task = tokio::spawn(async move {
-        let result = drain::drained(grpc, closing_rx, times.timeout).await;
+        let result = grpc.await;
         wind_down.run().await;
         result
     });
@@ -734,18 +750,6 @@ impl Heartbeat {
             }
         });
     }
-}
-
-async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServeError::Bind { addr, source })
-}
-
-fn local_addr(listener: &TcpListener, addr: SocketAddr) -> Result<SocketAddr, ServeError> {
-    listener
-        .local_addr()
-        .map_err(|source| ServeError::Bind { addr, source })
 }
 
 /// Resolves on SIGTERM or SIGINT (Ctrl-C). The handlers are installed when this is called, not

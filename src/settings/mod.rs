@@ -323,8 +323,9 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_DRAIN_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
     pub drain_timeout: Duration,
 
-    /// Runtime worker threads (default: the CPUs this process may use, cgroup quota included).
-    /// Fewer workers mean fewer cross-thread wake-ups; see src/runtime.rs for the measurements.
+    /// Serving threads, each with its own runtime and its share of the gRPC connections (default:
+    /// the CPUs this process may use, cgroup quota included). A connection stays on one thread;
+    /// see src/runtime.rs.
     #[arg(long, env = "SLUICE_WORKER_THREADS")]
     pub worker_threads: Option<std::num::NonZeroUsize>,
 
