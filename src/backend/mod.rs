@@ -103,36 +103,31 @@ fn not_inspectable<T>(name: &str, count: usize) -> Vec<Result<T, BackendError>> 
 
 /// A store of rate-limit state (token buckets, window counters, arrival times).
 pub trait Backend: Send + Sync + 'static {
-    /// Decides all `hits` of one request. Keys are distinct. Atomic for hits that share a storage
-    /// shard (all of them in memory and standalone Redis; those of one slot in Redis Cluster).
-    /// Returns one verdict per hit, in order.
+    /// Decides all `hits` of one request, one outcome per hit, in order: the one method the
+    /// decision path calls. Keys are distinct. Atomic for hits that share a storage shard (all
+    /// of them in memory and standalone Redis; those of one slot in Redis Cluster). A backend
+    /// whose hits go to independent endpoints (Redis Cluster nodes) decides the hits of healthy
+    /// endpoints and fails only the others, so the failure policy applies only where it must.
+    fn check_each(
+        &self,
+        hits: &[Hit],
+    ) -> impl Future<Output = Vec<Result<Verdict, BackendError>>> + Send;
+
+    /// [`check_each`](Backend::check_each) as one result: every verdict, or the first failure
+    /// (tests, benchmarks and tools that want all or nothing).
     fn check(
         &self,
         hits: &[Hit],
-    ) -> impl Future<Output = Result<Vec<Verdict>, BackendError>> + Send;
+    ) -> impl Future<Output = Result<Vec<Verdict>, BackendError>> + Send {
+        let each = self.check_each(hits);
+        async move { each.await.into_iter().collect() }
+    }
 
     /// Short name for logs and metrics (`memory`, `redis`).
     fn name(&self) -> &'static str;
 
     /// A cheap end-to-end health probe (for Redis: the script itself, not just PING).
     fn probe(&self) -> impl Future<Output = Result<(), BackendError>> + Send;
-
-    /// Like [`check`](Backend::check), with an outcome per hit: a backend whose hits go to
-    /// independent endpoints (Redis Cluster nodes) decides the hits of healthy endpoints and
-    /// fails only the others, so the failure policy applies only where it must.
-    fn check_each(
-        &self,
-        hits: &[Hit],
-    ) -> impl Future<Output = Vec<Result<Verdict, BackendError>>> + Send {
-        let all = self.check(hits);
-        let count = hits.len();
-        async move {
-            match all.await {
-                Ok(verdicts) => verdicts.into_iter().map(Ok).collect(),
-                Err(error) => vec![Err(error); count],
-            }
-        }
-    }
 
     /// The circuit breakers in front of this backend's endpoints, if it has any (read-only use:
     /// readiness, metrics, tests).
@@ -159,13 +154,6 @@ pub trait Backend: Send + Sync + 'static {
 
 /// Shared ownership of a backend (the server keeps a handle for its sweeper and probes).
 impl<B: Backend> Backend for Arc<B> {
-    fn check(
-        &self,
-        hits: &[Hit],
-    ) -> impl Future<Output = Result<Vec<Verdict>, BackendError>> + Send {
-        B::check(self, hits)
-    }
-
     fn name(&self) -> &'static str {
         B::name(self)
     }

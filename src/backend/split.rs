@@ -130,14 +130,6 @@ impl<M: Backend, S: Backend> SplitBackend<M, S> {
 }
 
 impl<M: Backend, S: Backend> Backend for SplitBackend<M, S> {
-    async fn check(&self, hits: &[Hit]) -> Result<Vec<Verdict>, BackendError> {
-        match (self.route(hits), &self.per_second) {
-            (Route::PerSecond, Some(per_second)) => per_second.check(hits).await,
-            (Route::Both, Some(_)) => self.decide_each(hits).await.into_iter().collect(),
-            _ => self.main.check(hits).await,
-        }
-    }
-
     async fn check_each(&self, hits: &[Hit]) -> Vec<Result<Verdict, BackendError>> {
         self.decide_each(hits).await
     }
@@ -249,10 +241,6 @@ mod tests {
     }
 
     impl Backend for Store {
-        async fn check(&self, hits: &[Hit]) -> Result<Vec<Verdict>, BackendError> {
-            self.check_each(hits).await.into_iter().collect()
-        }
-
         fn name(&self) -> &'static str {
             "store"
         }

@@ -43,9 +43,6 @@ impl Flaky {
 }
 
 impl Backend for Flaky {
-    async fn check(&self, hits: &[Hit]) -> Result<Vec<Verdict>, BackendError> {
-        self.check_each(hits).await.into_iter().collect()
-    }
     fn name(&self) -> &'static str {
         "flaky"
     }

@@ -324,13 +324,6 @@ const NO_ROOM: &str = "memory backend full: --memory-max-buckets or --memory-max
      reached and every stored bucket still counts hits";
 
 impl Backend for MemoryBackend {
-    fn check(
-        &self,
-        hits: &[Hit],
-    ) -> impl Future<Output = Result<Vec<Verdict>, BackendError>> + Send {
-        std::future::ready(self.decide_each(hits).into_iter().collect())
-    }
-
     fn check_each(
         &self,
         hits: &[Hit],

@@ -343,13 +343,6 @@ impl RedisBackend {
 }
 
 impl Backend for RedisBackend {
-    fn check(
-        &self,
-        hits: &[Hit],
-    ) -> impl Future<Output = Result<Vec<Verdict>, BackendError>> + Send {
-        self.decide(hits, true)
-    }
-
     fn check_each(
         &self,
         hits: &[Hit],
