@@ -4,56 +4,43 @@
 //! Lua script that refills against Redis's clock, so a limit means the same at 2 replicas or 200.
 //! Without Redis it runs on an embedded in-memory backend with identical semantics.
 //!
-//! Crate map (pure core, thin edges):
+//! Three floors: `sluice-core` (pure: rules, keys, algorithms, the config model), `sluice-engine`
+//! (the limiting engine as a library: backends, limiter, leases, resilience; its options own
+//! their defaults) and this crate, the edges around them. Both lower crates are re-exported so
+//! `crate::limiter`, `crate::key`, ... name one module wherever used.
 //!
-//! - [`rule`]: compiled rule types — units, rates, failure modes.
-//! - [`request`]: a validated rate-limit request in plain Rust.
-//! - [`compat`]: envoyproxy/ratelimit environment settings → sluice's own.
-//! - [`config`]: YAML model, validation with file:line errors, loading a file or directory.
-//! - [`descriptor`]: compiled descriptor tree; request entries → the rule they reach.
-//! - [`explain`]: which rule a descriptor reaches (or why none), its bucket and storage key.
-//! - [`key`]: the storage key of a bucket: injective, hash-tagged for Redis Cluster, tagged by
-//!   algorithm.
-//! - [`algorithm`]: pure arithmetic of the per-rule algorithms (token bucket, fixed window,
-//!   sliding window, GCRA); time is an argument. `lua/limit.lua` mirrors it.
-//! - [`clock`]: injected time, so tests step it.
-//! - [`backend`]: the `Backend` trait; `memory` and `redis` implementations, the Redis
-//!   endpoints' circuit breakers.
-//! - [`lease`]: token leasing — a replica spends a batch of tokens taken in one script call.
-//! - [`limiter`]: request → rules → one backend call → [`limiter::Decision`].
-//! - [`resilience`]: when Redis is slow or gone — circuit breakers, the `local` policy's buckets,
-//!   the over-limit cache, the in-flight bound, readiness rules.
-//! - [`dynamic_metadata`]: envoyproxy/ratelimit's `RateLimitResponse.dynamic_metadata`.
-//! - [`service`]: the gRPC entry point (`ShouldRateLimit`): protobuf in, decide, protobuf +
-//!   headers out.
-//! - [`validate`]: what a decoded request must be to be decided (bounds, fields), and which
-//!   refusals a real Envoy can meet.
-//! - [`quota`]: the Rate Limit Quota Service (RLQS, `StreamRateLimitQuotas`): prepaid
-//!   assignments per data plane over the same rules and buckets.
-//! - [`admin`]: HTTP admin — health, readiness, active config, metrics, `/explain`, `/buckets`.
-//! - [`telemetry`]: metrics (OpenTelemetry SDK: Prometheus `/metrics`, OTLP push), traces
-//!   (OTLP, W3C `traceparent`), logs (stderr, text or JSON).
-//! - [`cli`]: the subcommands — `serve` (runtime, telemetry, server), `check-config`, `explain`,
-//!   `bucket` (a client of `/buckets`).
-//! - [`security`]: TLS/mTLS, caller policy, HTTP/2 limits, strict request decoding.
-//! - [`settings`]: CLI flags and environment → [`settings::Settings`]; a leaf module.
-//! - [`runtime`]: the tokio runtimes: one current-thread runtime per serving thread for `serve`.
-//! - [`server`]: `run(settings, shutdown)` — wires the pieces and serves.
+//! From the core: [`rule`], [`request`], [`descriptor`], [`key`], [`algorithm`], [`clock`],
+//! [`decision`], [`explain`], and the config model under [`config`].
+//! From the engine: [`backend`] (memory, Redis, breakers, the per-second split), [`limiter`]
+//! (request → buckets → one backend call → decision; token leases) and [`resilience`].
+//!
+//! The edges, one folder each:
+//!
+//! - [`rls`]: `ShouldRateLimit` — its codec, request validation, caller policy, headers and
+//!   dynamic metadata.
+//! - [`quota`]: the Rate Limit Quota Service (RLQS, `StreamRateLimitQuotas`) over the same rules
+//!   and buckets.
+//! - [`admin`]: HTTP admin — health, readiness, active config, metrics, `/explain`, `/buckets`,
+//!   `/top`.
 //! - [`xds`]: config pushed by an xDS management server (ADS), validated like files.
+//! - [`config`]: the active config store and file reloads (beside the core's model).
+//! - [`cli`] and [`settings`]: the subcommands, and flags/environment → [`settings::Settings`] →
+//!   the engine's option structs (`settings/options.rs`); the only modules that know clap.
+//! - [`compat`]: envoyproxy/ratelimit environment settings → sluice's own.
+//! - [`server`] and [`runtime`]: wiring and serving threads; [`security`]: TLS/mTLS, HTTP/2
+//!   limits, connection caps; [`telemetry`]: metrics, traces, logs; [`top`]: top-keys summaries.
 
-// The pure core, re-exported so `sluice::rule`, `crate::key`, ... name one module wherever used.
 pub use sluice_core::{
     advertised, algorithm, clock, decision, descriptor, explain, holder, key, request, rule,
 };
+// The engine, re-exported the same way: `crate::limiter`, `crate::backend`, `crate::resilience`.
+pub use sluice_engine::{backend, limiter, resilience};
 
 pub mod admin;
-pub mod backend;
 pub mod cli;
 pub mod compat;
 pub mod config;
-pub mod limiter;
 pub mod quota;
-pub mod resilience;
 pub mod rls;
 pub mod runtime;
 pub mod security;

@@ -1,5 +1,5 @@
 //! The Redis floor: the production script (`lua/limit.lua`) run by `redis-benchmark` with
-//! EVALSHA, the ARGV shape `src/backend/redis/script.rs` builds (one key, `""` for Redis's clock,
+//! EVALSHA, the ARGV shape `engine/src/backend/redis/script.rs` builds (one key, `""` for Redis's clock,
 //! no expiry jitter, then the token bucket's algorithm code, capacity, requests_per_unit, unit_ms,
 //! tokens, flags), at a given number of calls in flight;
 //! and the same through redis-rs multiplexed connections (the client sluice uses), to choose the

@@ -22,7 +22,7 @@ use crate::backend::Backend;
 use crate::backend::breaker::BreakerSet;
 use crate::backend::memory::{MemoryBackend, MemoryOptions};
 use crate::backend::redis::{RedisBackend, RedisOptions};
-use crate::backend::split::{self, SplitBackend};
+use crate::backend::split::SplitBackend;
 use crate::clock::MonotonicClock;
 use crate::config::reload::ReloadOptions;
 use crate::config::{self, Config, ConfigErrors, ConfigStore};
@@ -249,7 +249,7 @@ async fn start_redis(
         .await
         .map_err(|e| ServeError::Backend(e.to_string()))?
         .observed_by(Arc::new(metrics.redis_calls()));
-    let per_second = match split::per_second_redis(&settings) {
+    let per_second = match settings.per_second_redis() {
         Some(options) => Some(
             RedisBackend::connect(options)
                 .await
@@ -385,8 +385,7 @@ async fn build<B: Backend>(
         )
         .with_leases(leases),
     );
-    let slots = Arc::downgrade(limiter.slot_stats());
-    metrics.observe_slots(move |points| slots.upgrade().map_or((), |s| s.points(points)));
+    metrics.observe_slots(Arc::downgrade(limiter.slot_stats()));
     let (service, top) = rls_service(settings, &limiter, &metrics);
     let quotas = Arc::new(Quotas::new(limiter.clone(), QuotaOptions::from(settings)));
     metrics.observe_quota(quotas.stats().clone());

@@ -103,6 +103,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     ))
 }
 
+/// `d` as `parse_duration` reads it back: whole seconds as `1s`, else milliseconds (`15ms`).
+pub fn duration_text(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms % 1_000 == 0 {
+        format!("{}s", ms / 1_000)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
 /// A share above 0 and at most 1 (`0.5`).
 pub fn parse_ratio(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {

@@ -1,9 +1,9 @@
 //! Command line and environment → [`Settings`]. Every flag also reads `SLUICE_<FLAG_IN_CAPS>`.
 //!
-//! A leaf: the flags of every subsystem are declared here, and each subsystem builds its own
-//! options from them (`impl From<&Settings> for RedisOptions`, ...). A default lives once, in
-//! its clap attribute; [`Settings::defaults`] is every flag at it, for the `Default` of the
-//! options structs and for tests.
+//! The command-line layer: the flags of every subsystem are declared here. The engine's option
+//! structs own their defaults (`RedisOptions::DEFAULT_URL`, ...) and the flags show them;
+//! [`options`] turns parsed flags into those structs (`impl From<&Settings> for RedisOptions`,
+//! ...), so no engine module knows clap. [`Settings::defaults`] is every flag at its default.
 //!
 //! - [`flags`]: value enums and parsers (`parse_duration`, `--backend`, `--failure-mode`, ...).
 //! - [`admin`], [`config`], [`per_second`], [`security`], [`telemetry`], [`xds`]: the flag groups flattened
@@ -14,6 +14,7 @@ pub mod admin;
 pub mod commands;
 pub mod config;
 pub mod flags;
+mod options;
 pub mod per_second;
 pub mod security;
 pub mod telemetry;
@@ -26,6 +27,13 @@ use std::time::Duration;
 
 use clap::{Args, FromArgMatches, Parser, Subcommand};
 
+use crate::backend::DEFAULT_CALL_DEADLINE;
+use crate::backend::breaker::BreakerSettings;
+use crate::backend::memory::MemoryOptions;
+use crate::backend::redis::{BatchSettings, RedisOptions};
+use crate::limiter::LimiterOptions;
+use crate::limiter::lease::LeaseOptions;
+
 pub use self::admin::AdminArgs;
 pub use self::commands::{
     BucketAction, BucketArgs, BucketTarget, CheckConfigArgs, ExplainArgs, TopArgs,
@@ -33,7 +41,7 @@ pub use self::commands::{
 pub use self::config::{ConfigOpsArgs, LoadArgs};
 pub use self::flags::{
     BackendKind, ConfigSourceArg, FailureModeArg, LogFormat, OutputFormat, RedisModeArg,
-    ResponseHeaders, parse_duration, parse_ratio,
+    ResponseHeaders, duration_text, parse_duration, parse_ratio,
 };
 pub use self::per_second::PerSecondRedisArgs;
 pub use self::security::{CallerArgs, Http2Args, ListenerArgs, SecurityArgs, TlsArgs};
@@ -93,7 +101,7 @@ pub struct Settings {
         long,
         env = "SLUICE_REDIS_URL",
         value_delimiter = ',',
-        default_value = "redis://127.0.0.1:6379"
+        default_value = RedisOptions::DEFAULT_URL
     )]
     pub redis_url: Vec<String>,
 
@@ -106,24 +114,27 @@ pub struct Settings {
     pub redis_mode: RedisModeArg,
 
     /// Master name to ask the Sentinels for.
-    #[arg(long, env = "SLUICE_REDIS_SENTINEL_MASTER", default_value = "mymaster")]
+    #[arg(long, env = "SLUICE_REDIS_SENTINEL_MASTER", default_value = RedisOptions::DEFAULT_SENTINEL_MASTER)]
     pub redis_sentinel_master: String,
 
     #[command(flatten)]
     pub redis_per_second: PerSecondRedisArgs,
 
     /// Deadline of one Redis call, well under Envoy's 20 ms filter timeout.
-    #[arg(long, env = "SLUICE_REDIS_TIMEOUT", value_parser = parse_duration, default_value = "15ms")]
+    #[arg(long, env = "SLUICE_REDIS_TIMEOUT", value_parser = parse_duration,
+          default_value = duration_text(DEFAULT_CALL_DEADLINE))]
     pub redis_timeout: Duration,
 
     /// Deadline for establishing a Redis connection.
-    #[arg(long, env = "SLUICE_REDIS_CONNECT_TIMEOUT", value_parser = parse_duration, default_value = "250ms")]
+    #[arg(long, env = "SLUICE_REDIS_CONNECT_TIMEOUT", value_parser = parse_duration,
+          default_value = duration_text(RedisOptions::DEFAULT_CONNECT_TIMEOUT))]
     pub redis_connect_timeout: Duration,
 
     /// Upper bound of a random delay added to the expiry of every Redis key a call writes, so
     /// keys written together (fixed-window counters) do not all expire together. Never changes
     /// a decision. envoyproxy/ratelimit's EXPIRATION_JITTER_MAX_SECONDS.
-    #[arg(long, env = "SLUICE_EXPIRY_JITTER_MAX", value_parser = parse_duration, default_value = "0s")]
+    #[arg(long, env = "SLUICE_EXPIRY_JITTER_MAX", value_parser = parse_duration,
+          default_value = duration_text(Duration::ZERO))]
     pub expiry_jitter_max: Duration,
 
     /// Most keys (descriptors) one Redis script call decides for concurrent requests
@@ -132,23 +143,24 @@ pub struct Settings {
     /// answers each at once; every request is still decided exactly as its own call would. The
     /// bound caps how long one call holds Redis (about 13 µs per fresh key). 1: one call per
     /// request.
-    #[arg(long, env = "SLUICE_REDIS_MAX_BATCH", default_value_t = 128,
+    #[arg(long, env = "SLUICE_REDIS_MAX_BATCH", default_value_t = BatchSettings::DEFAULT_MAX_KEYS as u64,
           value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub redis_max_batch: u64,
 
     /// Script calls out at once on the standalone connection (or Sentinel mode's master) before
     /// new checks queue for the next batch. More calls: each waits less for a batch to form,
     /// batches are smaller.
-    #[arg(long, env = "SLUICE_REDIS_BATCH_CALLS", default_value_t = 2,
+    #[arg(long, env = "SLUICE_REDIS_BATCH_CALLS", default_value_t = BatchSettings::DEFAULT_IN_FLIGHT as u64,
           value_parser = clap::value_parser!(u64).range(1..=64))]
     pub redis_batch_calls: u64,
 
     /// Prefix of every bucket key (must not contain `{` or `}`).
-    #[arg(long, env = "SLUICE_KEY_PREFIX", default_value = "sluice:")]
+    #[arg(long, env = "SLUICE_KEY_PREFIX", default_value = LimiterOptions::DEFAULT_KEY_PREFIX)]
     pub key_prefix: String,
 
     /// Failure mode of domains and rules that set none.
-    #[arg(long, env = "SLUICE_FAILURE_MODE", value_enum, default_value = "error")]
+    #[arg(long, env = "SLUICE_FAILURE_MODE", value_enum,
+          default_value = LimiterOptions::DEFAULT_FAILURE_MODE.as_str())]
     pub failure_mode: FailureModeArg,
 
     /// Rate-limit headers added to answers: `all` (x-ratelimit-limit, -remaining, -reset, and
@@ -197,21 +209,24 @@ pub struct Settings {
     /// Failed moments (spans of one `--redis-timeout` in which most calls to one Redis endpoint
     /// failed or timed out; a stall seen by many callers is one per deadline it lasts) that
     /// `--breaker-window` must hold before its circuit breaker can open.
-    #[arg(long, env = "SLUICE_BREAKER_FAILURES", default_value_t = 10,
+    #[arg(long, env = "SLUICE_BREAKER_FAILURES", default_value_t = BreakerSettings::DEFAULT_MIN_FAILURES,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub breaker_failures: u32,
 
     /// Share of the moments of `--breaker-window` in which the endpoint was called that must
     /// have failed to open its breaker (0 < ratio <= 1).
-    #[arg(long, env = "SLUICE_BREAKER_FAILURE_RATIO", value_parser = parse_ratio, default_value = "0.5")]
+    #[arg(long, env = "SLUICE_BREAKER_FAILURE_RATIO", value_parser = parse_ratio,
+          default_value_t = f64::from(BreakerSettings::DEFAULT_FAILURE_PERMILLE) / 1000.0)]
     pub breaker_failure_ratio: f64,
 
     /// How far back a breaker judges its endpoint (rolling, in tenths).
-    #[arg(long, env = "SLUICE_BREAKER_WINDOW", value_parser = parse_duration, default_value = "1s")]
+    #[arg(long, env = "SLUICE_BREAKER_WINDOW", value_parser = parse_duration,
+          default_value = duration_text(BreakerSettings::DEFAULT_WINDOW))]
     pub breaker_window: Duration,
 
     /// How long an open breaker skips its Redis endpoint before one probe call is let through.
-    #[arg(long, env = "SLUICE_BREAKER_COOLDOWN", value_parser = parse_duration, default_value = "1s")]
+    #[arg(long, env = "SLUICE_BREAKER_COOLDOWN", value_parser = parse_duration,
+          default_value = duration_text(BreakerSettings::DEFAULT_COOLDOWN))]
     pub breaker_cooldown: Duration,
 
     /// Replicas sharing each limit, for the `local` failure policy (each local bucket holds
@@ -230,12 +245,13 @@ pub struct Settings {
 
     /// Most bucket keys with a token lease (rules with `lease`) on this replica; a new key past
     /// it takes the place of an empty lease, or is not leased.
-    #[arg(long, env = "SLUICE_LEASE_MAX_KEYS", default_value_t = 100_000,
+    #[arg(long, env = "SLUICE_LEASE_MAX_KEYS", default_value_t = LeaseOptions::DEFAULT_MAX_KEYS as u64,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub lease_max_keys: u64,
 
     /// How long leased tokens may be spent locally; older ones go back to the bucket.
-    #[arg(long, env = "SLUICE_LEASE_LIFETIME", value_parser = parse_duration, default_value = "1s")]
+    #[arg(long, env = "SLUICE_LEASE_LIFETIME", value_parser = parse_duration,
+          default_value = duration_text(LeaseOptions::DEFAULT_LIFETIME))]
     pub lease_lifetime: Duration,
 
     /// RLQS: how often each replica re-plans its data planes' shares, takes what they need from
@@ -309,7 +325,7 @@ pub struct Settings {
 
     /// Most live buckets the memory backend keeps (and, separately, the `local` failure
     /// policy's buckets).
-    #[arg(long, env = "SLUICE_MEMORY_MAX_BUCKETS", default_value_t = 1_000_000)]
+    #[arg(long, env = "SLUICE_MEMORY_MAX_BUCKETS", default_value_t = MemoryOptions::DEFAULT_MAX_BUCKETS)]
     pub memory_max_buckets: usize,
 
     /// After SIGTERM/SIGINT, how long sluice keeps answering while reporting NOT_SERVING (gRPC

@@ -32,7 +32,7 @@ pub struct PerSecondRedisArgs {
     #[arg(
         long = "redis-per-second-sentinel-master",
         env = "SLUICE_REDIS_PER_SECOND_SENTINEL_MASTER",
-        default_value = "mymaster"
+        default_value = crate::backend::redis::RedisOptions::DEFAULT_SENTINEL_MASTER
     )]
     pub sentinel_master: String,
 }

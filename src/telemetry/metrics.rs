@@ -9,8 +9,8 @@
 //! time; the two latency histograms are the SDK's. A [`Metrics`] built with metrics off is empty:
 //! recording returns before reading a clock.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -30,6 +30,7 @@ use crate::backend::redis::RedisObserver;
 use crate::clock::Stopwatch;
 use crate::config::{Config, ConfigStore};
 use crate::decision::Decision;
+use crate::limiter::SlotStats;
 use crate::limiter::lease::LeaseStore;
 use crate::quota::QuotaStats;
 use crate::request::LimitRequest;
@@ -266,14 +267,11 @@ impl Metrics {
         }
     }
 
-    /// Feeds `sluice_in_flight_slots_total` and `sluice_reservations_total` from `source`, which calls its argument with each
-    /// rule's count and labels (`domain`, `key`, `event`).
-    pub fn observe_slots(
-        &self,
-        source: impl Fn(&mut dyn FnMut(u64, &[KeyValue])) + Send + Sync + 'static,
-    ) {
+    /// Feeds `sluice_in_flight_slots_total` and `sluice_reservations_total` from the limiter's
+    /// holder counts, while the limiter lives.
+    pub fn observe_slots(&self, stats: Weak<SlotStats>) {
         if let Some(inner) = &self.0 {
-            *lock(&inner.shared.slots) = Some(Box::new(source));
+            *lock(&inner.shared.slots) = Some(stats);
         }
     }
 

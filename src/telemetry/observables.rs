@@ -2,7 +2,7 @@
 //! and every counter and gauge read from them at collection time (no work on the request path).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use opentelemetry::KeyValue;
@@ -11,8 +11,8 @@ use opentelemetry::metrics::Meter;
 use super::rules::{Counter, RuleMetrics};
 use crate::backend::breaker::BreakerState;
 use crate::config::ConfigStore;
-use crate::limiter::SlotEvent;
 use crate::limiter::lease::LeaseStore;
+use crate::limiter::{SlotEvent, SlotStats};
 use crate::quota::{EndReason, Ignored, QuotaStats};
 use crate::resilience::local::Replicas;
 use crate::rls::validate::Problem;
@@ -76,7 +76,6 @@ pub struct BreakerReading {
 pub(super) type BreakerSource = Box<dyn Fn() -> Vec<BreakerReading> + Send + Sync>;
 pub(super) type GaugeSource = Box<dyn Fn() -> u64 + Send + Sync>;
 /// Calls its argument with each point of a labelled counter.
-pub(super) type PointsSource = Box<dyn Fn(&mut dyn FnMut(u64, &[KeyValue])) + Send + Sync>;
 
 /// The atomics and sources the observable instruments read.
 pub(super) struct Shared {
@@ -95,7 +94,7 @@ pub(super) struct Shared {
     pub(super) connections: Mutex<Option<Arc<ConnectionStats>>>,
     pub(super) quota: Mutex<Option<Arc<QuotaStats>>>,
     pub(super) replicas: Mutex<Option<Arc<Replicas>>>,
-    pub(super) slots: Mutex<Option<PointsSource>>,
+    pub(super) slots: Mutex<Option<Weak<SlotStats>>>,
 }
 
 impl Shared {
@@ -506,18 +505,19 @@ pub(super) fn register_observables(meter: &Meter, shared: &Arc<Shared>) {
 }
 
 /// The points of the holder events in `events` (one metric's family) from the limiter's
-/// [`SlotStats`](crate::limiter::SlotStats) source.
+/// [`SlotStats`], labelled `domain`, `key` and `event`.
 fn read_holders(s: &Shared, events: &[SlotEvent], points: &mut dyn FnMut(u64, &[KeyValue])) {
-    let source = lock(&s.slots);
-    let Some(source) = source.as_ref() else {
+    let Some(stats) = lock(&s.slots).as_ref().and_then(Weak::upgrade) else {
         return;
     };
-    source(&mut |value, labels| {
-        let ours = labels.iter().any(|l| {
-            l.key.as_str() == "event" && events.iter().any(|e| l.value.as_str() == e.as_str())
-        });
-        if ours {
-            points(value, labels);
+    stats.points(&mut |value, domain, key, event| {
+        if events.contains(&event) {
+            let labels = [
+                KeyValue::new("domain", domain.to_owned()),
+                KeyValue::new("key", key.to_owned()),
+                KeyValue::new("event", event.as_str()),
+            ];
+            points(value, &labels);
         }
     });
 }

@@ -11,9 +11,7 @@ use std::sync::Arc;
 
 use crate::algorithm::Verdict;
 use crate::backend::breaker::BreakerSet;
-use crate::backend::redis::{RedisMode, RedisOptions};
 use crate::backend::{Backend, BackendError, Hit, KeyPeek};
-use crate::settings::Settings;
 
 /// `params.unit_ms` of a rule whose unit is a second: the hits the per-second store holds.
 const PER_SECOND_UNIT_MS: u64 = 1_000;
@@ -22,27 +20,6 @@ const PER_SECOND_UNIT_MS: u64 = 1_000;
 /// which is exactly `unit_ms == 1000` here).
 pub fn is_per_second(hit: &Hit) -> bool {
     hit.demand.params.unit_ms == PER_SECOND_UNIT_MS
-}
-
-/// The options of the per-second Redis (`--redis-per-second-*`), or `None` when it is not
-/// configured. Deadlines, breakers, batching and expiry jitter are the main Redis's.
-pub fn per_second_redis(settings: &Settings) -> Option<RedisOptions> {
-    let args = &settings.redis_per_second;
-    if !args.enabled() {
-        return None;
-    }
-    let mode = RedisMode::from(args.mode);
-    Some(RedisOptions {
-        urls: args
-            .url
-            .iter()
-            .map(|url| url.trim().to_owned())
-            .filter(|url| !url.is_empty())
-            .collect(),
-        mode,
-        sentinel_master: Some(args.sentinel_master.clone()),
-        ..RedisOptions::from(settings)
-    })
 }
 
 /// The main backend, and optionally one for per-second rules (without it every hit goes to the
@@ -397,29 +374,5 @@ mod tests {
         assert_eq!(backend.name(), "store");
         assert!(backend.breakers().is_none());
         assert_eq!(backend.probe().await, Ok(()));
-    }
-
-    #[test]
-    fn per_second_redis_options_come_from_their_flags() {
-        let mut settings = Settings::defaults();
-        assert!(per_second_redis(&settings).is_none());
-        settings.redis_per_second.url = vec![String::new()];
-        assert!(
-            per_second_redis(&settings).is_none(),
-            "an empty value is none"
-        );
-        settings.redis_per_second.url = vec!["redis://s1:26379".into(), " redis://s2:26379".into()];
-        settings.redis_per_second.mode = crate::settings::RedisModeArg::Sentinel;
-        settings.redis_per_second.sentinel_master = "fast".into();
-        settings.redis_timeout = Duration::from_millis(7);
-        let opts = per_second_redis(&settings).unwrap();
-        assert_eq!(opts.urls, ["redis://s1:26379", "redis://s2:26379"]);
-        assert_eq!(opts.mode, RedisMode::Sentinel);
-        assert_eq!(opts.sentinel_master.as_deref(), Some("fast"));
-        assert_eq!(
-            opts.command_timeout,
-            Duration::from_millis(7),
-            "the main Redis's"
-        );
     }
 }

@@ -11,7 +11,7 @@ use crate::algorithm::{Algorithm, Demand, Verdict};
 use crate::backend::{BackendError, Hit};
 
 /// The script source, sent with `SCRIPT LOAD` at start and with `EVAL` after a `NOSCRIPT`.
-pub(super) const SOURCE: &str = include_str!("../../../lua/limit.lua");
+pub(super) const SOURCE: &str = include_str!("../../../../lua/limit.lua");
 
 /// The SHA1 Redis files the script under.
 pub(super) static SHA: LazyLock<String> =

@@ -11,10 +11,16 @@ pub mod split;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use self::breaker::BreakerSet;
 use crate::algorithm::{Algorithm, BucketParams, Demand, Peek, Verdict};
 use crate::rule::RuleId;
+
+/// The default deadline of one call to a remote backend, well under Envoy's 20 ms filter
+/// timeout (past which Envoy lets the request through undecided); also the moment the Redis
+/// breakers count a failure in.
+pub const DEFAULT_CALL_DEADLINE: Duration = Duration::from_millis(15);
 
 /// One bucket touched by a request.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use redis::{Cmd, Value};
 use super::classify;
 use crate::backend::BackendError;
 
-const SOURCE: &str = include_str!("../../../lua/heartbeat.lua");
+const SOURCE: &str = include_str!("../../../../lua/heartbeat.lua");
 
 pub(super) fn command(key: &str, member: &str, ttl: Duration) -> Cmd {
     let mut cmd = redis::cmd("EVAL");

@@ -59,11 +59,11 @@ impl Default for ResilienceOptions {
 
 /// The resilience state one limiter owns.
 pub struct Resilience {
-    pub(crate) clock: SharedClock,
-    pub(crate) local: LocalFallback,
-    pub(crate) over_limit: Option<OverLimitCache>,
-    pub(crate) in_flight: Arc<InFlight>,
-    pub(crate) notices: DegradedNotices,
+    pub clock: SharedClock,
+    pub local: LocalFallback,
+    pub over_limit: Option<OverLimitCache>,
+    pub in_flight: Arc<InFlight>,
+    pub notices: DegradedNotices,
     /// When the backend last answered a decision (ms on `clock`; 0 = never).
     last_answer_ms: AtomicU64,
 }
@@ -81,7 +81,7 @@ impl Resilience {
         }
     }
 
-    pub(crate) fn note_answer(&self, now_ms: u64) {
+    pub fn note_answer(&self, now_ms: u64) {
         self.last_answer_ms.store(now_ms, Ordering::Relaxed);
     }
 

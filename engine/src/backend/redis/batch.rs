@@ -30,7 +30,6 @@ use super::observer::{self, RedisObserver, SharedObserver};
 use super::{bounded, classify, report_repaired, script};
 use crate::algorithm::Verdict;
 use crate::backend::{BackendError, Hit};
-use crate::settings::Settings;
 
 /// How checks share script calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,23 +41,19 @@ pub struct BatchSettings {
     pub in_flight: usize,
 }
 
-impl From<&Settings> for BatchSettings {
-    fn from(settings: &Settings) -> Self {
+impl Default for BatchSettings {
+    fn default() -> Self {
         BatchSettings {
-            max_keys: usize::try_from(settings.redis_max_batch).unwrap_or(usize::MAX),
-            in_flight: usize::try_from(settings.redis_batch_calls).unwrap_or(usize::MAX),
+            max_keys: Self::DEFAULT_MAX_KEYS,
+            in_flight: Self::DEFAULT_IN_FLIGHT,
         }
     }
 }
 
-impl Default for BatchSettings {
-    /// `--redis-max-batch` and `--redis-batch-calls` at their defaults.
-    fn default() -> Self {
-        BatchSettings::from(&Settings::defaults())
-    }
-}
-
 impl BatchSettings {
+    pub const DEFAULT_MAX_KEYS: usize = 128;
+    pub const DEFAULT_IN_FLIGHT: usize = 2;
+
     pub fn enabled(&self) -> bool {
         self.max_keys > 1
     }

@@ -39,7 +39,6 @@ use crate::algorithm::{BucketParams, Verdict};
 use crate::backend::breaker::{BreakerSet, BreakerSettings, Endpoint};
 use crate::backend::{Backend, BackendError, Hit, KeyPeek};
 use crate::clock::{MonotonicClock, SharedClock};
-use crate::settings::{RedisModeArg, Settings};
 
 pub use self::batch::BatchSettings;
 use self::batch::Batcher;
@@ -58,16 +57,6 @@ pub enum RedisMode {
     Cluster,
     /// The URLs are sentinels; [`RedisOptions::sentinel_master`] names the monitored master.
     Sentinel,
-}
-
-impl From<RedisModeArg> for RedisMode {
-    fn from(arg: RedisModeArg) -> Self {
-        match arg {
-            RedisModeArg::Standalone => RedisMode::Standalone,
-            RedisModeArg::Cluster => RedisMode::Cluster,
-            RedisModeArg::Sentinel => RedisMode::Sentinel,
-        }
-    }
 }
 
 impl RedisMode {
@@ -155,25 +144,27 @@ fn redact(url: &str) -> String {
     }
 }
 
-impl From<&Settings> for RedisOptions {
-    fn from(settings: &Settings) -> Self {
-        RedisOptions {
-            urls: settings.redis_url.clone(),
-            mode: settings.redis_mode.into(),
-            sentinel_master: Some(settings.redis_sentinel_master.clone()),
-            connect_timeout: settings.redis_connect_timeout,
-            command_timeout: settings.redis_timeout,
-            breaker: BreakerSettings::from(settings),
-            expiry_jitter_max: settings.expiry_jitter_max,
-            batch: BatchSettings::from(settings),
-        }
-    }
+impl RedisOptions {
+    pub const DEFAULT_URL: &'static str = "redis://127.0.0.1:6379";
+    pub const DEFAULT_SENTINEL_MASTER: &'static str = "mymaster";
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(250);
 }
 
 impl Default for RedisOptions {
-    /// Every option at its flag's default (`--redis-url` included).
+    /// A standalone Redis on 127.0.0.1:6379, calls bounded by
+    /// [`DEFAULT_CALL_DEADLINE`](crate::backend::DEFAULT_CALL_DEADLINE), breakers and batching
+    /// at their defaults, no expiry jitter.
     fn default() -> Self {
-        RedisOptions::from(&Settings::defaults())
+        RedisOptions {
+            urls: vec![Self::DEFAULT_URL.to_owned()],
+            mode: RedisMode::Standalone,
+            sentinel_master: Some(Self::DEFAULT_SENTINEL_MASTER.to_owned()),
+            connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
+            command_timeout: crate::backend::DEFAULT_CALL_DEADLINE,
+            breaker: BreakerSettings::default(),
+            expiry_jitter_max: Duration::ZERO,
+            batch: BatchSettings::default(),
+        }
     }
 }
 
@@ -648,25 +639,7 @@ mod tests {
     }
 
     #[test]
-    fn modes_parse_from_their_flag_spelling() {
-        use clap::ValueEnum as _;
-        let parse = |s: &str| RedisModeArg::from_str(s, false).map(RedisMode::from);
-        for mode in [
-            RedisMode::Standalone,
-            RedisMode::Cluster,
-            RedisMode::Sentinel,
-        ] {
-            assert_eq!(parse(&mode.to_string()), Ok(mode));
-        }
-        assert_eq!(
-            RedisModeArg::from_str("CLUSTER", true).map(RedisMode::from),
-            Ok(RedisMode::Cluster)
-        );
-        assert!(parse("replica").is_err());
-    }
-
-    #[test]
-    fn default_options_are_the_flag_defaults() {
+    fn default_options_are_a_local_standalone_redis() {
         let opts = RedisOptions::default();
         assert_eq!(opts.urls, ["redis://127.0.0.1:6379"]);
         assert_eq!(opts.mode, RedisMode::Standalone);

@@ -8,8 +8,6 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
-use opentelemetry::KeyValue;
-
 use crate::algorithm::Algorithm;
 use crate::config::Config;
 
@@ -84,9 +82,9 @@ impl SlotStats {
         }
     }
 
-    /// Calls `points` with each rule's count of each event, labelled `domain`, `key` (the rule's
-    /// path below the domain, as the per-rule counters name it) and `event`.
-    pub fn points(&self, points: &mut dyn FnMut(u64, &[KeyValue])) {
+    /// Calls `points` with each rule's count of each event, its `domain`, its `key` (the rule's
+    /// path below the domain, as the per-rule counters name it) and the event.
+    pub fn points(&self, points: &mut dyn FnMut(u64, &str, &str, SlotEvent)) {
         let map = self.by_rule.lock().unwrap_or_else(PoisonError::into_inner);
         for ((domain, path), (counts, reservation)) in map.iter() {
             let key = path
@@ -98,12 +96,7 @@ impl SlotStats {
                 &SlotEvent::IN_FLIGHT
             };
             for &event in events {
-                let labels = [
-                    KeyValue::new("domain", domain.clone()),
-                    KeyValue::new("key", key.to_owned()),
-                    KeyValue::new("event", event.as_str()),
-                ];
-                points(counts[event as usize], &labels);
+                points(counts[event as usize], domain, key, event);
             }
         }
     }

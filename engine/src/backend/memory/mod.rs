@@ -37,7 +37,6 @@ use std::time::Duration;
 use crate::algorithm::{self, Algorithm, Demand, State, Verdict};
 use crate::backend::{Backend, BackendError, Hit, KeyPeek};
 use crate::clock::SharedClock;
-use crate::settings::Settings;
 
 use shard::{Shard, Slot};
 
@@ -64,19 +63,18 @@ const SHARDS: usize = 64;
 /// the rest of the store keeps room for every other rule.
 const RULE_SHARE: usize = 4;
 
-impl From<&Settings> for MemoryOptions {
-    /// The memory backend's bounds, and the same for the `local` failure policy's buckets.
-    fn from(settings: &Settings) -> Self {
+impl MemoryOptions {
+    pub const DEFAULT_MAX_BUCKETS: usize = 1_000_000;
+
+    /// A store of at most `max_buckets`, of which one rule may hold `max_buckets_per_rule`
+    /// (`None`: a quarter of `max_buckets`), over the default shards.
+    pub fn bounded(max_buckets: usize, max_buckets_per_rule: Option<usize>) -> Self {
         MemoryOptions {
-            max_buckets: settings.memory_max_buckets,
+            max_buckets,
             shards: SHARDS,
             max_buckets_per_rule: Some(
-                settings
-                    .security
-                    .memory_max_buckets_per_rule
-                    .map_or(settings.memory_max_buckets / RULE_SHARE, |n| {
-                        usize::try_from(n).unwrap_or(usize::MAX)
-                    })
+                max_buckets_per_rule
+                    .unwrap_or(max_buckets / RULE_SHARE)
                     .max(1),
             ),
         }
@@ -84,9 +82,9 @@ impl From<&Settings> for MemoryOptions {
 }
 
 impl Default for MemoryOptions {
-    /// `--memory-max-buckets` and `--memory-max-buckets-per-rule` at their defaults.
+    /// A million buckets, a quarter of them for any one rule.
     fn default() -> Self {
-        MemoryOptions::from(&Settings::defaults())
+        MemoryOptions::bounded(Self::DEFAULT_MAX_BUCKETS, None)
     }
 }
 

@@ -24,7 +24,6 @@ use serde::Serialize;
 use self::window::{Shape, Window};
 use crate::backend::BackendError;
 use crate::clock::SharedClock;
-use crate::settings::Settings;
 
 /// Where an endpoint's breaker stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -75,28 +74,31 @@ pub struct BreakerSettings {
     pub cooldown: Duration,
 }
 
-impl From<&Settings> for BreakerSettings {
-    fn from(settings: &Settings) -> Self {
+impl Default for BreakerSettings {
+    /// Opens when at least 10 moments of the last second failed and they are half of its
+    /// moments; stays open a second. A moment is the default Redis call deadline.
+    fn default() -> Self {
         BreakerSettings {
-            min_failures: settings.breaker_failures,
-            failure_permille: (settings.breaker_failure_ratio * 1000.0)
-                .round()
-                .clamp(1.0, 1000.0) as u16,
-            window: settings.breaker_window,
-            moment: settings.redis_timeout,
-            cooldown: settings.breaker_cooldown,
+            min_failures: Self::DEFAULT_MIN_FAILURES,
+            failure_permille: Self::DEFAULT_FAILURE_PERMILLE,
+            window: Self::DEFAULT_WINDOW,
+            moment: crate::backend::DEFAULT_CALL_DEADLINE,
+            cooldown: Self::DEFAULT_COOLDOWN,
         }
     }
 }
 
-impl Default for BreakerSettings {
-    /// The `--breaker-*` flags and `--redis-timeout` at their defaults.
-    fn default() -> Self {
-        BreakerSettings::from(&Settings::defaults())
-    }
-}
-
 impl BreakerSettings {
+    pub const DEFAULT_MIN_FAILURES: u32 = 10;
+    pub const DEFAULT_FAILURE_PERMILLE: u16 = 500;
+    pub const DEFAULT_WINDOW: Duration = Duration::from_secs(1);
+    pub const DEFAULT_COOLDOWN: Duration = Duration::from_secs(1);
+
+    /// A failure share (above 0, at most 1) in the thousandths `failure_permille` holds.
+    pub fn permille(ratio: f64) -> u16 {
+        (ratio * 1000.0).round().clamp(1.0, 1000.0) as u16
+    }
+
     fn cooldown_ms(&self) -> u64 {
         (self.cooldown.as_millis() as u64).max(1)
     }

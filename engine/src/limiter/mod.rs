@@ -52,7 +52,6 @@ use crate::request::LimitRequest;
 use crate::resilience::Resilience;
 use crate::resilience::breaker::BreakerState;
 use crate::rule::FailureMode;
-use crate::settings::Settings;
 
 pub use crate::decision::{AppliedLimit, Basis, Code, Decision, Status};
 pub use slots::{SlotEvent, SlotStats};
@@ -85,20 +84,20 @@ pub struct LimiterOptions {
     pub quota_all: bool,
 }
 
-impl From<&Settings> for LimiterOptions {
-    fn from(settings: &Settings) -> Self {
-        LimiterOptions {
-            key_prefix: settings.key_prefix.clone(),
-            default_failure_mode: settings.failure_mode.into(),
-            quota_all: settings.config_ops.load.quota_mode,
-        }
-    }
+impl LimiterOptions {
+    pub const DEFAULT_KEY_PREFIX: &'static str = "sluice:";
+    pub const DEFAULT_FAILURE_MODE: FailureMode = FailureMode::Error;
 }
 
 impl Default for LimiterOptions {
-    /// `--key-prefix` and `--failure-mode` at their defaults.
+    /// Keys under `sluice:`, a backend failure answered as an error (which Envoy's default
+    /// `failure_mode_deny: false` lets through), quota mode only where a rule says so.
     fn default() -> Self {
-        LimiterOptions::from(&Settings::defaults())
+        LimiterOptions {
+            key_prefix: Self::DEFAULT_KEY_PREFIX.to_owned(),
+            default_failure_mode: Self::DEFAULT_FAILURE_MODE,
+            quota_all: false,
+        }
     }
 }
 

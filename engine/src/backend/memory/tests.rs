@@ -164,23 +164,22 @@ async fn rejected_request_takes_nothing_from_any_bucket() {
 }
 
 #[test]
-fn settings_bound_each_rule_to_a_quarter_unless_set() {
-    let mut settings = Settings::defaults();
-    settings.memory_max_buckets = 1_000;
+fn each_rule_is_bound_to_a_quarter_unless_set() {
     assert_eq!(
-        MemoryOptions::from(&settings).max_buckets_per_rule,
+        MemoryOptions::bounded(1_000, None).max_buckets_per_rule,
         Some(250)
     );
-    settings.memory_max_buckets = 2;
-    assert_eq!(MemoryOptions::from(&settings).max_buckets_per_rule, Some(1));
-    settings.security.memory_max_buckets_per_rule = Some(900);
     assert_eq!(
-        MemoryOptions::from(&settings).max_buckets_per_rule,
+        MemoryOptions::bounded(2, None).max_buckets_per_rule,
+        Some(1)
+    );
+    assert_eq!(
+        MemoryOptions::bounded(1_000, Some(900)).max_buckets_per_rule,
         Some(900)
     );
     assert_eq!(
         MemoryOptions::default().max_buckets_per_rule,
-        Some(Settings::defaults().memory_max_buckets / 4)
+        Some(MemoryOptions::DEFAULT_MAX_BUCKETS / 4)
     );
 }
 

@@ -24,6 +24,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use crate::algorithm::Demand;
 use crate::backend::Hit;
@@ -34,28 +35,25 @@ const SHARDS: usize = 64;
 /// Entries a new key looks at for an empty lease to evict when its shard is full.
 const EVICTION_PROBES: usize = 8;
 
-/// `--lease-max-keys` and `--lease-lifetime`.
+/// How many keys a replica leases for at most, and how long a lease may be spent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseOptions {
     pub max_keys: usize,
     pub lifetime_ms: u64,
 }
 
-impl From<&crate::settings::Settings> for LeaseOptions {
-    /// `--lease-max-keys` and `--lease-lifetime` as given (the server refuses a zero lifetime
-    /// before building the store).
-    fn from(settings: &crate::settings::Settings) -> Self {
-        LeaseOptions {
-            max_keys: usize::try_from(settings.lease_max_keys).unwrap_or(usize::MAX),
-            lifetime_ms: u64::try_from(settings.lease_lifetime.as_millis()).unwrap_or(u64::MAX),
-        }
-    }
+impl LeaseOptions {
+    pub const DEFAULT_MAX_KEYS: usize = 100_000;
+    /// How long leased tokens may be spent locally (a lifetime must be above zero).
+    pub const DEFAULT_LIFETIME: Duration = Duration::from_secs(1);
 }
 
 impl Default for LeaseOptions {
-    /// `--lease-max-keys` and `--lease-lifetime` at their defaults.
     fn default() -> Self {
-        LeaseOptions::from(&crate::settings::Settings::defaults())
+        LeaseOptions {
+            max_keys: Self::DEFAULT_MAX_KEYS,
+            lifetime_ms: Self::DEFAULT_LIFETIME.as_millis() as u64,
+        }
     }
 }
 
