@@ -63,8 +63,12 @@ descriptors:
             "{pairs:?} with detailed_metric {outer}/{inner}"
         );
     }
+    detailed_metric_in_the_realistic_nested_example();
+}
 
-    // The reference's "realistic" nested example.
+/// The reference's "realistic" nested example: every rule reached names its series by value;
+/// `key_3` without a value holds no limit.
+fn detailed_metric_in_the_realistic_nested_example() {
     let config = load(
         "realistic.yaml",
         "domain: nested
@@ -138,6 +142,13 @@ descriptors:
     );
 }
 
+/// The request most of TestValueToMetric_* send.
+const DRAW_GET: [(&str, &str); 3] = [
+    ("route", "draw"),
+    ("http_method", "GET"),
+    ("subject_id", "123"),
+];
+
 /// The three-level shape most of TestValueToMetric_* use, with `flags` on route/http_method.
 fn route_method_subject(domain: &str, route: bool, method: bool) -> String {
     format!(
@@ -158,11 +169,7 @@ descriptors:
 /// TestValueToMetric_*: which levels of the rule reached are named by the request's value.
 #[test]
 fn value_to_metric_marks_the_levels_named_by_runtime_values() {
-    let request = [
-        ("route", "draw"),
-        ("http_method", "GET"),
-        ("subject_id", "123"),
-    ];
+    let request = DRAW_GET;
 
     // UsesRuntimeValuesInStats, FullKeyMatchesStatsKey (route_draw.http_method_GET.subject_id).
     let config = load("v.yaml", &route_method_subject("domain", true, true));
@@ -195,7 +202,14 @@ fn value_to_metric_marks_the_levels_named_by_runtime_values() {
     assert_eq!(&*rule.path, "test-domain-2.route.http_method.subject_id");
     assert!(runtime_named_levels(rule).is_empty());
 
-    // DefaultKeyIncludesValueAtThatLevel (d.k1_A.k2) and MidLevelOnly (d.k1.k2_Y.k3).
+    value_to_metric_on_one_level();
+    value_to_metric_keeps_detailed_metric();
+    value_to_metric_with_configured_values();
+    value_to_metric_on_a_wildcard_level();
+}
+
+/// DefaultKeyIncludesValueAtThatLevel (d.k1_A.k2) and MidLevelOnly (d.k1.k2_Y.k3).
+fn value_to_metric_on_one_level() {
     let config = load(
         "d.yaml",
         "domain: d
@@ -224,8 +238,10 @@ descriptors:
         (&*rule.path, runtime_named_levels(rule)),
         ("d.m1.m2.m3", vec![false, true, false])
     );
+}
 
-    // DoesNotOverrideDetailedMetric: detailed_metric on the leaf names every level by value.
+/// DoesNotOverrideDetailedMetric: detailed_metric on the leaf names every level by value.
+fn value_to_metric_keeps_detailed_metric() {
     let config = load(
         "dm.yaml",
         "domain: domain
@@ -241,11 +257,13 @@ descriptors:
             rate_limit: {unit: minute, requests_per_unit: 60}
 ",
     );
-    let rule = reached(&config, "domain", &request);
+    let rule = reached(&config, "domain", &DRAW_GET);
     assert!(rule.detailed_metric);
     assert_eq!(rule.limit, per(60, Unit::Minute));
+}
 
-    // WithConfiguredValues: GET and POST are separate rules under one runtime-named route.
+/// WithConfiguredValues: GET and POST are separate rules under one runtime-named route.
+fn value_to_metric_with_configured_values() {
     let config = load(
         "cv.yaml",
         "domain: test-domain
@@ -288,8 +306,10 @@ descriptors:
         assert_eq!((&*rule.path, rule.limit), (path, limit));
         assert_eq!(runtime_named_levels(rule), [true, true, false]);
     }
+}
 
-    // WithWildcard: a `read*` level with value_to_metric is named by the value it matched.
+/// WithWildcard: a `read*` level with value_to_metric is named by the value it matched.
+fn value_to_metric_on_a_wildcard_level() {
     let config = load(
         "w.yaml",
         "domain: domain

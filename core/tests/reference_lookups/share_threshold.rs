@@ -89,110 +89,113 @@ descriptors:
         rate_limit: {unit: minute, requests_per_unit: 60}
 ";
 
+/// TestShareThreshold's requests, per rule: the requests reaching it, its path, its limit per
+/// minute, and the pattern standing for the value at each level.
+#[allow(clippy::type_complexity)]
+const SHARE_CASES: &[(&[&[(&str, &str)]], &str, u32, &[&str])] = &[
+    (
+        &[
+            &[("files", "files/a.pdf")],
+            &[("files", "files/b.csv")],
+            &[("files", "files/c.txt")],
+        ],
+        "test-domain.files_files/*",
+        100,
+        &["files/*"],
+    ),
+    (
+        &[&[("route", "api/v1"), ("method", "GET")]],
+        "test-domain.route_api/*.method",
+        60,
+        &["api/*", ""],
+    ),
+    (
+        &[&[("service", "svc/user"), ("endpoint", "get")]],
+        "test-domain.service_svc/*.endpoint",
+        80,
+        &["svc/*", ""],
+    ),
+    (
+        &[&[("nested", "parent"), ("files", "nested/file1.txt")]],
+        "test-domain.nested_parent.files_nested/*",
+        200,
+        &["", "nested/*"],
+    ),
+    (
+        &[&[("files", "top/file1.txt"), ("files", "nested/file1.txt")]],
+        "test-domain.files_top/*.files_nested/*",
+        300,
+        &["top/*", "nested/*"],
+    ),
+    (
+        &[&[("path", "path/foo"), ("file", "file/doc1"), ("type", "pdf")]],
+        "test-domain.path_path/*.file_file/*.type",
+        120,
+        &["path/*", "", ""],
+    ),
+    (
+        &[&[
+            ("user", "user/alice"),
+            ("resource", "res/file1"),
+            ("action", "read"),
+        ]],
+        "test-domain.user_user/*.resource_res/*.action",
+        150,
+        &["user/*", "res/*", ""],
+    ),
+    (
+        &[
+            &[("file", "test2")],
+            &[("file", "test23")],
+            &[("file", "test123")],
+        ],
+        "test-domain.file_test*",
+        100,
+        &["test*"],
+    ),
+    (
+        &[
+            &[("midpath", "/api/v1")],
+            &[("midpath", "/api-beta-v1")],
+            &[("midpath", "/apiXYZv1")],
+        ],
+        "test-domain.midpath_/api*v1",
+        100,
+        &["/api*v1"],
+    ),
+    (
+        &[
+            &[("multiroute", "svcAepBrpc")],
+            &[("multiroute", "svcXXXepYYYrpc")],
+            &[("multiroute", "svceprpc")],
+        ],
+        "test-domain.multiroute_svc*ep*rpc",
+        50,
+        &["svc*ep*rpc"],
+    ),
+    (
+        &[&[("midroute", "/api/v2")], &[("midroute", "/api-beta-v2")]],
+        "test-domain.midroute_/api*v2",
+        80,
+        &["/api*v2"],
+    ),
+    (
+        &[
+            &[("tenant", "t1prod"), ("resource", "resAv2")],
+            &[("tenant", "t99prod"), ("resource", "resBBBv2")],
+        ],
+        "test-domain.tenant_t*prod.resource_res*v2",
+        60,
+        &["t*prod", "res*v2"],
+    ),
+];
+
 /// TestShareThreshold: every value a shared wildcard matches reaches one rule, whose pattern
 /// stands for the value at that level (one bucket, and one series named by the pattern).
 #[test]
 fn share_threshold_lookups() {
     let config = load("share_threshold.yaml", SHARE_THRESHOLD);
-    type Case<'a> = (&'a [&'a [(&'a str, &'a str)]], &'a str, u32, &'a [&'a str]);
-    let cases: &[Case] = &[
-        (
-            &[
-                &[("files", "files/a.pdf")],
-                &[("files", "files/b.csv")],
-                &[("files", "files/c.txt")],
-            ],
-            "test-domain.files_files/*",
-            100,
-            &["files/*"],
-        ),
-        (
-            &[&[("route", "api/v1"), ("method", "GET")]],
-            "test-domain.route_api/*.method",
-            60,
-            &["api/*", ""],
-        ),
-        (
-            &[&[("service", "svc/user"), ("endpoint", "get")]],
-            "test-domain.service_svc/*.endpoint",
-            80,
-            &["svc/*", ""],
-        ),
-        (
-            &[&[("nested", "parent"), ("files", "nested/file1.txt")]],
-            "test-domain.nested_parent.files_nested/*",
-            200,
-            &["", "nested/*"],
-        ),
-        (
-            &[&[("files", "top/file1.txt"), ("files", "nested/file1.txt")]],
-            "test-domain.files_top/*.files_nested/*",
-            300,
-            &["top/*", "nested/*"],
-        ),
-        (
-            &[&[("path", "path/foo"), ("file", "file/doc1"), ("type", "pdf")]],
-            "test-domain.path_path/*.file_file/*.type",
-            120,
-            &["path/*", "", ""],
-        ),
-        (
-            &[&[
-                ("user", "user/alice"),
-                ("resource", "res/file1"),
-                ("action", "read"),
-            ]],
-            "test-domain.user_user/*.resource_res/*.action",
-            150,
-            &["user/*", "res/*", ""],
-        ),
-        (
-            &[
-                &[("file", "test2")],
-                &[("file", "test23")],
-                &[("file", "test123")],
-            ],
-            "test-domain.file_test*",
-            100,
-            &["test*"],
-        ),
-        (
-            &[
-                &[("midpath", "/api/v1")],
-                &[("midpath", "/api-beta-v1")],
-                &[("midpath", "/apiXYZv1")],
-            ],
-            "test-domain.midpath_/api*v1",
-            100,
-            &["/api*v1"],
-        ),
-        (
-            &[
-                &[("multiroute", "svcAepBrpc")],
-                &[("multiroute", "svcXXXepYYYrpc")],
-                &[("multiroute", "svceprpc")],
-            ],
-            "test-domain.multiroute_svc*ep*rpc",
-            50,
-            &["svc*ep*rpc"],
-        ),
-        (
-            &[&[("midroute", "/api/v2")], &[("midroute", "/api-beta-v2")]],
-            "test-domain.midroute_/api*v2",
-            80,
-            &["/api*v2"],
-        ),
-        (
-            &[
-                &[("tenant", "t1prod"), ("resource", "resAv2")],
-                &[("tenant", "t99prod"), ("resource", "resBBBv2")],
-            ],
-            "test-domain.tenant_t*prod.resource_res*v2",
-            60,
-            &["t*prod", "res*v2"],
-        ),
-    ];
-    for (requests, path, limit, patterns) in cases {
+    for (requests, path, limit, patterns) in SHARE_CASES {
         let first = reached(&config, "test-domain", requests[0]);
         for pairs in *requests {
             let rule = reached(&config, "test-domain", pairs);
