@@ -22,7 +22,7 @@ use sluice::settings::{RedisModeArg, Settings};
 use sluice_harness::process::metric_in;
 use sluice_harness::rls::{OK, OVER_LIMIT, request};
 use sluice_harness::sluice::{Sluice, TestServer};
-use sluice_harness::{RedisCluster, RedisSentinel, RedisServer};
+use sluice_harness::{RedisCluster, RedisSentinel, RedisServer, sluice_command};
 use tonic::transport::Channel;
 
 const CONFIG: &str = "domain: ops
@@ -571,9 +571,7 @@ async fn the_script_peeks_as_the_pure_algorithm_and_writes_nothing() {
 // The CLI against a `sluice serve` process.
 
 fn cli(admin: SocketAddr, args: &[&str]) -> (Option<i32>, Value, String) {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"));
-    sluice_harness::without_sluice_env(&mut cmd);
-    let out = cmd
+    let out = sluice_command()
         .arg("bucket")
         .args(&args[..1])
         .args(["--admin", &admin.to_string(), "--domain", "ops"])

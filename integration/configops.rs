@@ -10,16 +10,8 @@ use std::time::Duration;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice_harness as harness;
 use sluice_harness::rls::{OK, OVER_LIMIT, desc, header, http_get, req};
-use sluice_harness::{SluiceBuilder, SluiceProcess};
+use sluice_harness::{SluiceBuilder, SluiceProcess, sluice_command};
 use tonic::transport::Channel;
-
-/// The binary with an empty environment: nothing from the developer's or CI's environment
-/// (SLUICE_*, REDIS_URL, PORT, ...) may leak into what is tested.
-fn sluice() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    c.env_clear();
-    c
-}
 
 fn run(c: &mut Command) -> (Option<i32>, String, String) {
     let Output {
@@ -95,7 +87,7 @@ fn check_config_json_lists_every_error_for_ci() {
     )
     .unwrap();
     std::fs::write(dir.path().join("b.yaml"), "domain: b\nbogus: 1\n").unwrap();
-    let (code, stdout, _) = run(sluice()
+    let (code, stdout, _) = run(sluice_command()
         .arg("check-config")
         .arg(dir.path())
         .args(["--format", "json"]));
@@ -135,7 +127,7 @@ descriptors:
 "#,
     )
     .unwrap();
-    let (code, stdout, stderr) = run(sluice().arg("check-config").arg(dir.path()));
+    let (code, stdout, stderr) = run(sluice_command().arg("check-config").arg(dir.path()));
     assert_eq!(code, Some(0), "{stderr}");
     assert!(
         stdout.starts_with("ok: 1 domain (w), 3 rules, digest "),
@@ -154,7 +146,7 @@ descriptors:
         "{stderr}"
     );
 
-    let (code, stdout, _) = run(sluice()
+    let (code, stdout, _) = run(sluice_command()
         .arg("check-config")
         .arg(dir.path())
         .args(["--format", "json"]));
@@ -176,10 +168,10 @@ fn check_config_merges_domains_when_asked() {
         "domain: edge\ndescriptors:\n  - key: route\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
     )
     .unwrap();
-    let (code, _, stderr) = run(sluice().arg("check-config").arg(dir.path()));
+    let (code, _, stderr) = run(sluice_command().arg("check-config").arg(dir.path()));
     assert_eq!(code, Some(1));
     assert!(stderr.contains("duplicate domain `edge`"), "{stderr}");
-    let (code, stdout, _) = run(sluice()
+    let (code, stdout, _) = run(sluice_command()
         .arg("check-config")
         .arg(dir.path())
         .env("SLUICE_MERGE_DOMAINS", "true"));
@@ -199,7 +191,7 @@ fn explain_prints_the_rule_its_bucket_and_key() {
     )
     .unwrap();
     let explain = |descriptor: &str, extra: &[&str]| {
-        run(sluice()
+        run(sluice_command()
             .arg("explain")
             .arg("--config")
             .arg(dir.path())
@@ -256,7 +248,7 @@ fn explain_places_an_rlqs_bucket_id_on_the_tree() {
     )
     .unwrap();
     let explain = |bucket: &str| {
-        run(sluice()
+        run(sluice_command()
             .arg("explain")
             .arg("--config")
             .arg(dir.path())
@@ -288,7 +280,7 @@ fn explain_places_an_rlqs_bucket_id_on_the_tree() {
         "{stderr}"
     );
     // One of --descriptor and --bucket.
-    let (code, _, _) = run(sluice()
+    let (code, _, _) = run(sluice_command()
         .arg("explain")
         .arg("--config")
         .arg(dir.path())
@@ -462,7 +454,7 @@ async fn decides_as_the_mongo_rules(client: &mut RateLimitServiceClient<Channel>
 
 #[test]
 fn an_untranslatable_envoyproxy_setting_refuses_to_start() {
-    let (code, _, stderr) = run(sluice()
+    let (code, _, stderr) = run(sluice_command()
         .args(["serve", "--config", "/nonexistent"])
         .env("REDIS_URL", "127.0.0.1:1")
         .env("REDIS_TYPE", "RING"));
@@ -474,7 +466,7 @@ fn an_untranslatable_envoyproxy_setting_refuses_to_start() {
     // Other subcommands do not read envoyproxy/ratelimit settings at all.
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("edge.yaml"), EDGE).unwrap();
-    let (code, _, _) = run(sluice()
+    let (code, _, _) = run(sluice_command()
         .arg("check-config")
         .arg(dir.path())
         .env("REDIS_TYPE", "RING"));
