@@ -104,24 +104,7 @@ async fn kill_under_load(mode: FailureModeArg) {
     let mut redis = RedisServer::start();
     // `local` with two replicas that count each other through the heartbeat.
     let replicas = if mode == FailureModeArg::Local { 2 } else { 1 };
-    let mut sluices = Vec::new();
-    for _ in 0..replicas {
-        sluices.push(
-            Sluice::start(
-                CONFIG,
-                &[redis.url()],
-                RedisModeArg::Standalone,
-                with_mode(mode),
-            )
-            .await,
-        );
-    }
-    for s in &sluices {
-        eventually("replicas counted", Duration::from_secs(5), async || {
-            s.replicas() == replicas as u64
-        })
-        .await;
-    }
+    let sluices = start_counted_replicas(&redis, mode, replicas).await;
     let mut groups = Vec::new();
     for s in &sluices {
         groups.push((s.client().await, request("chaos", &[("client", "hot")])));
@@ -136,19 +119,7 @@ async fn kill_under_load(mode: FailureModeArg) {
         watch.opened().is_some()
     })
     .await;
-    let readiness = if mode == FailureModeArg::Error {
-        // Nothing to answer with: readiness and gRPC health go NOT_SERVING.
-        eventually("not ready", Duration::from_secs(3), async || {
-            sluices[0].admin_get("/readyz").await.0 == 503 && sluices[0].grpc_health().await == 2
-        })
-        .await;
-        "readiness NOT_SERVING while open"
-    } else {
-        // Every other policy still answers: stay in rotation.
-        assert_eq!(sluices[0].admin_get("/readyz").await.0, 200);
-        assert_eq!(sluices[0].grpc_health().await, 1);
-        "readiness SERVING throughout"
-    };
+    let readiness = readiness_while_open(mode, &sluices[0]).await;
     let elapsed = fault_start.elapsed();
     if elapsed < FAULT {
         tokio::time::sleep(FAULT - elapsed).await;
@@ -186,6 +157,75 @@ async fn kill_under_load(mode: FailureModeArg) {
     let fault_s = (fault_end - fault_start).as_secs_f64();
     let cached = figures.during().filter(|s| s.exact()).count();
     let mut extra = format!("; {readiness}; {cached} exact OVER_LIMIT from the over-limit cache");
+    extra += &assert_policy_answered(mode, &figures, fault_start, replicas, fault_s);
+    figures.print(watch.opened(), recovered, &extra);
+    figures.assert_bounded();
+    // Shared limiting resumed, on every replica.
+    let recovery = figures.assert_recovered(replicas, Duration::ZERO);
+    assert!(
+        recovery <= COOLDOWN + Duration::from_secs(2),
+        "{name}: recovery took {recovery:?}"
+    );
+    for s in sluices {
+        s.stop().await;
+    }
+}
+
+/// `replicas` sluice replicas on `redis` under failure mode `mode`, once each counts them all
+/// through the heartbeat.
+async fn start_counted_replicas(
+    redis: &RedisServer,
+    mode: FailureModeArg,
+    replicas: usize,
+) -> Vec<Sluice> {
+    let mut sluices = Vec::new();
+    for _ in 0..replicas {
+        sluices.push(
+            Sluice::start(
+                CONFIG,
+                &[redis.url()],
+                RedisModeArg::Standalone,
+                with_mode(mode),
+            )
+            .await,
+        );
+    }
+    for s in &sluices {
+        eventually("replicas counted", Duration::from_secs(5), async || {
+            s.replicas() == replicas as u64
+        })
+        .await;
+    }
+    sluices
+}
+
+/// With the breaker open: `error` has nothing to answer with, so readiness and gRPC health go
+/// NOT_SERVING; every other policy still answers and stays in rotation.
+async fn readiness_while_open(mode: FailureModeArg, sluice: &Sluice) -> &'static str {
+    if mode == FailureModeArg::Error {
+        // Nothing to answer with: readiness and gRPC health go NOT_SERVING.
+        eventually("not ready", Duration::from_secs(3), async || {
+            sluice.admin_get("/readyz").await.0 == 503 && sluice.grpc_health().await == 2
+        })
+        .await;
+        "readiness NOT_SERVING while open"
+    } else {
+        // Every other policy still answers: stay in rotation.
+        assert_eq!(sluice.admin_get("/readyz").await.0, 200);
+        assert_eq!(sluice.grpc_health().await, 1);
+        "readiness SERVING throughout"
+    }
+}
+
+/// Every decision of the fault window but the over-limit cache's own was the policy's answer;
+/// under `local`, each replica admitted its share and no more. What `local` adds to the summary.
+fn assert_policy_answered(
+    mode: FailureModeArg,
+    figures: &Figures,
+    fault_start: Instant,
+    replicas: usize,
+    fault_s: f64,
+) -> String {
     // The hot key was over limit when Redis died, so the over-limit cache may still answer it
     // (exactly: the bucket cannot pay yet) until its retry-after, at most 100 ms here.
     let policy = figures
@@ -243,22 +283,12 @@ async fn kill_under_load(mode: FailureModeArg) {
                 .filter(|s| s.outcome == Outcome::OverLimit)
                 .count();
             assert!(rejected > 0, "the load must exceed the limit");
-            extra += &format!(
+            return format!(
                 "; local: {total} admitted by 2 replicas over {fault_s:.2} s, limit {limit:.1} (+2 rounding), {rejected} rejected"
             );
         }
     }
-    figures.print(watch.opened(), recovered, &extra);
-    figures.assert_bounded();
-    // Shared limiting resumed, on every replica.
-    let recovery = figures.assert_recovered(replicas, Duration::ZERO);
-    assert!(
-        recovery <= COOLDOWN + Duration::from_secs(2),
-        "{name}: recovery took {recovery:?}"
-    );
-    for s in sluices {
-        s.stop().await;
-    }
+    String::new()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
