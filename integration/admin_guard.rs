@@ -7,8 +7,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use serde_json::Value;
-use sluice_harness::SluiceProcess;
 use sluice_harness::rls::{http_get, http_with};
+use sluice_harness::{SluiceProcess, sluice_command};
 
 const CONFIG: &str = r#"
 domain: ops
@@ -131,9 +131,7 @@ fn refusals_are_logged_and_counted(sluice: &SluiceProcess) {
 fn admin_write_without_a_token_file_does_not_start() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("ops.yaml"), CONFIG).unwrap();
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"));
-    sluice_harness::without_sluice_env(&mut cmd);
-    let out = cmd
+    let out = sluice_command()
         .args(["serve", "--config"])
         .arg(dir.path())
         .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
@@ -327,7 +325,7 @@ async fn a_value_that_is_not_utf8_is_printed_and_reset_as_the_same_bytes() {
     let code = client.should_rate_limit(lossy.clone()).await.unwrap();
     assert_eq!(code.into_inner().overall_code, OVER_LIMIT);
     // The CLI reads the same form.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let out = sluice_command()
         .args([
             "bucket",
             "show",

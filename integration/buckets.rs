@@ -22,7 +22,7 @@ use sluice::settings::{RedisModeArg, Settings};
 use sluice_harness::process::metric_in;
 use sluice_harness::rls::{OK, OVER_LIMIT, request};
 use sluice_harness::sluice::{Sluice, TestServer};
-use sluice_harness::{RedisCluster, RedisSentinel, RedisServer};
+use sluice_harness::{RedisCluster, RedisSentinel, RedisServer, sluice_command};
 use tonic::transport::Channel;
 
 const CONFIG: &str = "domain: ops
@@ -166,6 +166,13 @@ async fn reading_takes_nothing(name: &str, mut server: Server) {
     );
     assert_eq!(server.show("tenant=acme").await["keys"][0]["remaining"], 6);
 
+    each_kind_of_bucket_reads_in_its_own_terms(name, &mut server).await;
+    server.stop().await;
+}
+
+/// Reading beyond one token bucket: several limits on one key, each algorithm in its own
+/// terms, a sharded key's shards, and an RLQS bucket id.
+async fn each_kind_of_bucket_reads_in_its_own_terms(name: &str, server: &mut Server) {
     // Several limits on one key (`rate_limits`): a key each, named by its window, and a
     // metric series each.
     server.spend("multi", "a", 2).await;
@@ -227,7 +234,6 @@ async fn reading_takes_nothing(name: &str, mut server: Server) {
     assert_eq!(pool["keys"][0]["key"], "sluice:{ops|tenant=acme}");
     assert_eq!(pool["keys"][0]["remaining"], 6, "{name}: {pool}");
     assert_eq!(pool["keys"][0]["replica"]["rlqs_pool"], Value::Null);
-    server.stop().await;
 }
 
 async fn errors_are_clear(name: &str, server: Server) {
@@ -319,7 +325,18 @@ async fn resetting(name: &str, mut server: Server) {
     );
     assert_eq!(server.call("multi", "b").await.overall_code, OK, "{name}");
 
-    // The lease this replica took is dropped with the bucket.
+    a_reset_drops_the_replicas_lease(name, &mut server).await;
+    let text = metrics_text(server.admin).await;
+    assert_eq!(
+        metric_in(&text, "sluice_admin_resets_total", &[("domain", "ops")]),
+        4.0,
+        "{name}: {text}"
+    );
+    server.stop().await;
+}
+
+/// The lease this replica took is dropped with the bucket.
+async fn a_reset_drops_the_replicas_lease(name: &str, server: &mut Server) {
     server.spend("leased", "z", 1).await;
     let leased = server.show("leased=z").await;
     // `lease: 5`: the hit's token and 4 more, held here.
@@ -338,14 +355,6 @@ async fn resetting(name: &str, mut server: Server) {
         Value::Null,
         "{name}: {fresh}"
     );
-
-    let text = metrics_text(server.admin).await;
-    assert_eq!(
-        metric_in(&text, "sluice_admin_resets_total", &[("domain", "ops")]),
-        4.0,
-        "{name}: {text}"
-    );
-    server.stop().await;
 }
 
 async fn metrics_text(addr: SocketAddr) -> String {
@@ -571,9 +580,7 @@ async fn the_script_peeks_as_the_pure_algorithm_and_writes_nothing() {
 // The CLI against a `sluice serve` process.
 
 fn cli(admin: SocketAddr, args: &[&str]) -> (Option<i32>, Value, String) {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"));
-    sluice_harness::without_sluice_env(&mut cmd);
-    let out = cmd
+    let out = sluice_command()
         .arg("bucket")
         .args(&args[..1])
         .args(["--admin", &admin.to_string(), "--domain", "ops"])

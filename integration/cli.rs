@@ -2,16 +2,9 @@
 //! bound addresses, SIGTERM draining to a clean exit.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
-use sluice_harness::{SluiceProcess, without_sluice_env};
-
-fn sluice() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    without_sluice_env(&mut c);
-    c
-}
+use sluice_harness::{SluiceProcess, sluice_command};
 
 fn repo(path: &str) -> String {
     format!("{}/{path}", env!("CARGO_MANIFEST_DIR"))
@@ -19,7 +12,7 @@ fn repo(path: &str) -> String {
 
 #[test]
 fn check_config_accepts_the_examples() {
-    let out = sluice()
+    let out = sluice_command()
         .args(["check-config", &repo("config")])
         .output()
         .unwrap();
@@ -42,7 +35,11 @@ fn check_config_reports_file_and_line_and_exits_1() {
         "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: -1}\n  - key: \"\"\n",
     )
     .unwrap();
-    let out = sluice().args(["check-config"]).arg(&file).output().unwrap();
+    let out = sluice_command()
+        .args(["check-config"])
+        .arg(&file)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("broken.yaml:4:"), "{stderr}");
@@ -63,14 +60,18 @@ fn check_config_takes_the_default_algorithm() {
         "domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5, burst: 9}\n",
     )
     .unwrap();
-    let ok = sluice().args(["check-config"]).arg(&file).output().unwrap();
+    let ok = sluice_command()
+        .args(["check-config"])
+        .arg(&file)
+        .output()
+        .unwrap();
     assert!(
         ok.status.success(),
         "{}",
         String::from_utf8_lossy(&ok.stderr)
     );
 
-    let flag = sluice()
+    let flag = sluice_command()
         .args(["check-config", "--default-algorithm", "fixed_window"])
         .arg(&file)
         .output()
@@ -84,7 +85,7 @@ fn check_config_takes_the_default_algorithm() {
         "{stderr}"
     );
 
-    let env = sluice()
+    let env = sluice_command()
         .args(["check-config", "--format", "json"])
         .arg(&file)
         .env("SLUICE_DEFAULT_ALGORITHM", "GCRA")
@@ -98,7 +99,7 @@ fn check_config_takes_the_default_algorithm() {
     let json: serde_json::Value = serde_json::from_slice(&env.stdout).unwrap();
     assert_eq!(json["algorithms"], serde_json::json!({"gcra": 1}));
 
-    let unknown = sluice()
+    let unknown = sluice_command()
         .args(["check-config", "--default-algorithm", "leaky_bucket"])
         .arg(&file)
         .output()

@@ -7,17 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice_harness as harness;
 use sluice_harness::rls::{OK, OVER_LIMIT, desc, header, http_get, req};
-use sluice_harness::{SluiceBuilder, SluiceProcess};
-
-/// The binary with an empty environment: nothing from the developer's or CI's environment
-/// (SLUICE_*, REDIS_URL, PORT, ...) may leak into what is tested.
-fn sluice() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    c.env_clear();
-    c
-}
+use sluice_harness::{SluiceBuilder, SluiceProcess, sluice_command};
+use tonic::transport::Channel;
 
 fn run(c: &mut Command) -> (Option<i32>, String, String) {
     let Output {
@@ -93,7 +87,7 @@ fn check_config_json_lists_every_error_for_ci() {
     )
     .unwrap();
     std::fs::write(dir.path().join("b.yaml"), "domain: b\nbogus: 1\n").unwrap();
-    let (code, stdout, _) = run(sluice()
+    let (code, stdout, _) = run(sluice_command()
         .arg("check-config")
         .arg(dir.path())
         .args(["--format", "json"]));
@@ -133,7 +127,7 @@ descriptors:
 "#,
     )
     .unwrap();
-    let (code, stdout, stderr) = run(sluice().arg("check-config").arg(dir.path()));
+    let (code, stdout, stderr) = run(sluice_command().arg("check-config").arg(dir.path()));
     assert_eq!(code, Some(0), "{stderr}");
     assert!(
         stdout.starts_with("ok: 1 domain (w), 3 rules, digest "),
@@ -152,7 +146,7 @@ descriptors:
         "{stderr}"
     );
 
-    let (code, stdout, _) = run(sluice()
+    let (code, stdout, _) = run(sluice_command()
         .arg("check-config")
         .arg(dir.path())
         .args(["--format", "json"]));
@@ -174,10 +168,10 @@ fn check_config_merges_domains_when_asked() {
         "domain: edge\ndescriptors:\n  - key: route\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
     )
     .unwrap();
-    let (code, _, stderr) = run(sluice().arg("check-config").arg(dir.path()));
+    let (code, _, stderr) = run(sluice_command().arg("check-config").arg(dir.path()));
     assert_eq!(code, Some(1));
     assert!(stderr.contains("duplicate domain `edge`"), "{stderr}");
-    let (code, stdout, _) = run(sluice()
+    let (code, stdout, _) = run(sluice_command()
         .arg("check-config")
         .arg(dir.path())
         .env("SLUICE_MERGE_DOMAINS", "true"));
@@ -197,7 +191,7 @@ fn explain_prints_the_rule_its_bucket_and_key() {
     )
     .unwrap();
     let explain = |descriptor: &str, extra: &[&str]| {
-        run(sluice()
+        run(sluice_command()
             .arg("explain")
             .arg("--config")
             .arg(dir.path())
@@ -254,7 +248,7 @@ fn explain_places_an_rlqs_bucket_id_on_the_tree() {
     )
     .unwrap();
     let explain = |bucket: &str| {
-        run(sluice()
+        run(sluice_command()
             .arg("explain")
             .arg("--config")
             .arg(dir.path())
@@ -286,7 +280,7 @@ fn explain_places_an_rlqs_bucket_id_on_the_tree() {
         "{stderr}"
     );
     // One of --descriptor and --bucket.
-    let (code, _, _) = run(sluice()
+    let (code, _, _) = run(sluice_command()
         .arg("explain")
         .arg("--config")
         .arg(dir.path())
@@ -338,7 +332,38 @@ async fn an_envoyproxy_ratelimit_deployment_switches_by_changing_the_image() {
     let root = tempfile::tempdir().unwrap();
     let runtime_root = runtime_layout(root.path());
 
-    let serve = SluiceBuilder::environment()
+    let serve = start_envoyproxy_deployment(&runtime_root, &redis.addr());
+
+    assert_unsupported_settings_named(&serve.log());
+    let mut client = serve.client().await;
+    decides_as_the_mongo_rules(&mut client).await;
+
+    // The buckets live in the deployment's Redis, under CACHE_KEY_PREFIX.
+    let keys: Vec<String> = redis.cmd(&["KEYS", "ratelimit:*"]);
+    assert!(
+        keys.iter()
+            .any(|k| k == "ratelimit:{mongo_cps|database=default}"),
+        "{keys:?}"
+    );
+
+    // envoyproxy/ratelimit's health check path on PORT; the config came from the runtime dir.
+    let (code, body) = http_get(serve.admin, "/healthcheck");
+    assert_eq!((code, body.as_str()), (200, "OK"));
+    let json = config_json(&serve);
+    assert_eq!(json["rule_count"], 3);
+    assert!(
+        json["domains"][0]["file"]
+            .as_str()
+            .unwrap()
+            .ends_with("current/ratelimit/config/mongo.yaml")
+    );
+    drop(serve);
+}
+
+/// sluice started with the environment of an envoyproxy/ratelimit deployment (its runtime
+/// directory, Redis, ports, headers, and settings sluice does not support).
+fn start_envoyproxy_deployment(runtime_root: &Path, redis_addr: &str) -> SluiceProcess {
+    SluiceBuilder::environment()
         .envs([
             ("RUNTIME_ROOT", runtime_root.to_str().unwrap()),
             ("RUNTIME_SUBDIRECTORY", "ratelimit"),
@@ -346,7 +371,7 @@ async fn an_envoyproxy_ratelimit_deployment_switches_by_changing_the_image() {
             ("RUNTIME_IGNOREDOTFILES", "true"),
             ("RUNTIME_WATCH_ROOT", "false"),
             ("REDIS_SOCKET_TYPE", "tcp"),
-            ("REDIS_URL", &redis.addr()),
+            ("REDIS_URL", redis_addr),
             ("REDIS_TYPE", "SINGLE"),
             ("REDIS_POOL_SIZE", "10"),
             ("GRPC_HOST", "127.0.0.1"),
@@ -365,10 +390,11 @@ async fn an_envoyproxy_ratelimit_deployment_switches_by_changing_the_image() {
             ("USE_PROMETHEUS", "true"),
             ("LOCAL_CACHE_SIZE_IN_BYTES", "1048576"),
         ])
-        .start();
+        .start()
+}
 
-    // Every unsupported setting is named once, never dropped silently.
-    let log = serve.log();
+/// Every unsupported setting is named once in the log, never dropped silently.
+fn assert_unsupported_settings_named(log: &str) {
     for name in ["USE_STATSD", "STATSD_HOST", "DEBUG_PORT"] {
         let line = format!("ignored: {name} ");
         assert_eq!(log.matches(&line).count(), 1, "{line:?} once in\n{log}");
@@ -379,8 +405,11 @@ async fn an_envoyproxy_ratelimit_deployment_switches_by_changing_the_image() {
         log.contains("LOCAL_CACHE_SIZE_IN_BYTES → SLUICE_OVER_LIMIT_CACHE_MAX_KEYS=4096"),
         "{log}"
     );
+}
 
-    let mut client = serve.client().await;
+/// The `mongo_cps` rules of the runtime directory's two files, merged, as envoyproxy/ratelimit
+/// decides them; unmatched descriptors and unknown domains pass.
+async fn decides_as_the_mongo_rules(client: &mut RateLimitServiceClient<Channel>) {
     let call = |pairs: &'static [(&'static str, &'static str)]| req("mongo_cps", vec![desc(pairs)]);
     // database=default: 3 per second, then OVER_LIMIT, with the configured header names.
     for _ in 0..3 {
@@ -421,32 +450,11 @@ async fn an_envoyproxy_ratelimit_deployment_switches_by_changing_the_image() {
         .unwrap()
         .into_inner();
     assert_eq!(r.overall_code, OK);
-
-    // The buckets live in the deployment's Redis, under CACHE_KEY_PREFIX.
-    let keys: Vec<String> = redis.cmd(&["KEYS", "ratelimit:*"]);
-    assert!(
-        keys.iter()
-            .any(|k| k == "ratelimit:{mongo_cps|database=default}"),
-        "{keys:?}"
-    );
-
-    // envoyproxy/ratelimit's health check path on PORT; the config came from the runtime dir.
-    let (code, body) = http_get(serve.admin, "/healthcheck");
-    assert_eq!((code, body.as_str()), (200, "OK"));
-    let json = config_json(&serve);
-    assert_eq!(json["rule_count"], 3);
-    assert!(
-        json["domains"][0]["file"]
-            .as_str()
-            .unwrap()
-            .ends_with("current/ratelimit/config/mongo.yaml")
-    );
-    drop(serve);
 }
 
 #[test]
 fn an_untranslatable_envoyproxy_setting_refuses_to_start() {
-    let (code, _, stderr) = run(sluice()
+    let (code, _, stderr) = run(sluice_command()
         .args(["serve", "--config", "/nonexistent"])
         .env("REDIS_URL", "127.0.0.1:1")
         .env("REDIS_TYPE", "RING"));
@@ -458,7 +466,7 @@ fn an_untranslatable_envoyproxy_setting_refuses_to_start() {
     // Other subcommands do not read envoyproxy/ratelimit settings at all.
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("edge.yaml"), EDGE).unwrap();
-    let (code, _, _) = run(sluice()
+    let (code, _, _) = run(sluice_command()
         .arg("check-config")
         .arg(dir.path())
         .env("REDIS_TYPE", "RING"));

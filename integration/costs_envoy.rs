@@ -12,21 +12,19 @@
 //! (`GET /buckets`, Redis's hash), and the debt counted in `sluice_charges_in_debt_total`.
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use serde_json::{Value, json};
+use sluice_harness::costs_envoy::{Budget, acme_bucket, check_then_charge, now};
 use sluice_harness::rls::http_get;
 use sluice_harness::{Bootstrap, Envoy, RedisServer, SluiceProcess};
 
-/// 100 per minute per tenant; charges always land.
-const RULES: &str = "domain: ai
-descriptors:
-  - key: tenant
-    charge: always
-    rate_limit: {unit: minute, requests_per_unit: 100}
-";
-const CAPACITY: f64 = 100.0;
-const PER_SECOND: f64 = 100.0 / 60.0;
+/// 100 per minute per tenant.
+const BUDGET: Budget = Budget { per_minute: 100 };
+
+/// The config: charges always land.
+fn rules() -> String {
+    BUDGET.rules("charge: always")
+}
 /// What every response costs (`x-tokens`).
 const COST: u64 = 60;
 /// Requests the tenant sends, one at a time.
@@ -34,28 +32,11 @@ const REQUESTS: usize = 20;
 /// The client's pause between a response and its next request.
 const PAUSE: Duration = Duration::from_millis(50);
 
-/// Test time: the run's span measures wall time; no decision reads it.
-#[allow(clippy::disallowed_methods)]
-fn now() -> Instant {
-    Instant::now()
-}
-
-/// The filter-level `rate_limits` of the issue: may the tenant start (a check that takes
-/// nothing), and after the response, charge what it cost.
-fn response_priced() -> Value {
-    let tenant =
-        json!([{"request_headers": {"header_name": "x-tenant", "descriptor_key": "tenant"}}]);
-    json!([
-        {"actions": tenant, "hits_addend": {"number": 0}},
-        {"actions": tenant, "apply_on_stream_done": true,
-         "hits_addend": {"format": "%RESP(x-tokens)%"}}
-    ])
-}
-
-/// An Envoy asking `sluice`, whose app answers every request with `x-tokens: 60`.
+/// An Envoy asking `sluice` with the issue's `rate_limits` (check, then charge the response's
+/// cost), whose app answers every request with `x-tokens: 60`.
 fn envoy_for(sluice: SocketAddr) -> Envoy {
     let mut bootstrap = Bootstrap::rls("ai", &[sluice]);
-    bootstrap.filter("envoy.filters.http.ratelimit")["rate_limits"] = response_priced();
+    bootstrap.filter("envoy.filters.http.ratelimit")["rate_limits"] = check_then_charge();
     bootstrap.app_header("x-tokens", &COST.to_string());
     Envoy::start(&bootstrap)
 }
@@ -91,7 +72,7 @@ impl Run {
     /// fits in 100, then 60 lands on 40 left), and that the rest were refused.
     fn assert_bounded(&self, what: &str) {
         let admitted = self.admitted();
-        let bound = CAPACITY + PER_SECOND * self.elapsed.as_secs_f64() + COST as f64;
+        let bound = BUDGET.bound(self.elapsed) + COST as f64;
         println!(
             "{what}: {admitted} of {} admitted in {:?}: cost {} (bound {bound:.1}); {:?}",
             self.statuses.len(),
@@ -142,18 +123,6 @@ fn charged_hits(admins: &[SocketAddr], expected: u64) -> u64 {
     total()
 }
 
-/// The tenant's bucket as `GET /buckets` reads it: (stored tokens, remaining).
-fn bucket(admin: SocketAddr) -> (f64, u64) {
-    let (status, body) = http_get(admin, "/buckets?domain=ai&descriptor=tenant=acme");
-    assert_eq!(status, 200, "{body}");
-    let json: Value = serde_json::from_str(&body).unwrap();
-    let key = &json["keys"][0];
-    let tokens = key["state"]["tokens"]
-        .as_f64()
-        .unwrap_or_else(|| panic!("{body}"));
-    (tokens, key["remaining"].as_u64().unwrap())
-}
-
 /// What every run must leave: each admitted request charged in full, nothing for the refused
 /// ones (Envoy cannot fill `%RESP(x-tokens)%` from its 429), the bucket in debt while the run
 /// is shorter than the debt takes to repay, and the debt counted.
@@ -164,10 +133,10 @@ fn assert_state(run: &Run, admins: &[SocketAddr]) {
         admitted * COST,
         "every admitted response charged, no refused one"
     );
-    let (tokens, remaining) = bucket(admins[0]);
+    let (tokens, remaining) = acme_bucket(admins[0]);
     println!("bucket after the run: {tokens:.2} tokens, {remaining} remaining");
     assert_eq!(remaining, 0, "the key refuses while in debt");
-    let level = CAPACITY + PER_SECOND * run.elapsed.as_secs_f64() - (admitted * COST) as f64;
+    let level = BUDGET.bound(run.elapsed) - (admitted * COST) as f64;
     assert!(tokens <= level + 1.0, "{tokens} tokens > {level:.1}");
     if run.elapsed < Duration::from_secs(10) {
         assert!(
@@ -187,7 +156,7 @@ fn assert_state(run: &Run, admins: &[SocketAddr]) {
 
 #[test]
 fn a_response_priced_tenant_is_held_to_the_bound_on_memory() {
-    let sluice = SluiceProcess::start(&[("ai.yaml", RULES)], &[]);
+    let sluice = SluiceProcess::start(&[("ai.yaml", &rules())], &[]);
     let envoy = envoy_for(sluice.grpc);
     let run = Run::send(&[&envoy]);
     run.assert_bounded("memory");
@@ -205,7 +174,7 @@ fn redis_tokens(redis: &RedisServer) -> f64 {
 #[test]
 fn a_response_priced_tenant_is_held_to_the_bound_on_redis() {
     let redis = RedisServer::start();
-    let sluice = SluiceProcess::start_on_redis(&[("ai.yaml", RULES)], &redis);
+    let sluice = SluiceProcess::start_on_redis(&[("ai.yaml", &rules())], &redis);
     let envoy = envoy_for(sluice.grpc);
     let run = Run::send(&[&envoy]);
     run.assert_bounded("redis");
@@ -213,7 +182,7 @@ fn a_response_priced_tenant_is_held_to_the_bound_on_redis() {
     let stored = redis_tokens(&redis);
     println!("redis: t = {stored}");
     assert!(
-        stored < CAPACITY - COST as f64,
+        stored < BUDGET.capacity() - COST as f64,
         "{stored}: both charges stored"
     );
 }
@@ -223,18 +192,18 @@ fn a_response_priced_tenant_is_held_to_the_bound_on_redis() {
 #[test]
 fn a_response_priced_tenant_is_held_to_the_bound_across_two_replicas() {
     let redis = RedisServer::start();
-    let one = SluiceProcess::start_on_redis(&[("ai.yaml", RULES)], &redis);
-    let two = SluiceProcess::start_on_redis(&[("ai.yaml", RULES)], &redis);
+    let one = SluiceProcess::start_on_redis(&[("ai.yaml", &rules())], &redis);
+    let two = SluiceProcess::start_on_redis(&[("ai.yaml", &rules())], &redis);
     let (first, second) = (envoy_for(one.grpc), envoy_for(two.grpc));
     let run = Run::send(&[&first, &second]);
     run.assert_bounded("two replicas");
     assert_state(&run, &[one.admin, two.admin]);
     // Both replicas read the same bucket.
-    assert_eq!(bucket(two.admin).1, 0);
+    assert_eq!(acme_bucket(two.admin).1, 0);
     let stored = redis_tokens(&redis);
     println!("redis: t = {stored}");
     assert!(
-        stored < CAPACITY - COST as f64,
+        stored < BUDGET.capacity() - COST as f64,
         "{stored}: both charges stored"
     );
 }

@@ -116,6 +116,26 @@ struct Tally {
 }
 
 impl Tally {
+    /// Nothing counted, no first send or reply yet.
+    fn none_yet() -> Tally {
+        Tally {
+            first_send: u64::MAX,
+            first_reply: u64::MAX,
+            ..Tally::default()
+        }
+    }
+
+    /// Adds `t`'s counts; the earliest firsts and the latest lasts.
+    fn add(&mut self, t: &Tally) {
+        self.allowed += t.allowed;
+        self.rejected += t.rejected;
+        self.errors += t.errors;
+        self.first_send = self.first_send.min(t.first_send);
+        self.first_reply = self.first_reply.min(t.first_reply);
+        self.last_send = self.last_send.max(t.last_send);
+        self.last_reply = self.last_reply.max(t.last_reply);
+    }
+
     fn parse(line: &str) -> Option<Tally> {
         let mut t = Tally::default();
         let rest = line.strip_prefix("TALLY ")?;
@@ -152,18 +172,9 @@ async fn mission_client_worker() {
     let Ok(targets) = std::env::var("MISSION_CLIENT_TARGETS") else {
         return;
     };
-    let concurrency: usize = std::env::var("MISSION_CLIENT_CONCURRENCY")
-        .unwrap()
-        .parse()
-        .unwrap();
-    let run_ms: u64 = std::env::var("MISSION_CLIENT_RUN_MS")
-        .unwrap()
-        .parse()
-        .unwrap();
-    let start_at: u64 = std::env::var("MISSION_CLIENT_START_AT")
-        .unwrap()
-        .parse()
-        .unwrap();
+    let concurrency: usize = env_number("MISSION_CLIENT_CONCURRENCY");
+    let run_ms: u64 = env_number("MISSION_CLIENT_RUN_MS");
+    let start_at: u64 = env_number("MISSION_CLIENT_START_AT");
     let mut clients = Vec::new();
     for t in targets.split(',') {
         clients.push(
@@ -179,49 +190,12 @@ async fn mission_client_worker() {
     let stop_at = start_at + run_ms;
     let mut tasks = Vec::new();
     for i in 0..concurrency {
-        let mut c = clients[i % clients.len()].clone();
-        tasks.push(tokio::spawn(async move {
-            let mut t = Tally {
-                first_send: u64::MAX,
-                first_reply: u64::MAX,
-                ..Tally::default()
-            };
-            loop {
-                let sent = wall_ms();
-                if sent >= stop_at {
-                    break;
-                }
-                t.first_send = t.first_send.min(sent);
-                t.last_send = t.last_send.max(sent);
-                let r = c
-                    .should_rate_limit(request("mission", &[&[("client", "hammered")]]))
-                    .await;
-                let replied = wall_ms();
-                t.first_reply = t.first_reply.min(replied);
-                t.last_reply = t.last_reply.max(replied);
-                match r.map(|r| r.into_inner().overall_code) {
-                    Ok(OK) => t.allowed += 1,
-                    Ok(_) => t.rejected += 1,
-                    Err(_) => t.errors += 1,
-                }
-            }
-            t
-        }));
+        let c = clients[i % clients.len()].clone();
+        tasks.push(tokio::spawn(hammer(c, stop_at)));
     }
-    let mut total = Tally {
-        first_send: u64::MAX,
-        first_reply: u64::MAX,
-        ..Tally::default()
-    };
+    let mut total = Tally::none_yet();
     for task in tasks {
-        let t = task.await.unwrap();
-        total.allowed += t.allowed;
-        total.rejected += t.rejected;
-        total.errors += t.errors;
-        total.first_send = total.first_send.min(t.first_send);
-        total.first_reply = total.first_reply.min(t.first_reply);
-        total.last_send = total.last_send.max(t.last_send);
-        total.last_reply = total.last_reply.max(t.last_reply);
+        total.add(&task.await.unwrap());
     }
     println!(
         "TALLY allowed={} rejected={} errors={} first_send={} first_reply={} last_send={} last_reply={}",
@@ -233,6 +207,39 @@ async fn mission_client_worker() {
         total.last_send,
         total.last_reply
     );
+}
+
+/// A number from the environment the hammer test sets for its client processes.
+fn env_number<T: std::str::FromStr>(name: &str) -> T
+where
+    T::Err: std::fmt::Debug,
+{
+    std::env::var(name).unwrap().parse().unwrap()
+}
+
+/// One connection's share of a client process: calls one after another until `stop_at`.
+async fn hammer(mut c: RateLimitServiceClient<Channel>, stop_at: u64) -> Tally {
+    let mut t = Tally::none_yet();
+    loop {
+        let sent = wall_ms();
+        if sent >= stop_at {
+            break;
+        }
+        t.first_send = t.first_send.min(sent);
+        t.last_send = t.last_send.max(sent);
+        let r = c
+            .should_rate_limit(request("mission", &[&[("client", "hammered")]]))
+            .await;
+        let replied = wall_ms();
+        t.first_reply = t.first_reply.min(replied);
+        t.last_reply = t.last_reply.max(replied);
+        match r.map(|r| r.into_inner().overall_code) {
+            Ok(OK) => t.allowed += 1,
+            Ok(_) => t.rejected += 1,
+            Err(_) => t.errors += 1,
+        }
+    }
+    t
 }
 
 #[test]

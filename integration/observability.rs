@@ -150,6 +150,59 @@ async fn per_rule_counters_are_exact_after_traffic_and_survive_a_reload() {
         settings.config_ops.watch_debounce = Duration::from_millis(20);
     })
     .await;
+    let codes = send_obs_traffic(&mut s).await;
+    let invalid = s.call(req("", vec![desc(&[("tenant", "acme")])])).await;
+    assert_eq!(invalid.unwrap_err().code(), tonic::Code::InvalidArgument);
+    assert_eq!(codes.iter().filter(|c| **c == OVER_LIMIT).count(), 3);
+    assert_eq!(codes.iter().filter(|c| **c == OK).count(), 21);
+
+    let m = scrape(s.admin_addr());
+    assert_obs_per_rule_counters(&m);
+    assert_obs_request_counters(&m);
+    let first_digest = config_digest(&m);
+
+    // A rejected edit: counted, flagged, the old config (and its counters) stay.
+    let file = s.dir.path().join("obs.yaml");
+    std::fs::write(
+        &file,
+        OBS.replace("requests_per_unit: 10", "requests_per_unit: -1"),
+    )
+    .unwrap();
+    let admin = s.admin_addr();
+    let m = poll_scrape(admin, |m| {
+        m.get("ratelimit_service_config_load_error", &[]) == 1.0
+    })
+    .await;
+    assert_eq!(m.get("sluice_config_last_load_failed", &[]), 1.0);
+    assert_eq!(config_digest(&m), first_digest);
+
+    // A good edit of the tenant limit: its counters go on from where they were.
+    std::fs::write(
+        &file,
+        OBS.replace("requests_per_unit: 10", "requests_per_unit: 50"),
+    )
+    .unwrap();
+    let m = poll_scrape(admin, |m| {
+        m.get("ratelimit_service_config_load_success", &[]) == 2.0
+    })
+    .await;
+    assert_eq!(m.get("sluice_config_last_load_failed", &[]), 0.0);
+    assert_ne!(config_digest(&m), first_digest);
+    s.ok(req("obs", vec![desc(&[("tenant", "gamma")])])).await;
+    let m = scrape(admin);
+    assert_eq!(
+        m.get(
+            "ratelimit_service_rate_limit_total_hits",
+            &[("domain", "obs"), ("key", "tenant")]
+        ),
+        24.0
+    );
+    s.stop().await;
+}
+
+/// The traffic of `per_rule_counters_are_exact_after_traffic_and_survive_a_reload` over `OBS`,
+/// request by request; the overall code of each.
+async fn send_obs_traffic(s: &mut TestServer) -> Vec<i32> {
     let mut codes = Vec::new();
     // tenant=acme, capacity 10: ten allowed (the 9th and 10th past 80 %), two over.
     for _ in 0..12 {
@@ -196,12 +249,11 @@ async fn per_rule_counters_are_exact_after_traffic_and_survive_a_reload() {
                 .overall_code,
         );
     }
-    let invalid = s.call(req("", vec![desc(&[("tenant", "acme")])])).await;
-    assert_eq!(invalid.unwrap_err().code(), tonic::Code::InvalidArgument);
-    assert_eq!(codes.iter().filter(|c| **c == OVER_LIMIT).count(), 3);
-    assert_eq!(codes.iter().filter(|c| **c == OK).count(), 21);
+    codes
+}
 
-    let m = scrape(s.admin_addr());
+/// The per-rule counters of domain `obs` after `send_obs_traffic`.
+fn assert_obs_per_rule_counters(m: &Scrape) {
     let rule = |name: &str| m.by_key(name, "obs");
     let expect = |pairs: &[(&str, f64)]| -> BTreeMap<String, f64> {
         pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
@@ -261,6 +313,11 @@ async fn per_rule_counters_are_exact_after_traffic_and_survive_a_reload() {
             .values()
             .all(|v| *v == 0.0)
     );
+}
+
+/// The service-wide counters after `send_obs_traffic` and one invalid request: requests by
+/// outcome, errors, unknown domains, response times, buckets, config loads.
+fn assert_obs_request_counters(m: &Scrape) {
     let requests = |outcome: &str| {
         m.get(
             "ratelimit_service_total_requests",
@@ -294,51 +351,14 @@ async fn per_rule_counters_are_exact_after_traffic_and_survive_a_reload() {
         !m.has("sluice_redis_errors_total"),
         "no Redis, no Redis metrics"
     );
-    let digest = |m: &Scrape| {
-        m.0.keys()
-            .find(|(n, _)| n == "sluice_config_info")
-            .map(|(_, l)| l["digest"].clone())
-            .expect("config info")
-    };
-    let first_digest = digest(&m);
+}
 
-    // A rejected edit: counted, flagged, the old config (and its counters) stay.
-    let file = s.dir.path().join("obs.yaml");
-    std::fs::write(
-        &file,
-        OBS.replace("requests_per_unit: 10", "requests_per_unit: -1"),
-    )
-    .unwrap();
-    let admin = s.admin_addr();
-    let m = poll_scrape(admin, |m| {
-        m.get("ratelimit_service_config_load_error", &[]) == 1.0
-    })
-    .await;
-    assert_eq!(m.get("sluice_config_last_load_failed", &[]), 1.0);
-    assert_eq!(digest(&m), first_digest);
-
-    // A good edit of the tenant limit: its counters go on from where they were.
-    std::fs::write(
-        &file,
-        OBS.replace("requests_per_unit: 10", "requests_per_unit: 50"),
-    )
-    .unwrap();
-    let m = poll_scrape(admin, |m| {
-        m.get("ratelimit_service_config_load_success", &[]) == 2.0
-    })
-    .await;
-    assert_eq!(m.get("sluice_config_last_load_failed", &[]), 0.0);
-    assert_ne!(digest(&m), first_digest);
-    s.ok(req("obs", vec![desc(&[("tenant", "gamma")])])).await;
-    let m = scrape(admin);
-    assert_eq!(
-        m.get(
-            "ratelimit_service_rate_limit_total_hits",
-            &[("domain", "obs"), ("key", "tenant")]
-        ),
-        24.0
-    );
-    s.stop().await;
+/// The `digest` label of `sluice_config_info`.
+fn config_digest(m: &Scrape) -> String {
+    m.0.keys()
+        .find(|(n, _)| n == "sluice_config_info")
+        .map(|(_, l)| l["digest"].clone())
+        .expect("config info")
 }
 
 async fn poll_scrape(admin: SocketAddr, done: impl Fn(&Scrape) -> bool) -> Scrape {
@@ -490,7 +510,13 @@ async fn redis_calls_errors_and_degraded_decisions_are_counted() {
     assert_eq!(strict.unwrap_err().code(), tonic::Code::Unavailable);
     redis.resume();
 
-    let m = scrape(s.admin_addr());
+    assert_stalled_redis_counted(&scrape(s.admin_addr()));
+    s.stop().await;
+}
+
+/// After `redis_calls_errors_and_degraded_decisions_are_counted`'s stall: four timed-out calls,
+/// three degraded `open` decisions, one failed `strict` call, and the rule's hits.
+fn assert_stalled_redis_counted(m: &Scrape) {
     assert_eq!(m.get("sluice_redis_call_duration_seconds_count", &[]), 8.0);
     assert_eq!(
         m.get("sluice_redis_errors_total", &[("kind", "timeout")]),
@@ -533,7 +559,6 @@ async fn redis_calls_errors_and_degraded_decisions_are_counted() {
         ),
         1.0
     );
-    s.stop().await;
 }
 
 /// The resilience layer's own figures through the real path: rejections answered from the

@@ -69,6 +69,13 @@ async fn spans_and_metrics_reach_an_otlp_collector() {
     s.stop().await;
     guard.shutdown().await;
 
+    assert_spans_traced(&collector, &redis.addr());
+    assert_metrics_pushed(&collector);
+    collector.stop().await;
+}
+
+/// The one traced request: its server span, child of the caller's, and its Redis client span.
+fn assert_spans_traced(collector: &Collector, redis_addr: &str) {
     let spans = collector.spans();
     assert_eq!(spans.len(), 2, "{spans:#?}");
     let server = spans
@@ -103,11 +110,11 @@ async fn spans_and_metrics_reach_an_otlp_collector() {
     assert_eq!(client_attr("db.system").as_deref(), Some("redis"));
     assert_eq!(client_attr("db.operation.name").as_deref(), Some("EVALSHA"));
     assert_eq!(client_attr("db.redis.keys").as_deref(), Some("1"));
-    assert_eq!(
-        client_attr("server.address").as_deref(),
-        Some(redis.addr().as_str())
-    );
+    assert_eq!(client_attr("server.address").as_deref(), Some(redis_addr));
+}
 
+/// The pushed metrics after five requests: per-rule hits, requests, Redis call latencies.
+fn assert_metrics_pushed(collector: &Collector) {
     assert!(collector.metric_exports() >= 1);
     let metrics = collector.metrics();
     assert!(metrics.iter().all(|(service, _)| service == "sluice"));
@@ -164,5 +171,4 @@ async fn spans_and_metrics_reach_an_otlp_collector() {
         panic!("sluice_redis_call_duration_seconds is not a histogram");
     };
     assert_eq!(redis_latency.data_points[0].count, 5);
-    collector.stop().await;
 }

@@ -3,7 +3,6 @@
 //! buckets live only in the second Redis, the others only in the main one; both limit; a dead
 //! per-second Redis puts only per-second descriptors under their failure policy.
 
-use std::process::Command;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
@@ -13,7 +12,7 @@ use sluice::resilience::breaker::BreakerState;
 use sluice::settings::RedisModeArg;
 use sluice_harness::rls::{OK, OVER_LIMIT, header, http_get, request};
 use sluice_harness::sluice::Sluice;
-use sluice_harness::{RedisServer, SluiceBuilder, wait_until};
+use sluice_harness::{RedisServer, SluiceBuilder, sluice_command, wait_until};
 use tonic::transport::Channel;
 
 /// `burst`: 3 per second, answered `closed` when its Redis is away; `quota`: 10 per minute.
@@ -253,9 +252,8 @@ async fn the_reference_environment_enables_the_per_second_redis() {
     drop(serve);
 
     // Switched on without its URL, the service refuses to start and says what is missing.
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let out = sluice_command()
         .arg("serve")
-        .env_clear()
         .envs([
             ("RUNTIME_ROOT", runtime_root.to_str().unwrap()),
             ("RUNTIME_SUBDIRECTORY", "ratelimit"),

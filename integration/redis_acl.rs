@@ -36,9 +36,7 @@ async fn connect(url: String) -> Result<RedisBackend, sluice::backend::BackendEr
 #[tokio::test]
 async fn least_privilege_acl_is_enough_and_confines_the_user_to_its_prefix() {
     let redis = RedisServer::start();
-    let mut setuser = vec!["ACL", "SETUSER", "sluice"];
-    setuser.extend(ACL_RULE.split_whitespace());
-    assert_eq!(redis.cli(None, &setuser).trim(), "OK");
+    set_user(&redis, "sluice", ACL_RULE.split_whitespace());
 
     let backend = connect(redis.url_for("sluice", PASSWORD))
         .await
@@ -78,9 +76,11 @@ async fn least_privilege_acl_is_enough_and_confines_the_user_to_its_prefix() {
     // rule; the key's TTL needs `+pttl`, without it the peek reports none.
     let peeked = backend.peek(&hits[..1]).await.remove(0).expect("peek");
     assert_eq!((peeked.peek.verdict.remaining, peeked.ttl_ms), (2, None));
-    let mut setuser = vec!["ACL", "SETUSER", "sluice-pttl"];
-    setuser.extend(ACL_RULE.split_whitespace().chain(["+pttl"]));
-    assert_eq!(redis.cli(None, &setuser).trim(), "OK");
+    set_user(
+        &redis,
+        "sluice-pttl",
+        ACL_RULE.split_whitespace().chain(["+pttl"]),
+    );
     let with_pttl = connect(redis.url_for("sluice-pttl", PASSWORD))
         .await
         .unwrap();
@@ -89,7 +89,19 @@ async fn least_privilege_acl_is_enough_and_confines_the_user_to_its_prefix() {
     assert_eq!(backend.reset(&hits[..1]).await, [Ok(true)]);
     assert_eq!(backend.check(&hits[..1]).await.unwrap()[0].remaining, 6);
 
-    // The script may not touch a key outside the prefix, and the user can run nothing else.
+    assert_confined_to_the_prefix(&redis, &backend).await;
+    assert_every_command_is_needed(&redis, &hits).await;
+}
+
+/// `ACL SETUSER user rules…`, as the default user.
+fn set_user<'a>(redis: &RedisServer, user: &'a str, rules: impl Iterator<Item = &'a str>) {
+    let mut setuser = vec!["ACL", "SETUSER", user];
+    setuser.extend(rules);
+    assert_eq!(redis.cli(None, &setuser).trim(), "OK");
+}
+
+/// The script may not touch a key outside the prefix, and the user can run nothing else.
+async fn assert_confined_to_the_prefix(redis: &RedisServer, backend: &RedisBackend) {
     let outside = [Hit::new("other:{edge|tenant=acme}", TEN, 1)];
     assert!(backend.check(&outside).await.is_err());
     for command in [
@@ -104,25 +116,31 @@ async fn least_privilege_acl_is_enough_and_confines_the_user_to_its_prefix() {
         let reply = redis.cli(Some(("sluice", PASSWORD)), command);
         assert!(reply.contains("NOPERM"), "{command:?} answered {reply}");
     }
+}
 
-    // Without the script's own commands the user cannot decide: the ACL above is also minimal
-    // in that respect (each of these is needed).
+/// Without the script's own commands the user cannot decide, and without the heartbeat's it
+/// cannot beat: the ACL is also minimal in that respect (each of these is needed).
+async fn assert_every_command_is_needed(redis: &RedisServer, hits: &[Hit]) {
     for missing in ["+hset", "+hmget", "+pexpire", "+time"] {
         let user = format!("sluice{}", &missing[1..]);
-        let mut setuser = vec!["ACL", "SETUSER", user.as_str()];
-        setuser.extend(ACL_RULE.split_whitespace().filter(|r| *r != missing));
-        assert_eq!(redis.cli(None, &setuser).trim(), "OK");
+        set_user(
+            redis,
+            &user,
+            ACL_RULE.split_whitespace().filter(|r| *r != missing),
+        );
         let result = match connect(redis.url_for(&user, PASSWORD)).await {
-            Ok(b) => b.check(&hits).await.map(|_| ()),
+            Ok(b) => b.check(hits).await.map(|_| ()),
             Err(e) => Err(e),
         };
         assert!(result.is_err(), "works without {missing}");
     }
     for missing in ["+zadd", "+zremrangebyscore", "+zcard"] {
         let user = format!("sluice{}", &missing[1..]);
-        let mut setuser = vec!["ACL", "SETUSER", user.as_str()];
-        setuser.extend(ACL_RULE.split_whitespace().filter(|r| *r != missing));
-        assert_eq!(redis.cli(None, &setuser).trim(), "OK");
+        set_user(
+            redis,
+            &user,
+            ACL_RULE.split_whitespace().filter(|r| *r != missing),
+        );
         let b = connect(redis.url_for(&user, PASSWORD))
             .await
             .expect("decisions need no heartbeat command");

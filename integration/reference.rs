@@ -2,12 +2,10 @@
 //! blocking `requests_per_unit: 0` rule, which never reaches Redis, and `share_threshold`, whose
 //! wildcard's values share one Redis key (the one `sluice explain` prints).
 
-use std::process::Command;
-
 use sluice::settings::RedisModeArg;
 use sluice_harness::rls::{OK, OVER_LIMIT, request};
 use sluice_harness::sluice::Sluice;
-use sluice_harness::{RedisServer, without_sluice_env};
+use sluice_harness::{RedisServer, sluice_command};
 
 const CONFIG: &str = r#"
 domain: ref
@@ -103,8 +101,7 @@ async fn share_threshold_values_drain_one_redis_key() {
 fn explained_key(descriptor: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("ref.yaml"), CONFIG).unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    let out = without_sluice_env(&mut cmd)
+    let out = sluice_command()
         .arg("explain")
         .arg("--config")
         .arg(dir.path())

@@ -174,26 +174,7 @@ async fn basic_sequence(serve: &SluiceProcess, local: bool) {
     assert!(r.response_headers_to_add.is_empty(), "no headers");
     assert_eq!(counter(serve, "total_hits", "basic", &key("key1")).await, 1);
 
-    // 20 per minute, 25 calls: 19..0 left, then OVER_LIMIT with 0.
-    // Each test has a Redis of its own, so a fixed value is fresh (the reference draws a random
-    // one against its shared Redis).
-    away_from_a_minute_boundary().await;
-    let value = "first";
-    for i in 0..25u32 {
-        let r = call(&mut client, request("another", &[(&key("key2"), value)])).await;
-        let (code, remaining) = if i >= 20 {
-            (OVER_LIMIT, 0)
-        } else {
-            (OK, 20 - (i + 1))
-        };
-        assert_eq!(r.overall_code, code, "call {i}");
-        assert_eq!(
-            limited(&r.statuses[0]),
-            (code, 20, MINUTE, remaining),
-            "call {i}"
-        );
-        reset_secs(&r.statuses[0], 60);
-    }
+    minute_limit_run_past(&mut client, &key).await;
     let k2 = key("key2");
     assert_eq!(counter(serve, "total_hits", "another", &k2).await, 25);
     assert_eq!(counter(serve, "over_limit", "another", &k2).await, 5);
@@ -221,18 +202,43 @@ async fn basic_sequence(serve: &SluiceProcess, local: bool) {
         cached
     );
 
-    // A day window: the reset counts down between two calls.
-    let first = call(
-        &mut client,
-        request("another", &[(&key("key4"), "durTest")]),
-    )
-    .await;
+    day_window_counts_down(&mut client, &key).await;
+}
+
+/// 20 per minute, 25 calls of `key2`: 19..0 left, then OVER_LIMIT with 0.
+async fn minute_limit_run_past(
+    client: &mut RateLimitServiceClient<Channel>,
+    key: &dyn Fn(&str) -> String,
+) {
+    // Each test has a Redis of its own, so a fixed value is fresh (the reference draws a random
+    // one against its shared Redis).
+    away_from_a_minute_boundary().await;
+    let value = "first";
+    for i in 0..25u32 {
+        let r = call(client, request("another", &[(&key("key2"), value)])).await;
+        let (code, remaining) = if i >= 20 {
+            (OVER_LIMIT, 0)
+        } else {
+            (OK, 20 - (i + 1))
+        };
+        assert_eq!(r.overall_code, code, "call {i}");
+        assert_eq!(
+            limited(&r.statuses[0]),
+            (code, 20, MINUTE, remaining),
+            "call {i}"
+        );
+        reset_secs(&r.statuses[0], 60);
+    }
+}
+
+/// A day window: the reset of `key4` counts down between two calls.
+async fn day_window_counts_down(
+    client: &mut RateLimitServiceClient<Channel>,
+    key: &dyn Fn(&str) -> String,
+) {
+    let first = call(client, request("another", &[(&key("key4"), "durTest")])).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let second = call(
-        &mut client,
-        request("another", &[(&key("key4"), "durTest")]),
-    )
-    .await;
+    let second = call(client, request("another", &[(&key("key4"), "durTest")])).await;
     let (first, second) = (
         reset_secs(&first.statuses[0], 86_400),
         reset_secs(&second.statuses[0], 86_400),

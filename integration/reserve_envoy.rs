@@ -9,36 +9,26 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, Barrier};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
-use sluice_harness::rls::http_get;
+use sluice_harness::costs_envoy::{Budget, acme_bucket, check_then_charge, now};
 use sluice_harness::{Bootstrap, Envoy, HttpClient, RedisServer, SlowApp, SluiceProcess};
 
-/// 300 tokens per minute per tenant, reserved per request.
-const RULES: &str = "domain: ai
-descriptors:
-  - key: tenant
-    reserve: {holder: request_id, max_hold: 60s}
-    rate_limit: {unit: minute, requests_per_unit: 300}
-";
+/// 300 tokens per minute per tenant.
+const BUDGET: Budget = Budget { per_minute: 300 };
+
+/// The config: the budget reserved per request.
+fn rules() -> String {
+    BUDGET.rules("reserve: {holder: request_id, max_hold: 60s}")
+}
+
 /// The same budget as a debt rule: a check on the request path, the cost charged after.
-const DEBT_RULES: &str = "domain: ai
-descriptors:
-  - key: tenant
-    charge: always
-    rate_limit: {unit: minute, requests_per_unit: 300}
-";
-const CAPACITY: f64 = 300.0;
-const PER_SECOND: f64 = 300.0 / 60.0;
+fn debt_rules() -> String {
+    BUDGET.rules("charge: always")
+}
 /// The most a response may cost: what the request path reserves.
 const MAX_COST: u64 = 100;
-
-/// Test time: the run's span measures wall time; no decision reads it.
-#[allow(clippy::disallowed_methods)]
-fn now() -> Instant {
-    Instant::now()
-}
 
 /// Reserve `MAX_COST` on the request path, settle with `x-tokens` at stream done.
 fn reserving() -> Value {
@@ -49,17 +39,6 @@ fn reserving() -> Value {
     json!([
         {"actions": actions, "hits_addend": {"number": MAX_COST}},
         {"actions": actions, "apply_on_stream_done": true,
-         "hits_addend": {"format": "%RESP(x-tokens)%"}}
-    ])
-}
-
-/// docs/costs.md's debt pattern: a check that takes nothing, then the cost.
-fn checking_then_charging() -> Value {
-    let tenant =
-        json!([{"request_headers": {"header_name": "x-tenant", "descriptor_key": "tenant"}}]);
-    json!([
-        {"actions": tenant, "hits_addend": {"number": 0}},
-        {"actions": tenant, "apply_on_stream_done": true,
          "hits_addend": {"format": "%RESP(x-tokens)%"}}
     ])
 }
@@ -83,12 +62,7 @@ fn get(client: &mut HttpClient, cost: u64, hold_ms: u64) -> u16 {
 
 /// The tenant's bucket level as `GET /buckets` reads it (stored tokens, fractional).
 fn tokens(admin: SocketAddr) -> f64 {
-    let (status, body) = http_get(admin, "/buckets?domain=ai&descriptor=tenant=acme");
-    assert_eq!(status, 200, "{body}");
-    let json: Value = serde_json::from_str(&body).unwrap();
-    json["keys"][0]["state"]["tokens"]
-        .as_f64()
-        .unwrap_or_else(|| panic!("{body}"))
+    acme_bucket(admin).0
 }
 
 /// Waits until the bucket reads at least `floor` tokens (the settlement arrives after the
@@ -112,7 +86,9 @@ fn one_request_settles(sluice: &SluiceProcess, redis: Option<&RedisServer>) {
     assert_eq!(get(&mut envoy.client(), 30, 0), 200);
     let level = settled_to(sluice.admin, 270.0);
     println!("after a response of 30: {level:.2} tokens");
-    assert!((270.0..271.0 + started.elapsed().as_secs_f64() * PER_SECOND).contains(&level));
+    assert!(
+        (270.0..271.0 + started.elapsed().as_secs_f64() * BUDGET.per_second()).contains(&level)
+    );
     assert_eq!(get(&mut envoy.client(), 150, 0), 200);
     // 270 - 150 plus the refill since; the reservation alone would leave 170.
     thread::sleep(Duration::from_millis(300));
@@ -120,7 +96,7 @@ fn one_request_settles(sluice: &SluiceProcess, redis: Option<&RedisServer>) {
     let elapsed = started.elapsed().as_secs_f64();
     println!("after a response of 150: {level:.2} tokens");
     assert!(
-        (120.0..=120.0 + elapsed * PER_SECOND + 1.0).contains(&level),
+        (120.0..=120.0 + elapsed * BUDGET.per_second() + 1.0).contains(&level),
         "{level}: the overrun of 50 lands in full"
     );
     assert_eq!(app.seen("acme").cost, 180);
@@ -144,14 +120,14 @@ fn one_request_settles(sluice: &SluiceProcess, redis: Option<&RedisServer>) {
 
 #[test]
 fn a_reservation_is_settled_through_envoy_in_memory() {
-    let sluice = SluiceProcess::start(&[("ai.yaml", RULES)], &[]);
+    let sluice = SluiceProcess::start(&[("ai.yaml", &rules())], &[]);
     one_request_settles(&sluice, None);
 }
 
 #[test]
 fn a_reservation_is_settled_through_envoy_on_redis() {
     let redis = RedisServer::start();
-    let sluice = SluiceProcess::start_on_redis(&[("ai.yaml", RULES)], &redis);
+    let sluice = SluiceProcess::start_on_redis(&[("ai.yaml", &rules())], &redis);
     one_request_settles(&sluice, Some(&redis));
 }
 
@@ -165,7 +141,19 @@ struct Load {
 
 impl Load {
     fn bound(&self) -> f64 {
-        CAPACITY + PER_SECOND * self.elapsed.as_secs_f64()
+        BUDGET.bound(self.elapsed)
+    }
+
+    /// One line: admitted, refused, the cost served, the span and the bound (`and` after it).
+    fn print(&self, what: &str, and: &str) {
+        println!(
+            "{what}: {} admitted, {} refused, cost {} in {:?} (bound {:.1}{and})",
+            self.admitted,
+            self.refused,
+            self.cost,
+            self.elapsed,
+            self.bound()
+        );
     }
 }
 
@@ -223,8 +211,8 @@ fn admitted_cost_stays_within_the_bound_whatever_the_concurrency() {
     let span = Duration::from_secs(3);
     let redis = RedisServer::start();
     let replicas = [
-        SluiceProcess::start_on_redis(&[("ai.yaml", RULES)], &redis),
-        SluiceProcess::start_on_redis(&[("ai.yaml", RULES)], &redis),
+        SluiceProcess::start_on_redis(&[("ai.yaml", &rules())], &redis),
+        SluiceProcess::start_on_redis(&[("ai.yaml", &rules())], &redis),
     ];
     let app = SlowApp::start(Duration::from_millis(150));
     let envoys = [
@@ -233,14 +221,7 @@ fn admitted_cost_stays_within_the_bound_whatever_the_concurrency() {
     ];
     let ingress: Vec<SocketAddr> = envoys.iter().map(|e| e.ingress).collect();
     let run = load(&ingress, &app, span);
-    println!(
-        "reservations: {} admitted, {} refused, cost {} in {:?} (bound {:.1})",
-        run.admitted,
-        run.refused,
-        run.cost,
-        run.elapsed,
-        run.bound()
-    );
+    run.print("reservations", "");
     assert!(
         run.cost as f64 <= run.bound(),
         "admitted cost {} > C + r·T = {:.1}",
@@ -252,24 +233,17 @@ fn admitted_cost_stays_within_the_bound_whatever_the_concurrency() {
     // concurrent client would be a weak floor; the settled refunds must have admitted more than
     // the reservations alone would (3 of 100).
     assert!(
-        run.cost as f64 >= CAPACITY / 2.0,
+        run.cost as f64 >= BUDGET.capacity() / 2.0,
         "cost {}: unused reservations were not given back",
         run.cost
     );
 
     // The same load on the debt pattern: every check passes while the bucket has a token.
-    let debt = SluiceProcess::start(&[("ai.yaml", DEBT_RULES)], &[]);
+    let debt = SluiceProcess::start(&[("ai.yaml", &debt_rules())], &[]);
     let debt_app = SlowApp::start(Duration::from_millis(150));
-    let debt_envoy = envoy_for(debt.grpc, &debt_app, checking_then_charging());
+    let debt_envoy = envoy_for(debt.grpc, &debt_app, check_then_charge());
     let run = load(&[debt_envoy.ingress], &debt_app, span);
-    println!(
-        "debt pattern: {} admitted, {} refused, cost {} in {:?} (bound {:.1} + charges in flight)",
-        run.admitted,
-        run.refused,
-        run.cost,
-        run.elapsed,
-        run.bound()
-    );
+    run.print("debt pattern", " + charges in flight");
     assert!(
         run.cost as f64 > run.bound(),
         "without reservations, concurrent requests overshoot: {}",

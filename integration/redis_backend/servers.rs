@@ -86,7 +86,62 @@ async fn cluster_one_call_per_slot_in_hit_order_and_follows_moved() {
         .await
         .expect("connect");
 
-    // The script was loaded on every master.
+    assert_script_cached_on_every_master(&cluster);
+    let same_tag = keys_sharing_a_slot(&cluster);
+    let tags = tags_on_three_masters(&cluster);
+    // Distinct capacities tell the verdicts apart; the slow refill keeps state visible.
+    let capacity = |n: u64| BucketParams {
+        capacity: n,
+        ..ONE_PER_MINUTE
+    };
+    // Interleaved so the grouping by slot has to put verdicts back in order.
+    let hits = [
+        Hit::new(key(&tags[0], "a"), capacity(11), 1),
+        Hit::new(key(&tags[1], "a"), capacity(12), 1),
+        Hit::new(key(&tags[0], "b"), capacity(13), 1),
+        Hit::new(key(&tags[2], "a"), capacity(14), 1),
+        Hit::new(same_tag[0].clone(), capacity(15), 1),
+        Hit::new(same_tag[1].clone(), capacity(16), 1),
+    ];
+    let distinct_slots: HashSet<u16> = hits.iter().map(|hit| cluster.keyslot(&hit.key)).collect();
+    cluster.masters().into_iter().for_each(reset_stats);
+    let verdicts = backend.check(&hits).await.expect("check");
+    let remaining: Vec<u64> = verdicts.iter().map(|v| v.remaining).collect();
+    assert_eq!(remaining, [10, 11, 12, 13, 14, 15]);
+    let evalsha = evalsha_calls(&cluster);
+    println!(
+        "cluster: {} slots in one check, {evalsha} EVALSHA",
+        distinct_slots.len()
+    );
+    assert_eq!(evalsha, distinct_slots.len() as u64);
+
+    // One slot, one call.
+    cluster.masters().into_iter().for_each(reset_stats);
+    let same_slot = [
+        Hit::new(same_tag[0].clone(), capacity(15), 1),
+        Hit::new(same_tag[1].clone(), capacity(16), 1),
+    ];
+    backend.check(&same_slot).await.expect("check");
+    let evalsha = evalsha_calls(&cluster);
+    assert_eq!(evalsha, 1);
+
+    // Move that slot (with its keys) to another master: the stale slot map meets MOVED.
+    let slot = cluster.keyslot(&same_tag[0]);
+    let owner = cluster.master_for_slot(slot).port();
+    let target = cluster
+        .masters()
+        .into_iter()
+        .find(|m| m.port() != owner)
+        .expect("another master");
+    cluster.move_slot(slot, target);
+    let verdicts = backend.check(&same_slot).await.expect("check after MOVED");
+    let remaining: Vec<u64> = verdicts.iter().map(|v| v.remaining).collect();
+    assert_eq!(remaining, [12, 13], "state moved with the slot");
+    assert!(command_calls(target, "evalsha") >= 1);
+}
+
+/// The script was loaded on every master.
+fn assert_script_cached_on_every_master(cluster: &RedisCluster) {
     let sha = sha1_smol::Sha1::from(include_str!("../../lua/limit.lua"))
         .digest()
         .to_string();
@@ -94,8 +149,11 @@ async fn cluster_one_call_per_slot_in_hit_order_and_follows_moved() {
         let exists: Vec<i64> = master.cmd(&["SCRIPT", "EXISTS", &sha]);
         assert_eq!(exists, [1], "script cached on {}", master.addr());
     }
+}
 
-    // Descriptors sharing domain and first entry share a hash tag, hence a slot.
+/// Two bucket keys whose descriptors share domain and first entry: they share a hash tag,
+/// hence a slot (which `sluice::key::slot` computes as Redis does).
+fn keys_sharing_a_slot(cluster: &RedisCluster) -> Vec<String> {
     let tenant = Entry::new("tenant", "acme");
     let same_tag: Vec<String> = [
         vec![tenant.clone()],
@@ -118,78 +176,31 @@ async fn cluster_one_call_per_slot_in_hit_order_and_follows_moved() {
         sluice::key::slot(&same_tag[0]),
         cluster.keyslot(&same_tag[0])
     );
+    same_tag
+}
 
-    // Three hash tags on three different masters.
-    let tags: Vec<String> = {
-        let mut by_master = std::collections::HashMap::new();
-        for n in 0.. {
-            let tag = format!("t{n}");
-            by_master
-                .entry(cluster.master_for(&key(&tag, "x")).port())
-                .or_insert(tag);
-            if by_master.len() == 3 {
-                break;
-            }
+/// Three hash tags on three different masters.
+fn tags_on_three_masters(cluster: &RedisCluster) -> Vec<String> {
+    let mut by_master = std::collections::HashMap::new();
+    for n in 0.. {
+        let tag = format!("t{n}");
+        by_master
+            .entry(cluster.master_for(&key(&tag, "x")).port())
+            .or_insert(tag);
+        if by_master.len() == 3 {
+            break;
         }
-        by_master.into_values().collect()
-    };
-    // Distinct capacities tell the verdicts apart; the slow refill keeps state visible.
-    let capacity = |n: u64| BucketParams {
-        capacity: n,
-        ..ONE_PER_MINUTE
-    };
-    // Interleaved so the grouping by slot has to put verdicts back in order.
-    let hits = [
-        Hit::new(key(&tags[0], "a"), capacity(11), 1),
-        Hit::new(key(&tags[1], "a"), capacity(12), 1),
-        Hit::new(key(&tags[0], "b"), capacity(13), 1),
-        Hit::new(key(&tags[2], "a"), capacity(14), 1),
-        Hit::new(same_tag[0].clone(), capacity(15), 1),
-        Hit::new(same_tag[1].clone(), capacity(16), 1),
-    ];
-    let distinct_slots: HashSet<u16> = hits.iter().map(|hit| cluster.keyslot(&hit.key)).collect();
-    cluster.masters().into_iter().for_each(reset_stats);
-    let verdicts = backend.check(&hits).await.expect("check");
-    let remaining: Vec<u64> = verdicts.iter().map(|v| v.remaining).collect();
-    assert_eq!(remaining, [10, 11, 12, 13, 14, 15]);
-    let evalsha: u64 = cluster
+    }
+    by_master.into_values().collect()
+}
+
+/// EVALSHA calls across the masters since their stats were reset.
+fn evalsha_calls(cluster: &RedisCluster) -> u64 {
+    cluster
         .masters()
         .into_iter()
         .map(|m| command_calls(m, "evalsha"))
-        .sum();
-    println!(
-        "cluster: {} slots in one check, {evalsha} EVALSHA",
-        distinct_slots.len()
-    );
-    assert_eq!(evalsha, distinct_slots.len() as u64);
-
-    // One slot, one call.
-    cluster.masters().into_iter().for_each(reset_stats);
-    let same_slot = [
-        Hit::new(same_tag[0].clone(), capacity(15), 1),
-        Hit::new(same_tag[1].clone(), capacity(16), 1),
-    ];
-    backend.check(&same_slot).await.expect("check");
-    let evalsha: u64 = cluster
-        .masters()
-        .into_iter()
-        .map(|m| command_calls(m, "evalsha"))
-        .sum();
-    assert_eq!(evalsha, 1);
-
-    // Move that slot (with its keys) to another master: the stale slot map meets MOVED.
-    let slot = cluster.keyslot(&same_tag[0]);
-    let owner = cluster.master_for_slot(slot).port();
-    let target = cluster
-        .masters()
-        .into_iter()
-        .find(|m| m.port() != owner)
-        .expect("another master");
-    cluster.move_slot(slot, target);
-    let verdicts = backend.check(&same_slot).await.expect("check after MOVED");
-    let remaining: Vec<u64> = verdicts.iter().map(|v| v.remaining).collect();
-    assert_eq!(remaining, [12, 13], "state moved with the slot");
-    assert!(command_calls(target, "evalsha") >= 1);
+        .sum()
 }
 
 #[tokio::test]

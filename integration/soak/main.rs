@@ -342,6 +342,18 @@ struct Plan {
 }
 
 impl Plan {
+    /// The run's first line: the plan and the load's seed.
+    fn announce(&self, seed: u64) {
+        println!(
+            "SOAK {}: {:.0} s, a fault every {:.0} s, a sample every {:.0} s, warm-up {:.0} s, seed {seed}",
+            self.name,
+            self.duration.as_secs_f64(),
+            self.fault_every.as_secs_f64(),
+            self.sample_every.as_secs_f64(),
+            self.warm_up.as_secs_f64(),
+        );
+    }
+
     fn new(name: &str, duration: Duration, fault_every: Duration, sample_every: Duration) -> Plan {
         Plan {
             name: name.to_string(),
@@ -449,37 +461,14 @@ struct ConfigState {
 
 async fn soak(plan: Plan) {
     let seed: u64 = rand::rng().random();
-    println!(
-        "SOAK {}: {:.0} s, a fault every {:.0} s, a sample every {:.0} s, warm-up {:.0} s, seed {seed}",
-        plan.name,
-        plan.duration.as_secs_f64(),
-        plan.fault_every.as_secs_f64(),
-        plan.sample_every.as_secs_f64(),
-        plan.warm_up.as_secs_f64(),
-    );
+    plan.announce(seed);
     let mut redis = blocking(RedisServer::start);
     let dir = tempfile::tempdir().unwrap();
-    let config_dir = dir.path().join("config");
-    std::fs::create_dir(&config_dir).unwrap();
-    write_config(&config_dir, &config(FW_LIMITS[0], ""));
-    let mut replicas: Vec<SluiceProcess> = blocking(|| {
-        (0..REPLICAS)
-            .map(|_| replica(&config_dir, &redis.url()))
-            .collect()
-    });
+    let (mut replicas, mut state) = start_replicas(dir.path(), &redis).await;
     let mut clients = Vec::new();
     for r in &replicas {
         clients.push(r.client().await);
     }
-    let initial = until_every_replica(&replicas, "loaded the config", |s| {
-        value(s, "ratelimit_service_config_load_success") == Some(1.0)
-    })
-    .await;
-    let mut state = ConfigState {
-        dir: config_dir.clone(),
-        fw_limit: FW_LIMITS[0],
-        digest: digest(&initial[0]),
-    };
 
     let zipf = Arc::new(Zipf::new(KEYS, ZIPF_EXPONENT));
     let start = now();
@@ -496,23 +485,8 @@ async fn soak(plan: Plan) {
             schedule.next();
             let kind = FaultKind::CYCLE[faults.len() % FaultKind::CYCLE.len()];
             let started = now();
-            match kind {
-                FaultKind::RedisRestart => {
-                    blocking(|| redis.kill());
-                    tokio::time::sleep(RESTART_DOWN).await;
-                    blocking(|| redis.start_again());
-                }
-                FaultKind::RedisPause => {
-                    blocking(|| redis.pause());
-                    tokio::time::sleep(PAUSE).await;
-                    blocking(|| redis.resume());
-                }
-                FaultKind::Reload => {
-                    config_notes.push(reload(&replicas, &mut state).await);
-                }
-                FaultKind::InvalidConfig => {
-                    config_notes.push(refuse_invalid(&replicas, &state).await);
-                }
+            if let Some(note) = inject(kind, &mut redis, &replicas, &mut state).await {
+                config_notes.push(note);
             }
             faults.push(Fault {
                 kind,
@@ -521,15 +495,7 @@ async fn soak(plan: Plan) {
             });
         }
         if start.elapsed() >= next_sample {
-            let at = ms(now());
-            let sluice: Vec<Resources> = blocking(|| replicas.iter().map(resources).collect());
-            let redis_keys: u64 = blocking(|| redis.cmd(&["DBSIZE"]));
-            rows.push(Row {
-                at,
-                requests: load.sent(),
-                sluice: sluice.try_into().expect("one per replica"),
-                redis_keys,
-            });
+            rows.push(sample(ms(now()), &load, &replicas, &redis));
             next_sample += plan.sample_every;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -561,6 +527,67 @@ async fn soak(plan: Plan) {
         );
     }
     report.assert_invariants();
+}
+
+/// The replicas on `redis`, their config directory in `dir` with the first config written, once
+/// every one has loaded it; the config state the soak starts from.
+async fn start_replicas(dir: &Path, redis: &RedisServer) -> (Vec<SluiceProcess>, ConfigState) {
+    let config_dir = dir.join("config");
+    std::fs::create_dir(&config_dir).unwrap();
+    write_config(&config_dir, &config(FW_LIMITS[0], ""));
+    let replicas: Vec<SluiceProcess> = blocking(|| {
+        (0..REPLICAS)
+            .map(|_| replica(&config_dir, &redis.url()))
+            .collect()
+    });
+    let initial = until_every_replica(&replicas, "loaded the config", |s| {
+        value(s, "ratelimit_service_config_load_success") == Some(1.0)
+    })
+    .await;
+    let state = ConfigState {
+        dir: config_dir.clone(),
+        fw_limit: FW_LIMITS[0],
+        digest: digest(&initial[0]),
+    };
+    (replicas, state)
+}
+
+/// One fault of kind `kind`, over when this returns; a config fault's note for the report.
+async fn inject(
+    kind: FaultKind,
+    redis: &mut RedisServer,
+    replicas: &[SluiceProcess],
+    state: &mut ConfigState,
+) -> Option<String> {
+    match kind {
+        FaultKind::RedisRestart => {
+            blocking(|| redis.kill());
+            tokio::time::sleep(RESTART_DOWN).await;
+            blocking(|| redis.start_again());
+            None
+        }
+        FaultKind::RedisPause => {
+            blocking(|| redis.pause());
+            tokio::time::sleep(PAUSE).await;
+            blocking(|| redis.resume());
+            None
+        }
+        FaultKind::Reload => Some(reload(replicas, state).await),
+        FaultKind::InvalidConfig => Some(refuse_invalid(replicas, state).await),
+    }
+}
+
+/// The row of the sample taken `at` ms into the run: requests sent so far, each replica's
+/// resources, Redis's key count.
+fn sample(at: u32, load: &Load, replicas: &[SluiceProcess], redis: &RedisServer) -> Row {
+    let sluice: Vec<Resources> = blocking(|| replicas.iter().map(resources).collect());
+    let redis_keys: u64 = blocking(|| redis.cmd(&["DBSIZE"]));
+    Row {
+        at,
+        requests: load.sent(),
+        sluice: sluice.try_into().expect("one per replica"),
+        redis_keys,
+    }
 }
 
 /// Writes a changed valid config and waits until both replicas run it.
