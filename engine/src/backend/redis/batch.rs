@@ -16,18 +16,19 @@
 //! and Redis runs nothing else meanwhile. Requests of eight descriptors at a bound of 32
 //! requests made 14 ms calls, as long as the default deadline.
 //!
-//! Each check keeps its own deadline and breaker outcome (the caller wraps [`Batcher::check`]
-//! in them): a check whose caller gave up before its batch left is dropped from it, so a queue
-//! that outgrew the deadline sheds load instead of spending Redis on answers nobody reads.
+//! Each check keeps its own [`Deadline`] and breaker outcome (the caller wraps
+//! [`Batcher::check`] in them): a check whose caller gave up before its batch left is dropped
+//! from it, so a queue that outgrew the deadline sheds load instead of spending Redis on answers
+//! nobody reads, and a batch's call is bounded by the latest deadline among its checks — past
+//! it nobody reads the reply, so a silent server cannot hold a call slot any longer.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::observer::{self, RedisObserver, SharedObserver};
-use super::{bounded, classify, report_repaired, script};
+use super::{Deadline, classify, report_repaired, script};
 use crate::algorithm::Verdict;
 use crate::backend::{BackendError, Hit};
 
@@ -67,6 +68,7 @@ struct Job {
     hits: Vec<Hit>,
     /// A batch runs at its first request's arguments (the test clock's now, the TTL jitter).
     args: script::CallArgs,
+    deadline: Deadline,
     reply: oneshot::Sender<Result<Vec<Verdict>, BackendError>>,
 }
 
@@ -80,17 +82,12 @@ pub(super) struct Batcher {
 impl Batcher {
     /// Starts the worker on the current Tokio runtime, in front of `conn` (the standalone
     /// connection manager, or the connection to the master Sentinel mode resolved).
-    pub fn start<C>(
-        conn: C,
-        settings: BatchSettings,
-        timeout: Duration,
-        observer: SharedObserver,
-    ) -> Batcher
+    pub fn start<C>(conn: C, settings: BatchSettings, observer: SharedObserver) -> Batcher
     where
         C: ConnectionLike + Clone + Send + Sync + 'static,
     {
         let (jobs, queue) = mpsc::channel(QUEUE);
-        tokio::spawn(serve(queue, conn, settings, timeout, observer));
+        tokio::spawn(serve(queue, conn, settings, observer));
         Batcher { jobs }
     }
 
@@ -99,11 +96,13 @@ impl Batcher {
         &self,
         hits: &[Hit],
         args: script::CallArgs,
+        deadline: Deadline,
     ) -> Result<Vec<Verdict>, BackendError> {
         let (reply, answer) = oneshot::channel();
         let job = Job {
             hits: hits.to_vec(),
             args,
+            deadline,
             reply,
         };
         if self.jobs.send(job).await.is_err() {
@@ -121,7 +120,6 @@ async fn serve<C>(
     mut queue: mpsc::Receiver<Job>,
     conn: C,
     settings: BatchSettings,
-    timeout: Duration,
     observer: SharedObserver,
 ) where
     C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -168,16 +166,21 @@ async fn serve<C>(
         observer::current(&observer).batch_sent(batch.len());
         let mut conn = conn.clone();
         let args = batch[0].args;
+        let deadline = batch
+            .iter()
+            .map(|job| job.deadline)
+            .fold(batch[0].deadline, Ord::max);
         let observer = observer.clone();
         tokio::spawn(async move {
-            // Bounded like any call, so a silent server cannot hold a slot for ever.
-            let result = bounded(timeout, async {
-                let requests: Vec<&[Hit]> = batch.iter().map(|job| job.hits.as_slice()).collect();
-                script::run_batch(&mut conn, &requests, args)
-                    .await
-                    .map_err(classify)
-            })
-            .await;
+            let result = deadline
+                .bound(async {
+                    let requests: Vec<&[Hit]> =
+                        batch.iter().map(|job| job.hits.as_slice()).collect();
+                    script::run_batch(&mut conn, &requests, args)
+                        .await
+                        .map_err(classify)
+                })
+                .await;
             deliver(batch, result, observer::current(&observer));
             drop(slot);
         });

@@ -162,7 +162,7 @@ impl ClusterLink {
     }
 
     /// Decides `hits`, grouped by slot, each group on its master through that master's breaker
-    /// and within `timeout`; outcomes come back in hit order.
+    /// and within the call's one deadline; outcomes come back in hit order.
     pub(super) async fn check_each(
         self: &Arc<Self>,
         hits: &[Hit],

@@ -217,14 +217,10 @@ impl RedisBackend {
                     return Err(config_error("standalone mode takes exactly one Redis URL"));
                 };
                 let (manager, address) = connect_standalone(url, &opts).await?;
-                let batcher = opts.batch.enabled().then(|| {
-                    Batcher::start(
-                        manager.clone(),
-                        opts.batch,
-                        opts.command_timeout,
-                        observer.clone(),
-                    )
-                });
+                let batcher = opts
+                    .batch
+                    .enabled()
+                    .then(|| Batcher::start(manager.clone(), opts.batch, observer.clone()));
                 Link::Standalone(manager, breakers.endpoint(&address), batcher)
             }
             RedisMode::Cluster => {
@@ -304,7 +300,7 @@ impl RedisBackend {
             return Vec::new();
         }
         let call = Call {
-            timeout: self.command_timeout,
+            deadline: Deadline::after(self.command_timeout),
             observer: observer::current(&self.observer),
             timed,
         };
@@ -497,10 +493,40 @@ async fn bounded<T>(
     }
 }
 
+/// The one deadline of a decision's Redis calls: set once, when the decision reaches the
+/// backend (`command_timeout` from then), and shared by every step — the wait for a batch,
+/// the batch's call, a Cluster node's call and its redirects — so no step restarts the clock.
+/// Past it the call is dropped (a multiplexed connection discards the late reply) and the check
+/// fails with [`BackendError::Timeout`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Deadline {
+    at: tokio::time::Instant,
+    budget: Duration,
+}
+
+impl Deadline {
+    fn after(budget: Duration) -> Deadline {
+        Deadline {
+            at: tokio::time::Instant::now() + budget,
+            budget,
+        }
+    }
+
+    async fn bound<T>(
+        self,
+        call: impl Future<Output = Result<T, BackendError>>,
+    ) -> Result<T, BackendError> {
+        match tokio::time::timeout_at(self.at, call).await {
+            Ok(result) => result,
+            Err(_) => Err(BackendError::Timeout(self.budget.as_millis() as u64)),
+        }
+    }
+}
+
 /// What every Redis call of one decision shares: its deadline and who is told about it.
 #[derive(Clone, Copy)]
 struct Call<'a> {
-    timeout: Duration,
+    deadline: Deadline,
     observer: &'a dyn RedisObserver,
     /// A decision's call (reported with its latency), not a probe's.
     timed: bool,
@@ -522,7 +548,7 @@ impl Call<'_> {
             return Err(BackendError::CircuitOpen);
         };
         let span = self.observer.call_span(keys, endpoint.name(), slot);
-        let result = observer::timed(self.observer, self.timed, bounded(self.timeout, call))
+        let result = observer::timed(self.observer, self.timed, self.deadline.bound(call))
             .instrument(span.clone())
             .await;
         if let Err(e) = &result {
@@ -547,7 +573,12 @@ impl Call<'_> {
     ) -> Result<Vec<Verdict>, BackendError> {
         if let Some(batcher) = batcher {
             return self
-                .guarded(endpoint, hits.len(), None, batcher.check(hits, args))
+                .guarded(
+                    endpoint,
+                    hits.len(),
+                    None,
+                    batcher.check(hits, args, self.deadline),
+                )
                 .await;
         }
         let mut conn = conn.clone();

@@ -41,7 +41,6 @@ pub(super) struct SentinelLink {
     /// replaced the master and the last check on it is done.
     batch: BatchSettings,
     observer: SharedObserver,
-    command_timeout: Duration,
 }
 
 struct Master {
@@ -97,7 +96,6 @@ impl SentinelLink {
             breakers,
             batch: opts.batch,
             observer,
-            command_timeout: opts.command_timeout,
         });
         link.resolve(true).await?;
         Ok(link)
@@ -212,14 +210,10 @@ impl SentinelLink {
         let name = addr.to_string();
         let endpoint = self.breakers.endpoint(&name);
         self.breakers.retain(|endpoint| endpoint == name);
-        let batcher = self.batch.enabled().then(|| {
-            Batcher::start(
-                conn.clone(),
-                self.batch,
-                self.command_timeout,
-                self.observer.clone(),
-            )
-        });
+        let batcher = self
+            .batch
+            .enabled()
+            .then(|| Batcher::start(conn.clone(), self.batch, self.observer.clone()));
         self.master.store(Some(Arc::new(Master {
             addr,
             conn,
