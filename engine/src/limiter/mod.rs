@@ -3,14 +3,15 @@
 //! Pure domain logic: no protobuf, no gRPC. A request travels in named hops:
 //!
 //! 1. [`crate::rls`] converts the protobuf request and calls [`Limiter::decide`];
-//! 2. `plan` (`plan.rs`, `targets.rs`): each descriptor → its rule or override → a target, and
+//! 2. plan (`plan.rs`, `targets.rs`): each descriptor → its rule or override → a target, and
 //!    one bucket per distinct storage key (descriptors naming one bucket are paid together);
-//! 3. `charge`: buckets with a lease are paid from it where they can (`leasing.rs`); the others
-//!    are answered by the over-limit cache, else asked of the backend in one call
-//!    (`ask_backend`);
-//! 4. `apply_policy` (`policy.rs`): where the backend failed, each bucket's failure policy answers;
-//! 5. each descriptor's [`Status`] from its bucket's outcome → the [`Decision`]; the service
-//!    turns it into the response and maps a [`LimitError`] to a gRPC status.
+//! 3. charge (`charge.rs`): a request already rejected charges only what always lands; buckets
+//!    with a lease are paid from it where they can (`leasing.rs`); the others are answered by
+//!    the over-limit cache, else asked of the backend in one call, and where the backend
+//!    failed each bucket's failure policy answers (`policy.rs`);
+//! 4. settle (`settle.rs`): each descriptor's [`Status`] from its bucket's outcome → the
+//!    [`Decision`]; the service turns it into the response and maps a [`LimitError`] to a gRPC
+//!    status.
 //!
 //! When the backend cannot answer for a bucket, the failure policy of its descriptor decides
 //! ([`Basis::Degraded`]): `open` → OK, `closed` → OVER_LIMIT, `local` → the in-process bucket of
@@ -25,10 +26,12 @@
 //! beside the rule's full limit. Under the `local` policy a sharded rule falls back to one
 //! in-process bucket of the full limit / replicas, as an unsharded rule does.
 
+mod charge;
 pub mod lease;
 mod leasing;
 mod plan;
 mod policy;
+mod settle;
 mod slots;
 mod targets;
 #[cfg(test)]
@@ -45,7 +48,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 
-use crate::backend::{Backend, BackendError, Hit};
+use crate::backend::{Backend, BackendError};
 use crate::config::Config;
 use crate::limiter::lease::LeaseStore;
 use crate::request::LimitRequest;
@@ -56,8 +59,6 @@ use crate::rule::FailureMode;
 pub use crate::decision::{AppliedLimit, Basis, Code, Decision, Status};
 pub use slots::{SlotEvent, SlotStats};
 pub use targets::shard_of;
-
-use plan::{Bucket, Outcome};
 
 /// Why no decision could be made.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -186,8 +187,10 @@ impl<B: Backend> Limiter<B> {
         &self.options
     }
 
-    /// Decides one request: plan, charge (leases, over-limit cache or one backend call, failure
-    /// policy), then each descriptor's status. At most one backend call.
+    /// Decides one request, straight down: [`plan`](plan.rs) (each descriptor's target and the
+    /// buckets they charge), [`charge`](charge.rs) (leases, the over-limit cache or one backend
+    /// call, failure policies), [`settle`](settle.rs) (each descriptor's status, the overall
+    /// code). At most one backend call.
     pub async fn decide(&self, request: &LimitRequest) -> Result<Decision, LimitError> {
         let in_flight = &self.resilience.in_flight;
         let Some(_place) = in_flight.enter() else {
@@ -207,71 +210,7 @@ impl<B: Backend> Limiter<B> {
             });
         };
         let mut plan = self.plan(domain, request);
-        if !plan.reject_before_charging() {
-            self.charge(&mut plan.buckets).await?;
-            self.slots.record(&config, &plan.buckets);
-        } else {
-            // Rejected already: only the always-charged buckets are still pending, and are
-            // counted (never from a lease).
-            self.ask_backend(&mut plan.buckets).await?;
-        }
-        Ok(plan.decision())
-    }
-
-    /// Charges every bucket of a plan: from its lease where it has one (`charge_with_leases`),
-    /// else through [`Limiter::ask_backend`].
-    async fn charge(&self, buckets: &mut [Bucket]) -> Result<(), LimitError> {
-        if buckets.is_empty() {
-            return Ok(());
-        }
-        if let Some(store) = &self.leases
-            && buckets.iter().any(|b| b.lease_batch().is_some())
-        {
-            return self.charge_with_leases(store, buckets).await;
-        }
-        self.ask_backend(buckets).await
-    }
-
-    /// Decides every bucket still pending: from the over-limit cache when it rejects one of
-    /// them, else by one backend call, with each bucket's failure policy where the backend
-    /// failed.
-    async fn ask_backend(&self, buckets: &mut [Bucket]) -> Result<(), LimitError> {
-        let asked: Vec<Hit> = buckets
-            .iter()
-            .filter(|b| b.is_pending())
-            .map(Bucket::asked)
-            .collect();
-        if asked.is_empty() {
-            return Ok(());
-        }
-        let now_ms = self.resilience.clock.now_ms();
-        if self.answer_from_cache(buckets, &asked, now_ms) {
-            return Ok(());
-        }
-
-        let results = self.backend.check_each(&asked).await;
-        if results.iter().any(Result::is_ok) {
-            self.resilience.note_answer(now_ms);
-        }
-        let cache = self.resilience.over_limit.as_ref();
-        let pending = buckets.iter_mut().filter(|b| b.is_pending());
-        for ((bucket, hit), result) in pending.zip(&asked).zip(results) {
-            bucket.outcome = match result {
-                Ok(verdict) => {
-                    if let Some(cache) = cache {
-                        cache.learn(&hit.key, &hit.demand, &verdict, now_ms);
-                    }
-                    Outcome::Decided(verdict)
-                }
-                Err(error) => Outcome::Failed(error),
-            };
-        }
-        if buckets
-            .iter()
-            .any(|b| matches!(b.outcome, Outcome::Failed(_)))
-        {
-            self.apply_policy(buckets).await?;
-        }
-        Ok(())
+        self.charge(&mut plan, &config).await?;
+        Ok(plan.settle())
     }
 }

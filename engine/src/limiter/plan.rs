@@ -16,10 +16,9 @@ use crate::request::{Entry, LimitRequest, RequestDescriptor};
 use crate::resilience::over_limit::CachedRejection;
 use crate::rule::{FailureMode, Rule};
 
-use super::policy::{cached, degraded};
+use super::Limiter;
 use super::targets::{Resolver, Target};
-use super::{AppliedLimit, Basis, Code, Decision, Limiter, Status};
-use crate::decision::overall;
+use crate::decision::{Code, Status};
 
 /// What became of one bucket.
 pub(super) enum Outcome {
@@ -147,19 +146,19 @@ pub(super) fn rejected(buckets: &[Bucket]) -> bool {
 }
 
 /// What one descriptor comes to.
-enum Slot {
+pub(super) enum Slot {
     /// Answered without a bucket: no rule, an unlimited, replaced or blocking rule.
     Answered(Status),
     /// Answered by the outcome of `Plan::buckets[bucket]`, reported against `target`.
     Charged { target: Target, bucket: usize },
     /// A descriptor with several limits (`rate_limits`): one bucket each, all charged together;
-    /// answered by the most constraining ([`most_constraining`]).
+    /// answered by the most constraining limit (`settle.rs`).
     Limits(Vec<(Target, usize)>),
 }
 
 /// One request: its descriptors in request order and the buckets they charge.
 pub(super) struct Plan {
-    slots: Vec<Slot>,
+    pub(super) slots: Vec<Slot>,
     pub(super) buckets: Vec<Bucket>,
 }
 
@@ -265,14 +264,18 @@ impl<B: Backend> Limiter<B> {
             shadow: target.shadow,
             quota: target.quota,
             always: target.always,
-            holder,
+            holder: match holder {
+                Holder::Slot(id) => id,
+                Holder::Nobody | Holder::Reserves(_) => 0,
+            },
             ..Demand::take(
                 target.algorithm,
                 target.params,
                 descriptor.hits(request.hits_addend).saturating_mul(cost),
             )
         };
-        if let Some(ledger) = ledger_of(target, descriptor, &demand, &key)
+        if let Holder::Reserves(holder) = holder
+            && let Some(ledger) = ledger_of(target, holder, &demand, &key)
             && index.find(&plan.buckets, &key).is_none()
         {
             // Right before its bucket, where the backends look for it.
@@ -282,21 +285,17 @@ impl<B: Backend> Limiter<B> {
     }
 }
 
-/// The ledger key and demand of a descriptor whose rule has `reserve`
-/// ([`crate::algorithm::reservation`]): `<bucket key>~rv<holder>`, in the bucket's slot, for a
-/// descriptor ending with its holder entry. A refund, or a descriptor without a holder entry,
-/// is an ordinary hit. A request whose bucket an earlier descriptor already names is charged as
-/// an ordinary hit too (the ledger must come right before its bucket).
+/// The ledger key and demand of `holder`'s reservation on a rule with `reserve`
+/// ([`crate::algorithm::reservation`]): `<bucket key>~rv<holder>`, in the bucket's slot. A
+/// refund is an ordinary hit. A request whose bucket an earlier descriptor already names is
+/// charged as an ordinary hit too (the ledger must come right before its bucket).
 fn ledger_of(
     target: &Target,
-    descriptor: &RequestDescriptor,
+    holder: &[u8],
     demand: &Demand,
     bucket_key: &str,
 ) -> Option<(String, Demand)> {
     let reserve = target.rule.as_ref()?.reserve.as_ref()?;
-    let (_, Some(holder)) = holder::split(reserve, &descriptor.entries) else {
-        return None;
-    };
     if demand.refund {
         return None;
     }
@@ -316,23 +315,35 @@ fn ledger_of(
     Some((key, ledger))
 }
 
-/// The entries that name a descriptor's bucket and, for an in-flight cap, its holder: the
-/// holder entry's [`holder_id`], or, when the descriptor has no holder entry, an anonymous holder
-/// of its own, whose slot only `max_hold` frees (a take nobody can release).
-fn holder_of<'a>(target: &Target, entries: &'a [Entry]) -> (&'a [Entry], u64) {
-    let Some(holding) = target.rule.as_ref().and_then(|r| r.holding()) else {
-        return (entries, 0);
+/// What a descriptor's holder entry (split off once, by [`holder_of`]) is for.
+#[derive(Clone, Copy)]
+enum Holder<'a> {
+    /// No holder: the rule holds nothing, or a reserving descriptor came without its holder
+    /// entry (an ordinary take).
+    Nobody,
+    /// An in-flight cap's slot: the holder entry's [`holder_id`], or, when the descriptor has
+    /// no holder entry, an anonymous holder of its own, whose slot only `max_hold` frees.
+    Slot(u64),
+    /// A reservation's holder, which names its ledger key ([`ledger_of`]).
+    Reserves(&'a [u8]),
+}
+
+/// The entries that name a descriptor's bucket (the holder entry left out) and its holder.
+fn holder_of<'a>(target: &Target, entries: &'a [Entry]) -> (&'a [Entry], Holder<'a>) {
+    let Some(rule) = target.rule.as_ref() else {
+        return (entries, Holder::Nobody);
+    };
+    let Some(holding) = rule.holding() else {
+        return (entries, Holder::Nobody);
     };
     let (bucket, holder) = holder::split(holding, entries);
-    if target.rule.as_ref().is_some_and(|r| r.reserve.is_some()) {
-        // A reservation's holder names its ledger key ([`ledger_of`]), not a slot.
-        return (bucket, 0);
-    }
-    let id = match holder {
-        Some(value) => holder_id(value),
-        None => rand::random(),
+    let holder = match (rule.reserve.is_some(), holder) {
+        (true, Some(value)) => Holder::Reserves(value),
+        (true, None) => Holder::Nobody,
+        (false, Some(value)) => Holder::Slot(holder_id(value)),
+        (false, None) => Holder::Slot(rand::random()),
     };
-    (bucket, id)
+    (bucket, holder)
 }
 
 impl Plan {
@@ -410,35 +421,6 @@ impl Plan {
         }
         rejected
     }
-
-    /// Each descriptor's status from what became of its bucket, and the overall code.
-    pub(super) fn decision(self) -> Decision {
-        let Plan { slots, buckets } = self;
-        let mut other_limits = Vec::new();
-        let statuses: Vec<Status> = slots
-            .into_iter()
-            .enumerate()
-            .map(|(i, slot)| match slot {
-                Slot::Answered(status) => status,
-                Slot::Charged { target, bucket } => status_of(target, &buckets[bucket].outcome),
-                Slot::Limits(charged) => {
-                    let mut all: Vec<Status> = charged
-                        .into_iter()
-                        .map(|(target, bucket)| status_of(target, &buckets[bucket].outcome))
-                        .collect();
-                    let answer = all.swap_remove(most_constraining(&all));
-                    other_limits.extend(all.into_iter().map(|status| (i, status)));
-                    answer
-                }
-            })
-            .collect();
-        Decision {
-            overall: overall(&statuses),
-            statuses,
-            unknown_domain: false,
-            other_limits,
-        }
-    }
 }
 
 /// Up to this many distinct buckets, an earlier one on the same key is found by comparing keys
@@ -472,74 +454,5 @@ impl KeyIndex {
         if let Some(map) = &mut self.0 {
             map.insert(key.to_owned(), at);
         }
-    }
-}
-
-/// Which status a descriptor with several limits reports: the limit that refuses with the
-/// longest wait (a wait of never being the longest), else, when every limit passes, the one with
-/// the fewest hits remaining; the first in config order on a tie.
-fn most_constraining(statuses: &[Status]) -> usize {
-    let rank = |s: &Status| {
-        let wait = match s.retry_after_ms {
-            Some(Some(ms)) => ms,
-            Some(None) => u64::MAX,
-            None => 0,
-        };
-        (
-            s.code == Code::OverLimit,
-            s.over,
-            wait,
-            u64::MAX - s.remaining,
-        )
-    };
-    let mut best = 0;
-    for (i, status) in statuses.iter().enumerate().skip(1) {
-        if rank(status) > rank(&statuses[best]) {
-            best = i;
-        }
-    }
-    best
-}
-
-/// The status of a descriptor from what became of its bucket.
-fn status_of(target: Target, outcome: &Outcome) -> Status {
-    match outcome {
-        Outcome::Decided(v) => from_verdict(target, v, Basis::Backend),
-        Outcome::Local(v) => from_verdict(target, v, Basis::Degraded(FailureMode::Local)),
-        Outcome::Failed(_) => degraded(target),
-        Outcome::Cached(c) => cached(target, c),
-        Outcome::NotEvaluated => Status {
-            code: Code::Ok,
-            basis: Basis::NotEvaluated,
-            limit: None,
-            remaining: 0,
-            reset_ms: 0,
-            retry_after_ms: None,
-            shadow: target.shadow,
-            over: false,
-            quota: target.quota,
-            rule: target.rule,
-        },
-        Outcome::Pending => unreachable!("every bucket is decided before the statuses"),
-    }
-}
-
-fn from_verdict(target: Target, v: &Verdict, basis: Basis) -> Status {
-    let over = !v.allowed;
-    Status {
-        code: if over && !target.shadow {
-            Code::OverLimit
-        } else {
-            Code::Ok
-        },
-        basis,
-        limit: Some(AppliedLimit::new(&target.rate, target.name)),
-        remaining: v.remaining,
-        reset_ms: v.until_full_ms,
-        retry_after_ms: over.then_some(v.retry_after_ms),
-        shadow: target.shadow,
-        over,
-        quota: target.quota,
-        rule: target.rule,
     }
 }

@@ -2,14 +2,12 @@
 //! and the failure policy after it failed (`error` fails the call, `local` decides on the
 //! in-process buckets, `open` and `closed` are answered as degraded statuses).
 
-use crate::algorithm::{Algorithm, BucketParams};
+use crate::algorithm::Algorithm;
 use crate::backend::{Backend, Hit};
-use crate::resilience::over_limit::CachedRejection;
 use crate::rule::FailureMode;
 
 use super::plan::{Bucket, Outcome, rejected};
-use super::targets::Target;
-use super::{AppliedLimit, Basis, Code, LimitError, Limiter, Status};
+use super::{LimitError, Limiter};
 
 impl<B: Backend> Limiter<B> {
     /// Answers the request from the over-limit cache if it knows one of the `asked` hits (those
@@ -108,56 +106,5 @@ impl<B: Backend> Limiter<B> {
         for (bucket, verdict) in fallen.zip(verdicts) {
             bucket.outcome = Outcome::Local(verdict);
         }
-    }
-}
-
-/// The status of a descriptor answered OVER_LIMIT from the over-limit cache (OK for a shadow
-/// rule).
-pub(super) fn cached(target: Target, c: &CachedRejection) -> Status {
-    // A fixed window ends on a whole second and the backend reports it so (as
-    // envoyproxy/ratelimit does); the cache's count-down from that answer keeps the shape.
-    let reset_ms = if target.algorithm == Algorithm::FixedWindow {
-        c.until_full_ms.div_ceil(1000).saturating_mul(1000)
-    } else {
-        c.until_full_ms
-    };
-    Status {
-        code: if target.shadow {
-            Code::Ok
-        } else {
-            Code::OverLimit
-        },
-        basis: Basis::Cached,
-        limit: Some(AppliedLimit::new(&target.rate, target.name)),
-        remaining: c.remaining,
-        reset_ms,
-        retry_after_ms: Some(Some(c.wait_ms)),
-        shadow: target.shadow,
-        over: true,
-        quota: target.quota,
-        rule: target.rule,
-    }
-}
-
-/// A status decided by the `open` or `closed` policy (`local` has a verdict of its own, `error`
-/// never gets here). `closed` asks for a retry after one second: the outage's end is unknown.
-pub(super) fn degraded(target: Target) -> Status {
-    let BucketParams { capacity, .. } = target.params;
-    let over = target.failure_mode == FailureMode::Closed;
-    Status {
-        code: if over && !target.shadow {
-            Code::OverLimit
-        } else {
-            Code::Ok
-        },
-        basis: Basis::Degraded(target.failure_mode),
-        limit: Some(AppliedLimit::new(&target.rate, target.name)),
-        remaining: if over { 0 } else { capacity },
-        reset_ms: 0,
-        retry_after_ms: over.then_some(Some(1_000)),
-        shadow: target.shadow,
-        over,
-        quota: target.quota,
-        rule: target.rule,
     }
 }

@@ -9,6 +9,7 @@ use arc_swap::ArcSwap;
 
 use super::*;
 use crate::algorithm::Verdict;
+use crate::backend::Hit;
 use crate::backend::memory::{MemoryBackend, MemoryOptions};
 use crate::clock::ManualClock;
 use crate::config::load_sources;

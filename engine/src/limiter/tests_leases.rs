@@ -10,6 +10,7 @@ use futures::FutureExt as _;
 use super::tests::{Flaky, Rig, request, rig};
 use super::*;
 use crate::algorithm::{Algorithm, BucketParams};
+use crate::backend::Hit;
 use crate::backend::memory::{MemoryBackend, MemoryOptions};
 use crate::clock::{Clock, ManualClock};
 use crate::config::load_sources;

@@ -8,6 +8,7 @@ use arc_swap::ArcSwap;
 
 use super::*;
 use crate::algorithm::{Algorithm, BucketParams};
+use crate::backend::Hit;
 use crate::backend::memory::{MemoryBackend, MemoryOptions};
 use crate::clock::{Clock, ManualClock};
 use crate::config::load_sources;
