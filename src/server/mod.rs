@@ -16,6 +16,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use tonic::server::NamedService;
+use tonic_health::pb::health_server::HealthServer;
+use tonic_health::server::HealthService;
 
 use crate::admin::Readiness;
 use crate::backend::Backend;
@@ -484,7 +486,9 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
     let grpc_listener = serving::bind(settings.grpc_addr).await?;
     let grpc_addr = serving::local_addr(&grpc_listener, settings.grpc_addr)?;
 
-    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    let health_reporter = tonic_health::server::HealthReporter::new();
+    let health_service =
+        HealthServer::new(HealthService::from_health_reporter(health_reporter.clone()));
     let grpc_health = grpc_health::<B>(health_reporter, &built.readiness).await;
 
     let (stop, stop_rx) = watch::channel(false);
@@ -492,33 +496,21 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
     let (closing, closing_rx) = watch::channel(false);
     let parts = (&built.metrics, &built.readiness);
     let admin = admin_routes::spawn(settings, built.admin, parts, closing_rx.clone()).await?;
-    let rlqs = QuotaHandler::new(built.quotas).into_server(settings.max_message_bytes);
-
-    let rls = RateLimitServer::new(built.service)
-        .max_request_bytes(settings.max_message_bytes)
-        .max_decoding_message_size(TRANSPORT_MAX_MESSAGE_BYTES.max(settings.max_message_bytes));
-    let enforces_allow_list = built.tls.as_ref().is_some_and(|t| t.enforces_allow_list());
     if let Some(tls) = &built.tls {
         tls.spawn_reloader();
     }
+    let services = GrpcServices {
+        rls: built.service,
+        quotas: built.quotas,
+        health: health_service,
+    };
+    let serve_share = services.share(settings, built.tls.as_deref());
     let connections = Arc::new(ConnectionStats::default());
     built.metrics.observe_connections(connections.clone());
     let times = DrainTimes {
         delay: settings.drain_delay,
         timeout: settings.drain_timeout,
     };
-    let router = security::grpc_server(&settings.security.http2)
-        .layer(AuthorizeLayer::new(enforces_allow_list))
-        .add_service(health_service)
-        .add_service(rls)
-        .add_service(rlqs);
-    let serve_share: serving::ServeShare = Arc::new(move |incoming, stop_accepting| {
-        Box::pin(
-            router
-                .clone()
-                .serve_with_incoming_shutdown(incoming, stop_accepting),
-        )
-    });
     let listening = serving::Listening {
         listener: grpc_listener,
         tls: built.tls,
@@ -526,13 +518,8 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
         stats: connections.clone(),
     };
     let threads = crate::runtime::serving_threads(settings.worker_threads);
-    let grpc = serving::start(
-        listening,
-        threads,
-        serve_share,
-        closing_rx.clone(),
-        times.timeout,
-    )?;
+    let closed = closing_rx.clone();
+    let grpc = serving::start(listening, threads, serve_share, closed, times.timeout)?;
     tokio::spawn(drain::leaving(
         stop_rx,
         built.readiness.clone(),
@@ -568,6 +555,37 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
         stop,
         task,
     })
+}
+
+/// The gRPC services one listener serves.
+struct GrpcServices<B: Backend> {
+    rls: RateLimitHandler<B>,
+    quotas: Arc<Quotas<B>>,
+    health: HealthServer<HealthService>,
+}
+
+impl<B: Backend> GrpcServices<B> {
+    /// Health, RLS and RLQS behind the HTTP/2 limits and the caller allow-list (when the TLS
+    /// settings enforce one), as each serving thread runs them.
+    fn share(self, settings: &Settings, tls: Option<&TlsState>) -> serving::ServeShare {
+        let enforces_allow_list = tls.is_some_and(TlsState::enforces_allow_list);
+        let max_bytes = settings.max_message_bytes;
+        let rls = RateLimitServer::new(self.rls)
+            .max_request_bytes(max_bytes)
+            .max_decoding_message_size(TRANSPORT_MAX_MESSAGE_BYTES.max(max_bytes));
+        let router = security::grpc_server(&settings.security.http2)
+            .layer(AuthorizeLayer::new(enforces_allow_list))
+            .add_service(self.health)
+            .add_service(rls)
+            .add_service(QuotaHandler::new(self.quotas).into_server(max_bytes));
+        Arc::new(move |incoming, stop_accepting| {
+            Box::pin(
+                router
+                    .clone()
+                    .serve_with_incoming_shutdown(incoming, stop_accepting),
+            )
+        })
+    }
 }
 
 /// Starts what runs beside the listeners until `stop`: the RLQS pushes, the health watcher and
