@@ -432,16 +432,25 @@ async fn server_snapshot(admin: &Option<String>) -> Result<Option<ServerSnapshot
         .map(Some)
 }
 
+/// The snapshots either side of the measured window.
+struct Window {
+    before: Totals,
+    after: Totals,
+    wall: f64,
+    cpu: BTreeMap<String, CpuUse>,
+    server: Option<(ServerSnapshot, ServerSnapshot)>,
+    redis: Option<(crate::stats::RedisSnapshot, crate::stats::RedisSnapshot)>,
+}
+
+/// What the data planes ended with: buckets never assigned, and stream errors by code.
+#[derive(Default)]
+struct Ends {
+    unassigned: usize,
+    stream_errors: BTreeMap<String, u64>,
+}
+
 pub async fn run(spec: RlqsSpec) -> Result<RlqsReport, String> {
-    if spec.streams == 0 || spec.buckets == 0 {
-        return Err("--streams and --buckets must be at least 1".into());
-    }
-    if spec.interval.is_some_and(|d| d.is_zero()) {
-        return Err("--interval must be positive (omit it for back-to-back reports)".into());
-    }
-    if !(0.0..=1.0).contains(&spec.denied_share) {
-        return Err("--denied-share must be within 0..=1".into());
-    }
+    check(&spec)?;
     let spec = Arc::new(spec);
     let channels = connect(&spec.target, spec.connections.min(spec.streams)).await?;
     let mut redis = match &spec.redis_url {
@@ -453,16 +462,44 @@ pub async fn run(spec: RlqsSpec) -> Result<RlqsReport, String> {
 
     let stop = Arc::new(AtomicBool::new(false));
     let start = now();
+    let (counters, planes) = start_planes(&spec, &channels, start, &stop);
+    tokio::time::sleep_until((start + spec.warmup).into()).await;
+    let window = measure(&spec, &counters, redis.as_mut()).await?;
+    stop.store(true, Ordering::Relaxed);
+    let ends = drain(planes).await?;
+    Ok(report(&spec, channels.len(), window, ends))
+}
+
+fn check(spec: &RlqsSpec) -> Result<(), String> {
+    if spec.streams == 0 || spec.buckets == 0 {
+        return Err("--streams and --buckets must be at least 1".into());
+    }
+    if spec.interval.is_some_and(|d| d.is_zero()) {
+        return Err("--interval must be positive (omit it for back-to-back reports)".into());
+    }
+    if !(0.0..=1.0).contains(&spec.denied_share) {
+        return Err("--denied-share must be within 0..=1".into());
+    }
+    Ok(())
+}
+
+/// One data plane per stream over the channels in turn, reporting out of phase with each
+/// other, as independent proxies do; their counters and tasks.
+fn start_planes(
+    spec: &Arc<RlqsSpec>,
+    channels: &[Channel],
+    start: Instant,
+    stop: &Arc<AtomicBool>,
+) -> (Vec<Arc<Counters>>, Vec<tokio::task::JoinHandle<StreamEnd>>) {
     let mut counters = Vec::with_capacity(spec.streams);
     let mut planes = Vec::with_capacity(spec.streams);
     for s in 0..spec.streams {
         let c = Arc::new(Counters::default());
-        // Data planes report out of phase with each other, as independent proxies do.
         let phase = spec.interval.map_or(Duration::ZERO, |d| {
             d.mul_f64(s as f64 / spec.streams as f64)
         });
         let body = reports(
-            encode_report(&spec, s),
+            encode_report(spec, s),
             spec.interval,
             start + phase,
             c.clone(),
@@ -471,59 +508,87 @@ pub async fn run(spec: RlqsSpec) -> Result<RlqsReport, String> {
         planes.push(tokio::spawn(data_plane(
             channels[s % channels.len()].clone(),
             body,
-            bucket_range(&spec, s),
+            bucket_range(spec, s),
             spec.clone(),
             c.clone(),
         )));
         counters.push(c);
     }
+    (counters, planes)
+}
 
-    tokio::time::sleep_until((start + spec.warmup).into()).await;
+/// Snapshots of the counters, the processes' CPU, the server and Redis either side of
+/// `spec.duration`.
+async fn measure(
+    spec: &RlqsSpec,
+    counters: &[Arc<Counters>],
+    mut redis: Option<&mut RedisProbe>,
+) -> Result<Window, String> {
     let cpu_before = CpuSnapshot::take(&spec.pids);
     let redis_before = match redis.as_mut() {
         Some(r) => Some(r.snapshot().await?),
         None => None,
     };
     let server_before = server_snapshot(&spec.admin).await?;
-    let before = Totals::read(&counters);
+    let before = Totals::read(counters);
     let measured_start = now();
     tokio::time::sleep(spec.duration).await;
-    let after = Totals::read(&counters);
+    let after = Totals::read(counters);
     let wall = now().duration_since(measured_start).as_secs_f64();
-    let cpu_after = CpuSnapshot::take(&spec.pids);
+    let cpu = CpuSnapshot::take(&spec.pids).since(&cpu_before, wall);
     let server_after = server_snapshot(&spec.admin).await?;
     let redis_after = match redis.as_mut() {
         Some(r) => Some(r.snapshot().await?),
         None => None,
     };
+    Ok(Window {
+        before,
+        after,
+        wall,
+        cpu,
+        server: server_before.zip(server_after),
+        redis: redis_before.zip(redis_after),
+    })
+}
 
-    stop.store(true, Ordering::Relaxed);
-    let mut unassigned = 0;
-    let mut stream_errors = BTreeMap::new();
+/// Waits for every data plane to end its stream (aborting one that does not within [`DRAIN`]).
+async fn drain(planes: Vec<tokio::task::JoinHandle<StreamEnd>>) -> Result<Ends, String> {
+    let mut ends = Ends::default();
     for plane in planes {
         let abort = plane.abort_handle();
         match tokio::time::timeout(DRAIN, plane).await {
             Ok(Ok(end)) => {
-                unassigned += end.assigned.iter().filter(|a| !**a).count();
+                ends.unassigned += end.assigned.iter().filter(|a| !**a).count();
                 if let Some(code) = end.error {
-                    *stream_errors.entry(code).or_default() += 1;
+                    *ends.stream_errors.entry(code).or_default() += 1;
                 }
             }
             Ok(Err(e)) => return Err(format!("data plane task: {e}")),
             Err(_) => {
                 abort.abort();
-                *stream_errors
+                *ends
+                    .stream_errors
                     .entry("NotEndedAfterReports".to_string())
                     .or_default() += 1;
             }
         }
     }
+    Ok(ends)
+}
 
+fn report(spec: &RlqsSpec, connections: usize, w: Window, ends: Ends) -> RlqsReport {
+    let Window {
+        before,
+        after,
+        wall,
+        mut cpu,
+        server,
+        redis,
+    } = w;
     let per_s = |n: u64| if wall > 0.0 { n as f64 / wall } else { 0.0 };
     let reports = after.reports - before.reports;
     let bucket_reports = reports * spec.buckets as u64;
     let covered = bucket_reports * spec.per_report;
-    let mut cpu = cpu_after.since(&cpu_before, wall);
     let mut covered_per_cpu_s = BTreeMap::new();
     for (name, use_) in cpu.iter_mut() {
         use_.us_per_request =
@@ -535,23 +600,22 @@ pub async fn run(spec: RlqsSpec) -> Result<RlqsReport, String> {
     let assignments: u64 = (0..KINDS.len())
         .map(|i| after.kinds[i] - before.kinds[i])
         .sum();
-    let server = server_before.zip(server_after).map(|(b, a)| ServerCounts {
+    let server = server.map(|(b, a)| ServerCounts {
         covered_rps: (a.reported - b.reported) / wall,
         assignments_per_s: (a.sent - b.sent) / wall,
         slack_per_s: (a.slack - b.slack) / wall,
         ignored: (a.ignored - b.ignored) as u64,
     });
-    let distinct_bucket_ids = if spec.distinct_buckets {
-        spec.streams * spec.buckets
-    } else {
-        spec.buckets
-    };
-    Ok(RlqsReport {
+    RlqsReport {
         target: spec.target.clone(),
         streams: spec.streams,
-        connections: channels.len(),
+        connections,
         buckets_per_stream: spec.buckets,
-        distinct_bucket_ids,
+        distinct_bucket_ids: if spec.distinct_buckets {
+            spec.streams * spec.buckets
+        } else {
+            spec.buckets
+        },
         subscriptions: spec.streams * spec.buckets,
         interval_s: spec.interval.map(|d| d.as_secs_f64()),
         per_report: spec.per_report,
@@ -569,17 +633,15 @@ pub async fn run(spec: RlqsSpec) -> Result<RlqsReport, String> {
             .map(|(i, k)| (k.to_string(), after.kinds[i] - before.kinds[i]))
             .filter(|(_, n)| *n > 0)
             .collect(),
-        unassigned,
-        stream_errors,
+        unassigned: ends.unassigned,
+        stream_errors: ends.stream_errors,
         server,
         cpu,
         covered_per_cpu_s,
-        redis: redis_before
-            .zip(redis_after)
-            .map(|(b, a)| a.since(&b, bucket_reports)),
+        redis: redis.map(|(b, a)| a.since(&b, bucket_reports)),
         loadavg_1m: loadavg_1m(),
         cpu_pressure_avg10: cpu_pressure_avg10(),
-    })
+    }
 }
 
 /// The summary line: `key=value` fields, so scripts can pick them out.
