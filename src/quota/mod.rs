@@ -34,7 +34,6 @@ use crate::key::{RuleTag, write_shared_bucket_key};
 use crate::limiter::Limiter;
 use crate::request::Entry;
 use crate::rule::{FailureMode, Limit, Rule};
-use crate::settings::Settings;
 use sluice_core::quota::{MemberId, Pool, PoolOptions, Strategy};
 
 pub use outbox::{End, Next, Outbox};
@@ -59,31 +58,38 @@ pub struct QuotaOptions {
     pub first_report_timeout: Duration,
 }
 
-impl From<&Settings> for QuotaOptions {
-    fn from(settings: &Settings) -> Self {
+impl QuotaOptions {
+    pub const DEFAULT_PUSH_INTERVAL: Duration = Duration::from_secs(1);
+    pub const DEFAULT_ASSIGNMENT_TTL: Duration = Duration::from_secs(3);
+    pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+    pub const DEFAULT_MAX_BUCKETS_PER_STREAM: usize = 10_000;
+    pub const DEFAULT_MAX_SUBSCRIPTIONS: usize = 100_000;
+    pub const DEFAULT_MAX_BUCKET_ENTRIES: usize = 16;
+    pub const DEFAULT_FIRST_REPORT_TIMEOUT: Duration = Duration::from_secs(10);
+
+    /// A pool's shape for pushes every `push_interval` of assignments that live
+    /// `assignment_ttl`: a token bucket holds one push interval of its rate, and plans one ahead.
+    pub fn pool(push_interval: Duration, assignment_ttl: Duration) -> PoolOptions {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        QuotaOptions {
-            push_interval: settings.rlqs_push_interval,
-            pool: PoolOptions {
-                ttl_ms: ms(settings.rlqs_assignment_ttl),
-                burst_ms: ms(settings.rlqs_push_interval),
-                horizon_ms: ms(settings.rlqs_push_interval),
-            },
-            idle_timeout: settings.rlqs_idle_timeout,
-            max_subscriptions: usize::try_from(settings.rlqs_max_subscriptions)
-                .unwrap_or(usize::MAX),
-            max_buckets_per_stream: usize::try_from(settings.rlqs_max_buckets_per_stream)
-                .unwrap_or(usize::MAX),
-            max_bucket_entries: usize::try_from(settings.rlqs_max_bucket_entries)
-                .unwrap_or(usize::MAX),
-            first_report_timeout: settings.rlqs_first_report_timeout,
+        PoolOptions {
+            ttl_ms: ms(assignment_ttl),
+            burst_ms: ms(push_interval),
+            horizon_ms: ms(push_interval),
         }
     }
 }
 
 impl Default for QuotaOptions {
     fn default() -> Self {
-        QuotaOptions::from(&Settings::defaults())
+        QuotaOptions {
+            push_interval: Self::DEFAULT_PUSH_INTERVAL,
+            pool: Self::pool(Self::DEFAULT_PUSH_INTERVAL, Self::DEFAULT_ASSIGNMENT_TTL),
+            idle_timeout: Self::DEFAULT_IDLE_TIMEOUT,
+            max_buckets_per_stream: Self::DEFAULT_MAX_BUCKETS_PER_STREAM,
+            max_subscriptions: Self::DEFAULT_MAX_SUBSCRIPTIONS,
+            max_bucket_entries: Self::DEFAULT_MAX_BUCKET_ENTRIES,
+            first_report_timeout: Self::DEFAULT_FIRST_REPORT_TIMEOUT,
+        }
     }
 }
 

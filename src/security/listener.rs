@@ -20,8 +20,6 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-use crate::settings::ListenerArgs;
-
 /// The HTTP/2 client connection preface (RFC 9113 §3.4), before its SETTINGS frame.
 const PREFACE_LEN: usize = 24;
 /// An HTTP/2 frame header: 3 bytes length, type, flags, 4 bytes stream id.
@@ -36,19 +34,17 @@ pub struct ConnectionLimits {
     pub handshake_timeout: Duration,
 }
 
-impl From<&ListenerArgs> for ConnectionLimits {
-    fn from(args: &ListenerArgs) -> Self {
-        ConnectionLimits {
-            max_connections: args.max_connections,
-            handshake_timeout: args.handshake_timeout,
-        }
-    }
+impl ConnectionLimits {
+    pub const DEFAULT_MAX_CONNECTIONS: u64 = 10_000;
+    pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 }
 
 impl Default for ConnectionLimits {
-    /// Both limits at their flag's default.
     fn default() -> Self {
-        ConnectionLimits::from(&crate::settings::Settings::defaults().security.listener)
+        ConnectionLimits {
+            max_connections: Self::DEFAULT_MAX_CONNECTIONS,
+            handshake_timeout: Self::DEFAULT_HANDSHAKE_TIMEOUT,
+        }
     }
 }
 

@@ -33,6 +33,7 @@ use crate::backend::memory::MemoryOptions;
 use crate::backend::redis::{BatchSettings, RedisOptions};
 use crate::limiter::LimiterOptions;
 use crate::limiter::lease::LeaseOptions;
+use crate::quota::QuotaOptions;
 
 pub use self::admin::AdminArgs;
 pub use self::commands::{
@@ -256,7 +257,8 @@ pub struct Settings {
 
     /// RLQS: how often each replica re-plans its data planes' shares, takes what they need from
     /// the shared buckets and pushes assignments (a token bucket holds this much of its rate).
-    #[arg(long, env = "SLUICE_RLQS_PUSH_INTERVAL", value_parser = parse_duration, default_value = "1s")]
+    #[arg(long, env = "SLUICE_RLQS_PUSH_INTERVAL", value_parser = parse_duration,
+          default_value = duration_text(QuotaOptions::DEFAULT_PUSH_INTERVAL))]
     pub rlqs_push_interval: Duration,
 
     /// RLQS: `assignment_time_to_live` of every assignment — longer than the push interval; a
@@ -264,32 +266,38 @@ pub struct Settings {
     /// What a data plane may admit over it is paid ahead, so it bounds the grant slack. Whole
     /// seconds: Envoy reads only the seconds of `assignment_time_to_live` (600 ms is 0 s to it:
     /// the assignment expires as it arrives).
-    #[arg(long, env = "SLUICE_RLQS_ASSIGNMENT_TTL", value_parser = parse_duration, default_value = "3s")]
+    #[arg(long, env = "SLUICE_RLQS_ASSIGNMENT_TTL", value_parser = parse_duration,
+          default_value = duration_text(QuotaOptions::DEFAULT_ASSIGNMENT_TTL))]
     pub rlqs_assignment_ttl: Duration,
 
     /// RLQS: a bucket a data plane has not reported for this long is abandoned.
-    #[arg(long, env = "SLUICE_RLQS_IDLE_TIMEOUT", value_parser = parse_duration, default_value = "60s")]
+    #[arg(long, env = "SLUICE_RLQS_IDLE_TIMEOUT", value_parser = parse_duration,
+          default_value = duration_text(QuotaOptions::DEFAULT_IDLE_TIMEOUT))]
     pub rlqs_idle_timeout: Duration,
 
     /// RLQS: most buckets one stream may subscribe; reports for more are ignored (counted).
-    #[arg(long, env = "SLUICE_RLQS_MAX_BUCKETS_PER_STREAM", default_value_t = 10_000,
+    #[arg(long, env = "SLUICE_RLQS_MAX_BUCKETS_PER_STREAM",
+          default_value_t = QuotaOptions::DEFAULT_MAX_BUCKETS_PER_STREAM as u64,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub rlqs_max_buckets_per_stream: u64,
 
     /// RLQS: most bucket subscriptions on this replica, every stream together (each costs about
     /// 2 KB); a new bucket past it is ignored (counted) until others go.
-    #[arg(long, env = "SLUICE_RLQS_MAX_SUBSCRIPTIONS", default_value_t = 100_000,
+    #[arg(long, env = "SLUICE_RLQS_MAX_SUBSCRIPTIONS",
+          default_value_t = QuotaOptions::DEFAULT_MAX_SUBSCRIPTIONS as u64,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub rlqs_max_subscriptions: u64,
 
     /// RLQS: most entries in one bucket id; a bucket id with more is ignored (counted).
-    #[arg(long, env = "SLUICE_RLQS_MAX_BUCKET_ENTRIES", default_value_t = 16,
+    #[arg(long, env = "SLUICE_RLQS_MAX_BUCKET_ENTRIES",
+          default_value_t = QuotaOptions::DEFAULT_MAX_BUCKET_ENTRIES as u64,
           value_parser = clap::value_parser!(u64).range(1..=64))]
     pub rlqs_max_bucket_entries: u64,
 
     /// RLQS: a stream that sends no usage report for this long after it opens is ended with
     /// DEADLINE_EXCEEDED (Envoy opens a stream to send a report, and sends it at once).
-    #[arg(long, env = "SLUICE_RLQS_FIRST_REPORT_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
+    #[arg(long, env = "SLUICE_RLQS_FIRST_REPORT_TIMEOUT", value_parser = parse_duration,
+          default_value = duration_text(QuotaOptions::DEFAULT_FIRST_REPORT_TIMEOUT))]
     pub rlqs_first_report_timeout: Duration,
 
     /// Most ShouldRateLimit decisions in progress; past it a call is refused at once with

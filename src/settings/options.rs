@@ -1,12 +1,14 @@
 //! Parsed flags → the engine's option structs. The one place the command line meets the engine:
 //! the structs and their defaults live in `sluice-engine`, which knows no flags.
 
-use super::{RedisModeArg, Settings};
+use super::{ListenerArgs, RedisModeArg, Settings};
 use crate::backend::breaker::BreakerSettings;
 use crate::backend::memory::MemoryOptions;
 use crate::backend::redis::{BatchSettings, RedisMode, RedisOptions};
 use crate::limiter::LimiterOptions;
 use crate::limiter::lease::LeaseOptions;
+use crate::quota::QuotaOptions;
+use crate::security::listener::ConnectionLimits;
 
 fn to_usize(n: u64) -> usize {
     usize::try_from(n).unwrap_or(usize::MAX)
@@ -90,6 +92,29 @@ impl From<&Settings> for LeaseOptions {
     }
 }
 
+impl From<&Settings> for QuotaOptions {
+    fn from(settings: &Settings) -> Self {
+        QuotaOptions {
+            push_interval: settings.rlqs_push_interval,
+            pool: QuotaOptions::pool(settings.rlqs_push_interval, settings.rlqs_assignment_ttl),
+            idle_timeout: settings.rlqs_idle_timeout,
+            max_subscriptions: to_usize(settings.rlqs_max_subscriptions),
+            max_buckets_per_stream: to_usize(settings.rlqs_max_buckets_per_stream),
+            max_bucket_entries: to_usize(settings.rlqs_max_bucket_entries),
+            first_report_timeout: settings.rlqs_first_report_timeout,
+        }
+    }
+}
+
+impl From<&ListenerArgs> for ConnectionLimits {
+    fn from(args: &ListenerArgs) -> Self {
+        ConnectionLimits {
+            max_connections: args.max_connections,
+            handshake_timeout: args.handshake_timeout,
+        }
+    }
+}
+
 impl Settings {
     /// The options of the per-second Redis (`--redis-per-second-*`), or `None` when it is not
     /// configured. Deadlines, breakers, batching and expiry jitter are the main Redis's.
@@ -138,9 +163,10 @@ mod tests {
         assert_eq!(flags.key_prefix, engine.key_prefix);
         assert_eq!(flags.default_failure_mode, engine.default_failure_mode);
         assert_eq!(flags.quota_all, engine.quota_all);
+        assert_eq!(QuotaOptions::from(&settings), QuotaOptions::default());
         assert_eq!(
-            settings.security.listener.max_connections,
-            crate::security::listener::ConnectionLimits::default().max_connections
+            ConnectionLimits::from(&settings.security.listener),
+            ConnectionLimits::default()
         );
     }
 

@@ -3,7 +3,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::flags::parse_duration;
+use super::flags::{duration_text, parse_duration};
+use crate::security::listener::ConnectionLimits;
 
 /// Security settings of `sluice serve`; every flag also reads `SLUICE_<FLAG_IN_CAPS>`.
 #[derive(Clone, Debug, clap::Args)]
@@ -98,13 +99,14 @@ pub struct CallerArgs {
 pub struct ListenerArgs {
     /// Most open gRPC connections (pending TLS handshakes included); past it a new connection
     /// is closed as soon as it is accepted.
-    #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = 10_000,
+    #[arg(long, env = "SLUICE_MAX_CONNECTIONS", default_value_t = ConnectionLimits::DEFAULT_MAX_CONNECTIONS,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_connections: u64,
 
     /// A connection that has not completed TLS (when on), the HTTP/2 client preface and its
     /// SETTINGS frame within this after it was accepted is closed.
-    #[arg(long, env = "SLUICE_HANDSHAKE_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
+    #[arg(long, env = "SLUICE_HANDSHAKE_TIMEOUT", value_parser = parse_duration,
+          default_value = duration_text(ConnectionLimits::DEFAULT_HANDSHAKE_TIMEOUT))]
     pub handshake_timeout: Duration,
 }
 
