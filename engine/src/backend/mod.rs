@@ -5,22 +5,18 @@
 //! suite against each so they cannot drift.
 
 pub mod breaker;
+mod failure;
 pub mod memory;
 pub mod redis;
 pub mod split;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use self::breaker::BreakerSet;
+pub use self::failure::{BackendError, DEFAULT_CALL_DEADLINE};
 use crate::algorithm::{Algorithm, BucketParams, Demand, Peek, Verdict};
 use crate::rule::RuleId;
-
-/// The default deadline of one call to a remote backend, well under Envoy's 20 ms filter
-/// timeout (past which Envoy lets the request through undecided); also the moment the Redis
-/// breakers count a failure in.
-pub const DEFAULT_CALL_DEADLINE: Duration = Duration::from_millis(15);
 
 /// One bucket touched by a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,35 +43,6 @@ impl Hit {
     pub fn using(mut self, algorithm: Algorithm) -> Self {
         self.demand.algorithm = algorithm;
         self
-    }
-}
-
-/// Why a backend could not decide. Mapped to the failure policy by the resilience layer and to a
-/// gRPC status at the edge.
-#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-pub enum BackendError {
-    #[error("backend call timed out after {0} ms")]
-    Timeout(u64),
-    #[error("backend unavailable: {0}")]
-    Unavailable(String),
-    #[error("backend protocol error: {0}")]
-    Protocol(String),
-    #[error("backend circuit breaker is open")]
-    CircuitOpen,
-    #[error("backend overloaded: {0}")]
-    Overloaded(String),
-}
-
-impl BackendError {
-    /// Short, stable name of the failure (the `kind` label of the Redis error metric).
-    pub const fn kind(&self) -> &'static str {
-        match self {
-            BackendError::Timeout(_) => "timeout",
-            BackendError::Unavailable(_) => "unavailable",
-            BackendError::Protocol(_) => "protocol",
-            BackendError::CircuitOpen => "circuit_open",
-            BackendError::Overloaded(_) => "overloaded",
-        }
     }
 }
 

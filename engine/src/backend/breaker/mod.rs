@@ -22,7 +22,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use self::window::{Shape, Window};
-use crate::backend::BackendError;
+use crate::backend::failure::{BackendError, DEFAULT_CALL_DEADLINE};
 use crate::clock::SharedClock;
 
 /// Where an endpoint's breaker stands.
@@ -82,7 +82,7 @@ impl Default for BreakerSettings {
             min_failures: Self::DEFAULT_MIN_FAILURES,
             failure_permille: Self::DEFAULT_FAILURE_PERMILLE,
             window: Self::DEFAULT_WINDOW,
-            moment: crate::backend::DEFAULT_CALL_DEADLINE,
+            moment: DEFAULT_CALL_DEADLINE,
             cooldown: Self::DEFAULT_COOLDOWN,
         }
     }

@@ -27,9 +27,11 @@ use std::sync::Arc;
 use redis::aio::ConnectionLike;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+use super::call::{Call, Deadline, classify, collect, report_repaired};
 use super::observer::{self, RedisObserver, SharedObserver};
-use super::{Deadline, classify, report_repaired, script};
+use super::script;
 use crate::algorithm::Verdict;
+use crate::backend::breaker::Endpoint;
 use crate::backend::{BackendError, Hit};
 
 /// How checks share script calls.
@@ -222,5 +224,38 @@ fn deliver(
         // A caller that gave up meanwhile reads nothing; its request was decided all the same,
         // as a timed-out unbatched call is.
         let _ = job.reply.send(own.into_iter().collect());
+    }
+}
+
+impl Call<'_> {
+    /// Decides one request on one connection, guarded (see [`Call::guarded`]): through the
+    /// connection's batch queue when batching is on, else in a script call of its own. The
+    /// standalone connection and Sentinel mode's master are both decided so.
+    pub(super) async fn on_connection<C: ConnectionLike + Clone>(
+        self,
+        endpoint: &Endpoint,
+        conn: &C,
+        batcher: Option<&Batcher>,
+        hits: &[Hit],
+        args: script::CallArgs,
+    ) -> Result<Vec<Verdict>, BackendError> {
+        if let Some(batcher) = batcher {
+            return self
+                .guarded(
+                    endpoint,
+                    hits.len(),
+                    None,
+                    batcher.check(hits, args, self.deadline),
+                )
+                .await;
+        }
+        let mut conn = conn.clone();
+        self.guarded(endpoint, hits.len(), None, async move {
+            let reply = script::run(&mut conn, hits.iter(), hits.len(), args)
+                .await
+                .map_err(classify)?;
+            collect(&reply, hits.iter().map(|h| h.key.as_str()), self.observer)
+        })
+        .await
     }
 }

@@ -29,9 +29,10 @@ use arc_swap::ArcSwap;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError, ServerErrorKind, Value};
 
-use super::{
-    Call, PROBE_KEY, RedisOptions, bounded, classify, collect, heartbeat, invalid_url, script,
-};
+use super::call::{Call, PROBE_KEY, bounded, classify, collect, invalid_url};
+use super::heartbeat;
+use super::options::RedisOptions;
+use super::script;
 use crate::algorithm::Verdict;
 use crate::backend::breaker::{BreakerSet, Endpoint};
 use crate::backend::{BackendError, Hit};

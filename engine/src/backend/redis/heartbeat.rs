@@ -8,7 +8,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Value};
 
-use super::classify;
+use super::call::classify;
 use crate::backend::BackendError;
 
 const SOURCE: &str = include_str!("../../../../lua/heartbeat.lua");

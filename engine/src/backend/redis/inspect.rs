@@ -14,7 +14,8 @@ use std::time::Duration;
 use redis::Value;
 use redis::aio::ConnectionLike;
 
-use super::{Link, RedisBackend, bounded, classify, script};
+use super::call::{bounded, classify};
+use super::{Link, RedisBackend, script};
 use crate::algorithm::{
     Algorithm, BucketState, GcraState, Peek, Reserved, SlidingState, Slots, State, WindowState,
 };

@@ -20,10 +20,12 @@
 //! request that share domain and first entry share a hash tag, hence a slot.
 
 mod batch;
+mod call;
 mod cluster;
 mod heartbeat;
 mod inspect;
 mod observer;
+mod options;
 mod script;
 mod sentinel;
 
@@ -31,142 +33,23 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::{ErrorKind, RedisError, ServerErrorKind};
-use tracing::Instrument as _;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::algorithm::{BucketParams, Verdict};
-use crate::backend::breaker::{BreakerSet, BreakerSettings, Endpoint};
+use crate::backend::breaker::{BreakerSet, Endpoint};
 use crate::backend::{Backend, BackendError, Hit, KeyPeek};
 use crate::clock::{MonotonicClock, SharedClock};
 
 pub use self::batch::BatchSettings;
 use self::batch::Batcher;
+use self::call::{
+    Call, Deadline, PROBE_KEY, bounded, classify, config_error, invalid_url, report_repaired,
+};
 use self::cluster::ClusterLink;
 use self::observer::SharedObserver;
 pub use self::observer::{RedisObserver, Unobserved};
+pub use self::options::{RedisMode, RedisOptions};
 use self::sentinel::SentinelLink;
-
-/// How sluice finds its Redis.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum RedisMode {
-    /// One server (or a proxy); exactly one URL.
-    #[default]
-    Standalone,
-    /// Redis Cluster; the URLs are seed nodes, the topology is discovered.
-    Cluster,
-    /// The URLs are sentinels; [`RedisOptions::sentinel_master`] names the monitored master.
-    Sentinel,
-}
-
-impl RedisMode {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            RedisMode::Standalone => "standalone",
-            RedisMode::Cluster => "cluster",
-            RedisMode::Sentinel => "sentinel",
-        }
-    }
-}
-
-impl std::fmt::Display for RedisMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Connection settings for [`RedisBackend::connect`]. `Debug` hides URL passwords.
-#[derive(Clone)]
-pub struct RedisOptions {
-    /// `redis://[user:password@]host:port[/db]`, `rediss://` for TLS. Credentials in the URL are
-    /// sent with `AUTH` (ACL user or the default user); in Sentinel mode they are used for the
-    /// sentinels and for the master alike.
-    pub urls: Vec<String>,
-    pub mode: RedisMode,
-    /// Master name the sentinels monitor (Sentinel mode only).
-    pub sentinel_master: Option<String>,
-    /// Bound on establishing a connection: each startup step and each reconnect attempt.
-    pub connect_timeout: Duration,
-    /// Bound on one check (all of its round trips); well under Envoy's 20 ms filter timeout.
-    pub command_timeout: Duration,
-    /// When an endpoint's circuit breaker opens and for how long.
-    pub breaker: BreakerSettings,
-    /// Each call adds a random `0..expiry_jitter_max` to the TTL of the keys it writes, so keys
-    /// written together (a fixed window's counters) do not all expire at once. Expiry only
-    /// drops settled state, so the jitter never changes a decision. Zero: no jitter.
-    pub expiry_jitter_max: Duration,
-    /// How concurrent checks share script calls (standalone and Sentinel modes; Cluster calls
-    /// go one per request and slot).
-    pub batch: BatchSettings,
-}
-
-impl std::fmt::Debug for RedisOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let urls: Vec<String> = self.urls.iter().map(|url| redact(url)).collect();
-        f.debug_struct("RedisOptions")
-            .field("urls", &urls)
-            .field("mode", &self.mode)
-            .field("sentinel_master", &self.sentinel_master)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("command_timeout", &self.command_timeout)
-            .field("breaker", &self.breaker)
-            .field("expiry_jitter_max", &self.expiry_jitter_max)
-            .field("batch", &self.batch)
-            .finish()
-    }
-}
-
-/// `scheme://user:secret@host` → `scheme://user:***@host`, for logs.
-fn redact(url: &str) -> String {
-    let Some(authority_at) = url.find("://").map(|i| i + 3) else {
-        return url.to_string();
-    };
-    let authority_end = url[authority_at..]
-        .find('/')
-        .map_or(url.len(), |i| authority_at + i);
-    let authority = &url[authority_at..authority_end];
-    match authority.rfind('@') {
-        Some(at) => {
-            let user = authority[..at].split(':').next().unwrap_or_default();
-            let hidden = if authority[..at].contains(':') {
-                ":***"
-            } else {
-                ""
-            };
-            format!(
-                "{}{user}{hidden}{}{}",
-                &url[..authority_at],
-                &authority[at..],
-                &url[authority_end..]
-            )
-        }
-        None => url.to_string(),
-    }
-}
-
-impl RedisOptions {
-    pub const DEFAULT_URL: &'static str = "redis://127.0.0.1:6379";
-    pub const DEFAULT_SENTINEL_MASTER: &'static str = "mymaster";
-    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(250);
-}
-
-impl Default for RedisOptions {
-    /// A standalone Redis on 127.0.0.1:6379, calls bounded by
-    /// [`DEFAULT_CALL_DEADLINE`](crate::backend::DEFAULT_CALL_DEADLINE), breakers and batching
-    /// at their defaults, no expiry jitter.
-    fn default() -> Self {
-        RedisOptions {
-            urls: vec![Self::DEFAULT_URL.to_owned()],
-            mode: RedisMode::Standalone,
-            sentinel_master: Some(Self::DEFAULT_SENTINEL_MASTER.to_owned()),
-            connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
-            command_timeout: crate::backend::DEFAULT_CALL_DEADLINE,
-            breaker: BreakerSettings::default(),
-            expiry_jitter_max: Duration::ZERO,
-            batch: BatchSettings::default(),
-        }
-    }
-}
 
 /// Shared rate-limit state in Redis. Cheap to clone: clones share the connections.
 #[derive(Clone)]
@@ -190,9 +73,6 @@ enum Link {
     Sentinel(Arc<SentinelLink>),
     Cluster(Arc<ClusterLink>),
 }
-
-/// Key of the bucket [`Backend::probe`] checks (check-only, so it never limits anything).
-const PROBE_KEY: &str = "sluice:probe";
 
 /// Reconnect backoff of the standalone connection: first retry soon (a restarted server is
 /// back within a few hundred ms), then at most every half second, and never give up — a check
@@ -450,148 +330,6 @@ async fn connect_standalone(
     Ok((manager, address))
 }
 
-/// Decodes a whole reply into verdicts in hit order (`keys` are the call's keys, in order), and
-/// reports the keys the script repaired.
-fn collect<'k>(
-    reply: &redis::Value,
-    keys: impl ExactSizeIterator<Item = &'k str> + Clone,
-    observer: &dyn RedisObserver,
-) -> Result<Vec<Verdict>, BackendError> {
-    let count = keys.len();
-    let (decoded, repaired) = script::decode(reply, count)?;
-    let mut verdicts = Vec::with_capacity(count);
-    for verdict in decoded {
-        verdicts.push(verdict?);
-    }
-    for at in repaired {
-        if let Some(key) = keys.clone().nth(at) {
-            report_repaired(observer, key);
-        }
-    }
-    Ok(verdicts)
-}
-
-/// A key held foreign data (another type than sluice writes there) and a script replaced it:
-/// that key's problem, logged and counted, never a failure of the call or of the endpoint.
-fn report_repaired(observer: &dyn RedisObserver, key: &str) {
-    tracing::warn!(
-        key,
-        "Redis key held data of another type; deleted and started afresh"
-    );
-    observer.key_repaired(key);
-}
-
-/// Runs `call` within `limit`; past it the call is dropped (a multiplexed connection discards the
-/// late reply) and the check fails with [`BackendError::Timeout`].
-async fn bounded<T>(
-    limit: Duration,
-    call: impl Future<Output = Result<T, BackendError>>,
-) -> Result<T, BackendError> {
-    match tokio::time::timeout(limit, call).await {
-        Ok(result) => result,
-        Err(_) => Err(BackendError::Timeout(limit.as_millis() as u64)),
-    }
-}
-
-/// The one deadline of a decision's Redis calls: set once, when the decision reaches the
-/// backend (`command_timeout` from then), and shared by every step — the wait for a batch,
-/// the batch's call, a Cluster node's call and its redirects — so no step restarts the clock.
-/// Past it the call is dropped (a multiplexed connection discards the late reply) and the check
-/// fails with [`BackendError::Timeout`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) struct Deadline {
-    at: tokio::time::Instant,
-    budget: Duration,
-}
-
-impl Deadline {
-    fn after(budget: Duration) -> Deadline {
-        Deadline {
-            at: tokio::time::Instant::now() + budget,
-            budget,
-        }
-    }
-
-    async fn bound<T>(
-        self,
-        call: impl Future<Output = Result<T, BackendError>>,
-    ) -> Result<T, BackendError> {
-        match tokio::time::timeout_at(self.at, call).await {
-            Ok(result) => result,
-            Err(_) => Err(BackendError::Timeout(self.budget.as_millis() as u64)),
-        }
-    }
-}
-
-/// What every Redis call of one decision shares: its deadline and who is told about it.
-#[derive(Clone, Copy)]
-struct Call<'a> {
-    deadline: Deadline,
-    observer: &'a dyn RedisObserver,
-    /// A decision's call (reported with its latency), not a probe's.
-    timed: bool,
-}
-
-impl Call<'_> {
-    /// Runs `call` (the script over `keys` keys, on `endpoint`, in `slot` when known) through
-    /// the endpoint's breaker and within the deadline: skipped at once while the breaker is
-    /// open, and its outcome (a timeout is a failure) reported back. A call that is made is
-    /// timed, counted and traced; a skipped one is none of these, as no Redis call happened.
-    async fn guarded<T>(
-        self,
-        endpoint: &Endpoint,
-        keys: usize,
-        slot: Option<u16>,
-        call: impl Future<Output = Result<T, BackendError>>,
-    ) -> Result<T, BackendError> {
-        let Some(permit) = endpoint.admit() else {
-            return Err(BackendError::CircuitOpen);
-        };
-        let span = self.observer.call_span(keys, endpoint.name(), slot);
-        let result = observer::timed(self.observer, self.timed, self.deadline.bound(call))
-            .instrument(span.clone())
-            .await;
-        if let Err(e) = &result {
-            self.observer.call_failed(&span, e);
-        }
-        endpoint.record(permit, result.as_ref().map(drop));
-        result
-    }
-}
-
-impl Call<'_> {
-    /// Decides one request on one connection, guarded (see [`Call::guarded`]): through the
-    /// connection's batch queue when batching is on, else in a script call of its own. The
-    /// standalone connection and Sentinel mode's master are both decided so.
-    async fn on_connection<C: ConnectionLike + Clone>(
-        self,
-        endpoint: &Endpoint,
-        conn: &C,
-        batcher: Option<&Batcher>,
-        hits: &[Hit],
-        args: script::CallArgs,
-    ) -> Result<Vec<Verdict>, BackendError> {
-        if let Some(batcher) = batcher {
-            return self
-                .guarded(
-                    endpoint,
-                    hits.len(),
-                    None,
-                    batcher.check(hits, args, self.deadline),
-                )
-                .await;
-        }
-        let mut conn = conn.clone();
-        self.guarded(endpoint, hits.len(), None, async move {
-            let reply = script::run(&mut conn, hits.iter(), hits.len(), args)
-                .await
-                .map_err(classify)?;
-            collect(&reply, hits.iter().map(|h| h.key.as_str()), self.observer)
-        })
-        .await
-    }
-}
-
 /// One outcome for every hit of a call that decided them together.
 fn spread(
     result: Result<Vec<Verdict>, BackendError>,
@@ -603,41 +341,12 @@ fn spread(
     }
 }
 
-/// Maps a redis-rs error: the server cannot serve now → `Unavailable`; it answered something
-/// sluice did not expect (script error, bad reply) → `Protocol`.
-fn classify(err: RedisError) -> BackendError {
-    match err.kind() {
-        ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {
-            BackendError::Protocol(err.to_string())
-        }
-        ErrorKind::Server(
-            ServerErrorKind::ResponseError
-            | ServerErrorKind::ExecAbort
-            | ServerErrorKind::CrossSlot
-            | ServerErrorKind::NotBusy
-            | ServerErrorKind::NoSub,
-        ) => BackendError::Protocol(err.to_string()),
-        _ => BackendError::Unavailable(err.to_string()),
-    }
-}
-
-/// True when an error means the current connection (or master) should be replaced.
-fn is_connection_error(err: &BackendError) -> bool {
-    matches!(err, BackendError::Unavailable(_))
-}
-
-fn config_error(message: &str) -> BackendError {
-    BackendError::Unavailable(format!("Redis configuration: {message}"))
-}
-
-/// The URL itself is left out of the message: it may carry a password.
-fn invalid_url(index: usize, err: &RedisError) -> BackendError {
-    BackendError::Unavailable(format!("Redis URL #{} is invalid: {err}", index + 1))
-}
-
 #[cfg(test)]
 mod tests {
+    use redis::{ErrorKind, RedisError};
+
     use super::*;
+    use crate::backend::redis::call::classify;
 
     #[test]
     fn classify_separates_unavailable_from_protocol() {

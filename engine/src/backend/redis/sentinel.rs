@@ -16,10 +16,11 @@ use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServer
 use redis::{AsyncConnectionConfig, Cmd, ConnectionAddr, IntoConnectionInfo, TlsMode, Value};
 
 use super::batch::{BatchSettings, Batcher};
+use super::call::{Call, bounded, classify, invalid_url, is_connection_error};
+use super::heartbeat;
 use super::observer::SharedObserver;
-use super::{
-    Call, RedisOptions, bounded, classify, heartbeat, invalid_url, is_connection_error, script,
-};
+use super::options::RedisOptions;
+use super::script;
 use crate::algorithm::Verdict;
 use crate::backend::breaker::{BreakerSet, Endpoint};
 use crate::backend::{BackendError, Hit};
