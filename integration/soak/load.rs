@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sluice_harness::rls::{OK, OVER_LIMIT, desc, header};
@@ -100,6 +100,87 @@ type Collected = (Vec<Sample>, Vec<CallError>);
 /// A failed call's send and reply times (ms) and what it failed with.
 pub(super) type CallError = (u32, u32, String);
 
+/// One worker of the load: calls the replicas round robin, paced, until stopped.
+struct Worker {
+    clients: Vec<RateLimitServiceClient<Channel>>,
+    zipf: Arc<Zipf>,
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicU64>,
+    start: Instant,
+}
+
+impl Worker {
+    async fn run(self, worker: usize, mut rng: StdRng) -> Collected {
+        let mut samples = Vec::new();
+        let mut errors = Vec::new();
+        let mut n = worker;
+        let ms = |at: Instant| (at - self.start).as_millis() as u32;
+        while !self.stop.load(Ordering::Relaxed) {
+            let value = self.zipf.sample(&mut rng);
+            let rules = pick_rules(&mut rng);
+            let mut client = self.clients[n % self.clients.len()].clone();
+            n += 1;
+            let sent_at = now();
+            let reply =
+                tokio::time::timeout(HUNG, client.should_rate_limit(request(rules, value))).await;
+            let replied_at = now();
+            let (outcome, degraded) = match judge(reply) {
+                Ok(answer) => answer,
+                Err(message) => {
+                    if errors.len() < 1_000 {
+                        errors.push((ms(sent_at), ms(replied_at), message));
+                    }
+                    (Outcome::Failed, false)
+                }
+            };
+            samples.push(Sample {
+                sent: ms(sent_at),
+                replied: ms(replied_at),
+                value,
+                rules,
+                outcome,
+                degraded,
+            });
+            self.sent.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(PACE).await;
+        }
+        (samples, errors)
+    }
+}
+
+/// A random rule, and for a quarter of the calls a second rule for the same value.
+fn pick_rules(rng: &mut StdRng) -> [u8; 2] {
+    let first = rng.random_range(0..RULES.len());
+    let second = if rng.random_ratio(1, 4) {
+        ((first + rng.random_range(1..RULES.len())) % RULES.len()) as u8
+    } else {
+        NO_RULE
+    };
+    [first as u8, second]
+}
+
+/// A reply's outcome and whether it was degraded, or why the call failed.
+fn judge(
+    reply: Result<
+        Result<tonic::Response<RateLimitResponse>, tonic::Status>,
+        tokio::time::error::Elapsed,
+    >,
+) -> Result<(Outcome, bool), String> {
+    match reply {
+        Ok(Ok(r)) => {
+            let r = r.into_inner();
+            let degraded = header(&r, "x-ratelimit-degraded").is_some();
+            match r.overall_code {
+                OK => Ok((Outcome::Ok, degraded)),
+                OVER_LIMIT => Ok((Outcome::OverLimit, degraded)),
+                code => Err(format!("overall code {code}")),
+            }
+        }
+        Ok(Err(status)) => Err(format!("{:?}: {}", status.code(), status.message())),
+        Err(_) => Err(format!("no answer within {HUNG:?}")),
+    }
+}
+
 /// The load: workers calling the replicas round robin until stopped.
 pub(super) struct Load {
     stop: Arc<AtomicBool>,
@@ -118,82 +199,15 @@ impl Load {
         let sent: Arc<AtomicU64> = Arc::default();
         let workers = (0..WORKERS)
             .map(|worker| {
-                let (clients, zipf, stop, sent) =
-                    (clients.clone(), zipf.clone(), stop.clone(), sent.clone());
-                tokio::spawn(async move {
-                    let mut rng = StdRng::seed_from_u64(seed.wrapping_add(worker as u64));
-                    let mut samples = Vec::new();
-                    let mut errors = Vec::new();
-                    let mut n = worker;
-                    let ms = |at: Instant| (at - start).as_millis() as u32;
-                    while !stop.load(Ordering::Relaxed) {
-                        let value = zipf.sample(&mut rng);
-                        let first = rng.random_range(0..RULES.len());
-                        // A quarter of the calls carry a second rule for the same value.
-                        let second = if rng.random_ratio(1, 4) {
-                            ((first + rng.random_range(1..RULES.len())) % RULES.len()) as u8
-                        } else {
-                            NO_RULE
-                        };
-                        let rules = [first as u8, second];
-                        let mut client = clients[n % clients.len()].clone();
-                        n += 1;
-                        let sent_at = now();
-                        let reply = tokio::time::timeout(
-                            HUNG,
-                            client.should_rate_limit(request(rules, value)),
-                        )
-                        .await;
-                        let replied_at = now();
-                        let (outcome, degraded) = match reply {
-                            Ok(Ok(r)) => {
-                                let r = r.into_inner();
-                                let degraded = header(&r, "x-ratelimit-degraded").is_some();
-                                match r.overall_code {
-                                    OK => (Outcome::Ok, degraded),
-                                    OVER_LIMIT => (Outcome::OverLimit, degraded),
-                                    code => {
-                                        errors.push((
-                                            ms(sent_at),
-                                            ms(replied_at),
-                                            format!("overall code {code}"),
-                                        ));
-                                        (Outcome::Failed, degraded)
-                                    }
-                                }
-                            }
-                            Ok(Err(status)) => {
-                                if errors.len() < 1_000 {
-                                    errors.push((
-                                        ms(sent_at),
-                                        ms(replied_at),
-                                        format!("{:?}: {}", status.code(), status.message()),
-                                    ));
-                                }
-                                (Outcome::Failed, false)
-                            }
-                            Err(_) => {
-                                errors.push((
-                                    ms(sent_at),
-                                    ms(replied_at),
-                                    format!("no answer within {HUNG:?}"),
-                                ));
-                                (Outcome::Failed, false)
-                            }
-                        };
-                        samples.push(Sample {
-                            sent: ms(sent_at),
-                            replied: ms(replied_at),
-                            value,
-                            rules,
-                            outcome,
-                            degraded,
-                        });
-                        sent.fetch_add(1, Ordering::Relaxed);
-                        tokio::time::sleep(PACE).await;
-                    }
-                    (samples, errors)
-                })
+                let shared = Worker {
+                    clients: clients.clone(),
+                    zipf: zipf.clone(),
+                    stop: stop.clone(),
+                    sent: sent.clone(),
+                    start,
+                };
+                let rng = StdRng::seed_from_u64(seed.wrapping_add(worker as u64));
+                tokio::spawn(shared.run(worker, rng))
             })
             .collect();
         Load {

@@ -166,6 +166,18 @@ impl<'a> Report<'a> {
 
     pub(super) fn print(&self, config_notes: &[String]) {
         let name = &self.plan.name;
+        self.print_series();
+        self.print_faults();
+        for note in config_notes {
+            println!("SOAK {name} {note}");
+        }
+        self.print_totals();
+        self.print_resources();
+    }
+
+    /// The resource series, at most about 60 rows (the CSV has them all).
+    fn print_series(&self) {
+        let name = &self.plan.name;
         println!(
             "SOAK {name} series (RSS MiB / open fds / threads / sluice_replicas per replica; \
              Redis DBSIZE; keys touched in the {} s before):",
@@ -200,6 +212,12 @@ impl<'a> Report<'a> {
                 self.touched_keys(row.at)
             );
         }
+    }
+
+    /// Each fault: the calls overlapping its window, degraded, failed, and how soon after Redis
+    /// was back the last degraded answer came.
+    fn print_faults(&self) {
+        let name = &self.plan.name;
         for fault in self.faults {
             let (calls, degraded, failed, recovered) = self.fault_figures(fault);
             println!(
@@ -223,9 +241,11 @@ impl<'a> Report<'a> {
                 }
             );
         }
-        for note in config_notes {
-            println!("SOAK {name} {note}");
-        }
+    }
+
+    /// Requests, degraded and failed answers (inside and outside fault windows), accuracy.
+    fn print_totals(&self) {
+        let name = &self.plan.name;
         let outside: Vec<&Sample> = self.outside().collect();
         let (whole_span, whole, _) = accuracy(self.samples, 0, self.restarts());
         let (quiet_span, quiet, hottest) = accuracy(self.samples, self.quiet_from(), 0);
@@ -271,6 +291,12 @@ impl<'a> Report<'a> {
             worst_of(&quiet),
             worst_of(&hottest),
         );
+    }
+
+    /// Each replica's memory, fds and threads from after warm-up to the end; errors outside
+    /// fault windows.
+    fn print_resources(&self) {
+        let name = &self.plan.name;
         let (base, last) = (self.base(), self.rows.last().expect("rows"));
         for i in 0..REPLICAS {
             let peak = self

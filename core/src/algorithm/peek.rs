@@ -181,7 +181,7 @@ mod tests {
     }
 
     #[test]
-    fn levels_are_in_the_rules_terms() {
+    fn a_token_bucket_level_is_tokens_of_its_capacity() {
         let p = params(10, 5, 1_000);
         let bucket = peek(
             NOW,
@@ -208,7 +208,10 @@ mod tests {
             })
         );
         assert_eq!(refilled.verdict.remaining, 7);
+    }
 
+    #[test]
+    fn window_levels_are_counts_in_their_windows() {
         let w = params(10, 10, 60_000);
         let start = NOW - NOW % 60_000;
         let fixed = peek(
@@ -255,7 +258,10 @@ mod tests {
         };
         assert_eq!((count, previous_count, estimated), (0, 6, 3.0));
         assert_eq!(sliding.verdict.remaining, 7);
+    }
 
+    #[test]
+    fn a_gcra_level_is_its_theoretical_arrival() {
         let g = params(4, 10, 1_000);
         let gcra = peek(
             NOW,

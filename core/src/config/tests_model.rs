@@ -240,10 +240,8 @@ fn summary_and_json_describe_the_active_config() {
     );
 }
 
-#[test]
-fn envoyproxy_ratelimit_readme_config_loads_unchanged() {
-    // The shapes of envoyproxy/ratelimit's README examples, upper-case units as often written.
-    let src = "---
+/// The shapes of envoyproxy/ratelimit's README examples, upper-case units as often written.
+const README_CONFIG: &str = "---
 domain: example
 descriptors:
   - key: database
@@ -314,6 +312,10 @@ descriptors:
       unit: HOUR
       requests_per_unit: 3
 ";
+
+#[test]
+fn envoyproxy_ratelimit_readme_config_loads_unchanged() {
+    let src = README_CONFIG;
     let config = load(src).unwrap();
     assert_eq!(config.rule_count(), 10);
     let d = config.domain("example").unwrap();
