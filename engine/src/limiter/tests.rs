@@ -113,7 +113,23 @@ pub(super) fn rig(replicas: u64, cache: bool, max_in_flight: usize) -> Rig {
             )
         })
         .collect();
-    let config = Arc::new(ArcSwap::from_pointee(load_sources(&sources).unwrap()));
+    let resilience = ResilienceOptions {
+        over_limit_cache_keys: cache.then_some(1_000),
+        max_in_flight,
+        ..ResilienceOptions::default()
+    };
+    rig_on(&sources, &resilience, replicas, |limiter| limiter)
+}
+
+/// A limiter over the configs `sources` on a [`Flaky`] memory backend, with `resilience` for
+/// `replicas` replicas, finished by `finish` (e.g. given a lease store).
+pub(super) fn rig_on(
+    sources: &[(String, String)],
+    resilience: &ResilienceOptions,
+    replicas: u64,
+    finish: impl FnOnce(Limiter<Arc<Flaky>>) -> Limiter<Arc<Flaky>>,
+) -> Rig {
+    let config = Arc::new(ArcSwap::from_pointee(load_sources(sources).unwrap()));
     let clock = ManualClock::new(1_000_000);
     let backend = Arc::new(Flaky {
         inner: MemoryBackend::new(Arc::new(clock.clone()), MemoryOptions::default()),
@@ -122,11 +138,7 @@ pub(super) fn rig(replicas: u64, cache: bool, max_in_flight: usize) -> Rig {
         stalled: AtomicBool::new(false),
     });
     let resilience = Resilience::new(
-        &ResilienceOptions {
-            over_limit_cache_keys: cache.then_some(1_000),
-            max_in_flight,
-            ..ResilienceOptions::default()
-        },
+        resilience,
         Arc::new(clock.clone()),
         Arc::new(Replicas::fixed(replicas)),
     );
@@ -137,7 +149,7 @@ pub(super) fn rig(replicas: u64, cache: bool, max_in_flight: usize) -> Rig {
         resilience,
     );
     Rig {
-        limiter,
+        limiter: finish(limiter),
         backend,
         clock,
     }

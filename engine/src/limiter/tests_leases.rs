@@ -1,23 +1,18 @@
 //! The limiter's leases and shards, on the failing memory backend of `tests.rs`.
 
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
-use arc_swap::ArcSwap;
 use futures::FutureExt as _;
 
-use super::tests::{Flaky, Rig, request, rig};
+use super::tests::{Rig, request, rig, rig_on};
 use super::*;
 use crate::algorithm::{Algorithm, BucketParams};
 use crate::backend::Hit;
-use crate::backend::memory::{MemoryBackend, MemoryOptions};
-use crate::clock::{Clock, ManualClock};
-use crate::config::load_sources;
+use crate::clock::Clock;
 use crate::key::RuleTag;
 use crate::request::Entry;
 use crate::resilience::ResilienceOptions;
-use crate::resilience::local::Replicas;
 use crate::rule::Unit;
 
 const LEASED: &str = "domain: lease
@@ -29,36 +24,14 @@ descriptors:
 ";
 
 fn leased_rig() -> (Rig, Arc<LeaseStore>) {
-    let sources = vec![("lease.yaml".to_owned(), LEASED.to_owned())];
-    let config = Arc::new(ArcSwap::from_pointee(load_sources(&sources).unwrap()));
-    let clock = ManualClock::new(1_000_000);
-    let backend = Arc::new(Flaky {
-        inner: MemoryBackend::new(Arc::new(clock.clone()), MemoryOptions::default()),
-        calls: AtomicUsize::new(0),
-        failing: Mutex::new(HashSet::new()),
-        stalled: AtomicBool::new(false),
-    });
-    let resilience = Resilience::new(
-        &ResilienceOptions::default(),
-        Arc::new(clock.clone()),
-        Arc::new(Replicas::fixed(1)),
-    );
+    let sources = [("lease.yaml".to_owned(), LEASED.to_owned())];
     let store = Arc::new(LeaseStore::new(crate::limiter::lease::LeaseOptions {
         max_keys: 100,
         lifetime_ms: 1_000,
     }));
-    let limiter = Limiter::with_resilience(
-        config,
-        backend.clone(),
-        LimiterOptions::default(),
-        resilience,
-    )
-    .with_leases(store.clone());
-    let rig = Rig {
-        limiter,
-        backend,
-        clock,
-    };
+    let rig = rig_on(&sources, &ResilienceOptions::default(), 1, |limiter| {
+        limiter.with_leases(store.clone())
+    });
     (rig, store)
 }
 
