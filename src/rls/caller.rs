@@ -6,16 +6,6 @@
 use envoy_types::pb::google::protobuf::UInt64Value;
 
 use super::wire::WireRequest;
-use crate::settings::CallerArgs;
-
-impl From<&CallerArgs> for CallerPolicy {
-    fn from(args: &CallerArgs) -> Self {
-        CallerPolicy {
-            ignore_limit_override: args.ignore_limit_override,
-            ignore_negative_hits: args.ignore_negative_hits,
-        }
-    }
-}
 
 /// What an untrusted caller may not decide. The default trusts callers fully, as
 /// envoyproxy/ratelimit does.

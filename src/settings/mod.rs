@@ -34,6 +34,7 @@ use crate::backend::redis::{BatchSettings, RedisOptions};
 use crate::limiter::LimiterOptions;
 use crate::limiter::lease::LeaseOptions;
 use crate::quota::QuotaOptions;
+use crate::rls::RequestBounds;
 
 pub use self::admin::AdminArgs;
 pub use self::commands::{
@@ -310,19 +311,19 @@ pub struct Settings {
     /// The default, 4 MiB, holds `--max-descriptors` (64) descriptors each carrying Envoy's
     /// whole default request-header block (60 KiB) once: Envoy copies header values into
     /// descriptors unchanged and may copy one header into several.
-    #[arg(long, env = "SLUICE_MAX_MESSAGE_BYTES", default_value_t = 4 * 1024 * 1024)]
+    #[arg(long, env = "SLUICE_MAX_MESSAGE_BYTES", default_value_t = RequestBounds::DEFAULT_MAX_MESSAGE_BYTES)]
     pub max_message_bytes: usize,
 
     /// Most descriptors in one request.
-    #[arg(long, env = "SLUICE_MAX_DESCRIPTORS", default_value_t = 64)]
+    #[arg(long, env = "SLUICE_MAX_DESCRIPTORS", default_value_t = RequestBounds::DEFAULT_MAX_DESCRIPTORS)]
     pub max_descriptors: usize,
 
     /// Most entries in one descriptor.
-    #[arg(long, env = "SLUICE_MAX_ENTRIES", default_value_t = 32)]
+    #[arg(long, env = "SLUICE_MAX_ENTRIES", default_value_t = RequestBounds::DEFAULT_MAX_ENTRIES)]
     pub max_entries: usize,
 
     /// Longest descriptor entry key, in bytes.
-    #[arg(long, env = "SLUICE_MAX_KEY_BYTES", default_value_t = 256)]
+    #[arg(long, env = "SLUICE_MAX_KEY_BYTES", default_value_t = RequestBounds::DEFAULT_MAX_KEY_BYTES)]
     pub max_key_bytes: usize,
 
     /// Deprecated, no effect: a descriptor value of any length is decided (refusing one let the

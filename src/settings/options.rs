@@ -1,13 +1,15 @@
 //! Parsed flags → the engine's option structs. The one place the command line meets the engine:
 //! the structs and their defaults live in `sluice-engine`, which knows no flags.
 
-use super::{ListenerArgs, RedisModeArg, Settings};
+use super::{CallerArgs, ListenerArgs, RedisModeArg, Settings};
 use crate::backend::breaker::BreakerSettings;
 use crate::backend::memory::MemoryOptions;
 use crate::backend::redis::{BatchSettings, RedisMode, RedisOptions};
 use crate::limiter::LimiterOptions;
 use crate::limiter::lease::LeaseOptions;
 use crate::quota::QuotaOptions;
+use crate::rls::RequestBounds;
+use crate::rls::caller::CallerPolicy;
 use crate::security::listener::ConnectionLimits;
 
 fn to_usize(n: u64) -> usize {
@@ -115,6 +117,28 @@ impl From<&ListenerArgs> for ConnectionLimits {
     }
 }
 
+impl From<&Settings> for RequestBounds {
+    fn from(settings: &Settings) -> Self {
+        RequestBounds {
+            max_message_bytes: settings.max_message_bytes,
+            max_descriptors: settings.max_descriptors,
+            max_entries: settings.max_entries,
+            max_key_bytes: settings.max_key_bytes,
+            max_hits_addend: settings.security.callers.max_hits_addend,
+            policy: CallerPolicy::from(&settings.security.callers),
+        }
+    }
+}
+
+impl From<&CallerArgs> for CallerPolicy {
+    fn from(args: &CallerArgs) -> Self {
+        CallerPolicy {
+            ignore_limit_override: args.ignore_limit_override,
+            ignore_negative_hits: args.ignore_negative_hits,
+        }
+    }
+}
+
 impl Settings {
     /// The options of the per-second Redis (`--redis-per-second-*`), or `None` when it is not
     /// configured. Deadlines, breakers, batching and expiry jitter are the main Redis's.
@@ -164,6 +188,22 @@ mod tests {
         assert_eq!(flags.default_failure_mode, engine.default_failure_mode);
         assert_eq!(flags.quota_all, engine.quota_all);
         assert_eq!(QuotaOptions::from(&settings), QuotaOptions::default());
+        let (flags, edge) = (RequestBounds::from(&settings), RequestBounds::default());
+        assert_eq!(
+            (
+                flags.max_message_bytes,
+                flags.max_descriptors,
+                flags.max_entries
+            ),
+            (
+                edge.max_message_bytes,
+                edge.max_descriptors,
+                edge.max_entries
+            )
+        );
+        assert_eq!(flags.max_key_bytes, edge.max_key_bytes);
+        assert_eq!(flags.max_hits_addend, edge.max_hits_addend);
+        assert_eq!(flags.policy, edge.policy);
         assert_eq!(
             ConnectionLimits::from(&settings.security.listener),
             ConnectionLimits::default()

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::flags::{duration_text, parse_duration};
+use crate::rls::RequestBounds;
 use crate::security::listener::ConnectionLimits;
 
 /// Security settings of `sluice serve`; every flag also reads `SLUICE_<FLAG_IN_CAPS>`.
@@ -89,7 +90,7 @@ pub struct CallerArgs {
     /// `failure_mode_deny: false`). The default is the range of Envoy's own request-level field
     /// (uint32): no legitimate count of hits or bytes per request reaches it, and it bounds what
     /// one call adds to a hit counter.
-    #[arg(long, env = "SLUICE_MAX_HITS_ADDEND", default_value_t = u64::from(u32::MAX),
+    #[arg(long, env = "SLUICE_MAX_HITS_ADDEND", default_value_t = RequestBounds::DEFAULT_MAX_HITS_ADDEND,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_hits_addend: u64,
 }

@@ -14,7 +14,6 @@ use crate::request::{Entry, LimitOverride, LimitRequest, RequestDescriptor};
 use crate::rls::caller::CallerPolicy;
 use crate::rls::wire::{WireDescriptor, WireEntry, WireRequest};
 use crate::rule::Unit;
-use crate::settings::Settings;
 
 /// Size bounds on incoming requests; past them a request is refused ([`RequestError`]).
 #[derive(Clone, Debug)]
@@ -30,23 +29,26 @@ pub struct RequestBounds {
     pub policy: CallerPolicy,
 }
 
-impl From<&Settings> for RequestBounds {
-    fn from(settings: &Settings) -> Self {
-        RequestBounds {
-            max_message_bytes: settings.max_message_bytes,
-            max_descriptors: settings.max_descriptors,
-            max_entries: settings.max_entries,
-            max_key_bytes: settings.max_key_bytes,
-            max_hits_addend: settings.security.callers.max_hits_addend,
-            policy: CallerPolicy::from(&settings.security.callers),
-        }
-    }
+impl RequestBounds {
+    pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+    pub const DEFAULT_MAX_DESCRIPTORS: usize = 64;
+    pub const DEFAULT_MAX_ENTRIES: usize = 32;
+    pub const DEFAULT_MAX_KEY_BYTES: usize = 256;
+    /// The range of Envoy's own request-level `hits_addend` (uint32).
+    pub const DEFAULT_MAX_HITS_ADDEND: u64 = u32::MAX as u64;
 }
 
 impl Default for RequestBounds {
-    /// Every bound at its flag's default; callers trusted.
+    /// Every bound at its default; callers trusted.
     fn default() -> Self {
-        RequestBounds::from(&Settings::defaults())
+        RequestBounds {
+            max_message_bytes: Self::DEFAULT_MAX_MESSAGE_BYTES,
+            max_descriptors: Self::DEFAULT_MAX_DESCRIPTORS,
+            max_entries: Self::DEFAULT_MAX_ENTRIES,
+            max_key_bytes: Self::DEFAULT_MAX_KEY_BYTES,
+            max_hits_addend: Self::DEFAULT_MAX_HITS_ADDEND,
+            policy: CallerPolicy::default(),
+        }
     }
 }
 
