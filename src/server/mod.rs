@@ -2,6 +2,7 @@
 //! ([`drain`]: the way out).
 
 mod admin_routes;
+mod background;
 mod drain;
 mod serving;
 
@@ -33,9 +34,8 @@ use crate::limiter::{Limiter, LimiterOptions};
 use crate::quota::{QuotaHandler, QuotaOptions, Quotas};
 use crate::resilience::in_flight::InFlight;
 use crate::resilience::local::Replicas;
-use crate::resilience::{self, Resilience, ResilienceOptions};
+use crate::resilience::{Resilience, ResilienceOptions};
 use crate::rls::{HeaderOptions, RateLimitHandler, RateLimitServer, RequestBounds};
-use crate::rule::FailureMode;
 use crate::security;
 use crate::security::listener::{ConnectionLimits, ConnectionStats};
 use crate::security::tls::{AuthorizeLayer, TlsState};
@@ -50,15 +50,6 @@ use drain::{DrainTimes, GrpcHealth, WindDown};
 /// codec holds `--max-message-bytes` against the encoded request and names the message. A larger
 /// `--max-message-bytes` raises the ceiling with it.
 const TRANSPORT_MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
-
-/// How often readiness (admin and gRPC health) is re-evaluated, and the backend probed unless live
-/// traffic was answered within the interval. The probe is also what closes an open breaker when
-/// no traffic arrives.
-const HEALTH_INTERVAL: Duration = Duration::from_millis(500);
-/// How often each replica refreshes its heartbeat in Redis, and how long a silent one still
-/// counts: a stopped replica is forgotten within the TTL, a new one counted within an interval.
-const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
-const HEARTBEAT_TTL: Duration = Duration::from_secs(5);
 
 /// Why the service could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -267,7 +258,7 @@ async fn start_redis(
     });
     let heartbeat = replicas
         .is_discovered()
-        .then(|| Heartbeat::new(&backend, &settings.key_prefix, replicas.clone()));
+        .then(|| background::Heartbeat::new(&backend, &settings.key_prefix, replicas.clone()));
     if let Some(heartbeat) = &heartbeat {
         // Counted before serving, so a Redis loss right after start divides correctly.
         heartbeat.beat().await;
@@ -336,6 +327,17 @@ struct Built<B: Backend> {
     replicas: Arc<Replicas>,
     /// The `local` policy's bucket sweeper, stopped with the server.
     local_sweeper: Option<JoinHandle<()>>,
+}
+
+impl<B: Backend> Built<B> {
+    fn background(&self) -> background::Background<B> {
+        background::Background {
+            quotas: self.quotas.clone(),
+            limiter: self.limiter.clone(),
+            readiness: self.readiness.clone(),
+            answered: self.answered,
+        }
+    }
 }
 
 /// Builds the limiter over `backend` (with its resilience and leases), the gRPC service and the
@@ -492,7 +494,7 @@ async fn serve<B: Backend>(settings: &Settings, built: Built<B>) -> Result<Runni
     let grpc_health = grpc_health::<B>(health_reporter, &built.readiness).await;
 
     let (stop, stop_rx) = watch::channel(false);
-    let lease_sweeper = spawn_background(settings, &built, &grpc_health, &stop_rx);
+    let lease_sweeper = background::spawn(built.background(), settings, &grpc_health, &stop_rx);
     let (closing, closing_rx) = watch::channel(false);
     let parts = (&built.metrics, &built.readiness);
     let admin = admin_routes::spawn(settings, built.admin, parts, closing_rx.clone()).await?;
@@ -588,30 +590,6 @@ impl<B: Backend> GrpcServices<B> {
     }
 }
 
-/// Starts what runs beside the listeners until `stop`: the RLQS pushes, the health watcher and
-/// the lease sweeper (returned: shutdown waits for its last sweep).
-fn spawn_background<B: Backend>(
-    settings: &Settings,
-    built: &Built<B>,
-    grpc_health: &GrpcHealth,
-    stop: &watch::Receiver<bool>,
-) -> JoinHandle<()> {
-    tokio::spawn(built.quotas.clone().run(stop.clone()));
-    spawn_health(
-        built.limiter.clone(),
-        built.readiness.clone(),
-        grpc_health.clone(),
-        built.answered,
-        settings.failure_mode.into(),
-        stop.clone(),
-    );
-    tokio::spawn(sweep_leases(
-        built.limiter.clone(),
-        lease_sweep_interval(settings.lease_lifetime),
-        stop.clone(),
-    ))
-}
-
 /// `--lease-lifetime` in whole ms, at least one (a lease that can never be spent is an error).
 fn lease_lifetime_ms(settings: &Settings) -> Result<u64, ServeError> {
     match u64::try_from(settings.lease_lifetime.as_millis()) {
@@ -620,152 +598,6 @@ fn lease_lifetime_ms(settings: &Settings) -> Result<u64, ServeError> {
             "--lease-lifetime must be from 1ms to 2^64 ms, got {:?}",
             settings.lease_lifetime
         ))),
-    }
-}
-
-/// Expired leases go back a few times per lifetime, at most every 10 ms and at least every
-/// second, so a returned token is back in the bucket soon after it stopped being spendable.
-fn lease_sweep_interval(lifetime: Duration) -> Duration {
-    (lifetime / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
-}
-
-/// Hands expired leases back until the server stops.
-async fn sweep_leases<B: Backend>(
-    limiter: Arc<Limiter<B>>,
-    every: Duration,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                limiter.return_expired_leases().await;
-            }
-            changed = stop.changed() => {
-                if changed.is_err() || *stop.borrow() {
-                    return;
-                }
-            }
-        }
-    }
-}
-
-/// Probes the backend every [`HEALTH_INTERVAL`] unless traffic just did (through the breakers, so
-/// the probe is also the half-open call that closes one) and keeps `/readyz` and gRPC health in line with
-/// [`resilience::backend_ready`]. A backend that never answered a probe stays not ready.
-fn spawn_health<B: Backend>(
-    limiter: Arc<Limiter<B>>,
-    readiness: Arc<Readiness>,
-    grpc: GrpcHealth,
-    mut answered: bool,
-    default_mode: FailureMode,
-    mut stop: watch::Receiver<bool>,
-) {
-    tokio::spawn(async move {
-        let mut ticks = tokio::time::interval(HEALTH_INTERVAL);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut reported = readiness.is_ready();
-        loop {
-            tokio::select! {
-                _ = ticks.tick() => {}
-                _ = stop.wait_for(|s| *s) => return,
-            }
-            let traffic = limiter
-                .resilience()
-                .answered_within(HEALTH_INTERVAL.as_millis() as u64);
-            answered |= traffic || limiter.backend().probe().await.is_ok();
-            let only_error = resilience::only_error_policy(&limiter.config().load(), default_mode);
-            let backend_ready =
-                answered && resilience::backend_ready(&limiter.breaker_states(), only_error);
-            readiness.set_backend_ready(backend_ready);
-            let ready = readiness.is_ready();
-            if *stop.borrow() {
-                return;
-            }
-            if ready != reported {
-                if ready {
-                    tracing::info!("ready: serving");
-                } else {
-                    tracing::warn!(
-                        "not ready: Redis unreachable and the failure policy is `error`"
-                    );
-                }
-                grpc.set(ready).await;
-                reported = ready;
-            }
-        }
-    });
-}
-
-/// This replica's heartbeat in Redis, for the `local` policy's replica count.
-struct Heartbeat {
-    backend: RedisBackend,
-    key: String,
-    member: String,
-    replicas: Arc<Replicas>,
-    /// A heartbeat succeeded, or its failure was already reported.
-    counted: std::sync::atomic::AtomicBool,
-}
-
-impl Heartbeat {
-    fn new(backend: &RedisBackend, key_prefix: &str, replicas: Arc<Replicas>) -> Self {
-        // The pod name when there is one (Kubernetes sets HOSTNAME), so an operator can read the
-        // set; the random part keeps two processes on one host apart.
-        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "sluice".into());
-        Heartbeat {
-            backend: backend.clone(),
-            // No `{` follows the prefix, so this can never be a bucket key.
-            key: format!("{key_prefix}replicas"),
-            member: format!("{host}-{:016x}", rand::random::<u64>()),
-            replicas,
-            counted: std::sync::atomic::AtomicBool::new(false),
-        }
-    }
-
-    /// One heartbeat; a failure keeps the last count (that is the point while Redis is away).
-    async fn beat(&self) {
-        match self
-            .backend
-            .heartbeat(&self.key, &self.member, HEARTBEAT_TTL)
-            .await
-        {
-            Ok(live) => {
-                self.counted
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
-                let before = self.replicas.current();
-                self.replicas.observe(live);
-                if live.max(1) != before {
-                    tracing::info!(replicas = live, "live replica count changed");
-                }
-            }
-            // Never counted (the ACL lacks the heartbeat's commands, say): say so once.
-            Err(error)
-                if !self
-                    .counted
-                    .swap(true, std::sync::atomic::Ordering::Relaxed) =>
-            {
-                tracing::warn!(%error, "cannot count replicas through Redis; the `local` policy assumes 1 until a heartbeat succeeds (or set --replicas)")
-            }
-            Err(error) => {
-                tracing::debug!(%error, replicas = self.replicas.current(), "heartbeat failed; keeping the last replica count")
-            }
-        }
-    }
-
-    fn spawn(self, mut stop: watch::Receiver<bool>) {
-        tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(HEARTBEAT_INTERVAL);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            ticks.tick().await;
-            loop {
-                tokio::select! {
-                    _ = ticks.tick() => {}
-                    _ = stop.wait_for(|s| *s) => return,
-                }
-                self.beat().await;
-            }
-        });
     }
 }
 
