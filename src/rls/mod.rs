@@ -45,7 +45,6 @@ use crate::advertised::{Advertised, advertise};
 use crate::backend::{Backend, BackendError};
 use crate::limiter::{AppliedLimit, Code, Decision, LimitError, Limiter, Status};
 use crate::request::LimitRequest;
-use crate::settings::{ResponseHeaders, Settings};
 use crate::telemetry::{Metrics, Outcome, traces};
 use crate::top::TopRecorder;
 use validate::{Checked, Problem, RequestError};
@@ -53,10 +52,21 @@ use wire::{SHOULD_RATE_LIMIT_PATH, WireRequest};
 
 pub use validate::RequestBounds;
 
+/// Which rate-limit headers sluice adds to its answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeaderMode {
+    /// `x-ratelimit-limit`, `-remaining`, `-reset`, and `retry-after` on OVER_LIMIT.
+    All,
+    /// Only `retry-after` on OVER_LIMIT: for an Envoy whose `enable_x_ratelimit_headers`
+    /// writes the `x-ratelimit-*` headers itself (it never writes `retry-after`).
+    RetryAfter,
+    None,
+}
+
 /// Which rate-limit headers to add to the response, and their names.
 #[derive(Clone, Debug)]
 pub struct HeaderOptions {
-    pub mode: ResponseHeaders,
+    pub mode: HeaderMode,
     pub limit: String,
     pub remaining: String,
     pub reset: String,
@@ -68,24 +78,26 @@ pub struct HeaderOptions {
     pub dynamic_metadata: bool,
 }
 
-impl From<&Settings> for HeaderOptions {
-    fn from(settings: &Settings) -> Self {
-        HeaderOptions {
-            mode: settings.response_headers,
-            limit: settings.header_limit.clone(),
-            remaining: settings.header_remaining.clone(),
-            reset: settings.header_reset.clone(),
-            retry_after: settings.header_retry_after.clone(),
-            degraded: settings.header_degraded.clone(),
-            dynamic_metadata: settings.response_dynamic_metadata,
-        }
-    }
+impl HeaderOptions {
+    pub const DEFAULT_LIMIT: &'static str = "x-ratelimit-limit";
+    pub const DEFAULT_REMAINING: &'static str = "x-ratelimit-remaining";
+    pub const DEFAULT_RESET: &'static str = "x-ratelimit-reset";
+    pub const DEFAULT_RETRY_AFTER: &'static str = "retry-after";
+    pub const DEFAULT_DEGRADED: &'static str = "x-ratelimit-degraded";
 }
 
 impl Default for HeaderOptions {
-    /// Headers on, every name at its flag's default.
+    /// Every header on under its usual name; no dynamic metadata.
     fn default() -> Self {
-        HeaderOptions::from(&Settings::defaults())
+        HeaderOptions {
+            mode: HeaderMode::All,
+            limit: Self::DEFAULT_LIMIT.to_owned(),
+            remaining: Self::DEFAULT_REMAINING.to_owned(),
+            reset: Self::DEFAULT_RESET.to_owned(),
+            retry_after: Self::DEFAULT_RETRY_AFTER.to_owned(),
+            degraded: Self::DEFAULT_DEGRADED.to_owned(),
+            dynamic_metadata: false,
+        }
     }
 }
 
@@ -407,7 +419,7 @@ pub fn to_grpc_status(error: LimitError) -> GrpcStatus {
 /// Converts a decision to Envoy's response, with rate-limit headers when enabled.
 pub fn to_response(decision: &Decision, headers: &HeaderOptions) -> RateLimitResponse {
     let statuses = decision.statuses.iter().map(to_descriptor_status).collect();
-    let response_headers_to_add = if headers.mode != ResponseHeaders::None {
+    let response_headers_to_add = if headers.mode != HeaderMode::None {
         rate_limit_headers(decision, headers)
     } else {
         Vec::new()
@@ -507,7 +519,7 @@ fn ceil_secs(ms: u64) -> u64 {
 
 /// Headers in the IETF draft's shape (`x-ratelimit-limit: 5, 5;w=10`), counted in hits
 /// ([`advertise`]). `retry-after` is omitted when no wait helps (the hit costs more than the
-/// bucket holds). [`ResponseHeaders::RetryAfter`] writes only `retry-after` (and the degraded
+/// bucket holds). [`HeaderMode::RetryAfter`] writes only `retry-after` (and the degraded
 /// header): Envoy's `enable_x_ratelimit_headers` writes the rest from the statuses.
 fn rate_limit_headers(decision: &Decision, options: &HeaderOptions) -> Vec<HeaderValue> {
     let mut out = Vec::with_capacity(5);
@@ -532,7 +544,7 @@ fn rate_limit_headers(decision: &Decision, options: &HeaderOptions) -> Vec<Heade
     // Numbers written with itoa into one sized buffer each: `format!` was a tenth of sluice's
     // own instructions per request (callgrind).
     let mut digits = itoa::Buffer::new();
-    if options.mode == ResponseHeaders::All {
+    if options.mode == HeaderMode::All {
         let shown = advertised(status, limit);
         let mut limit_value = String::with_capacity(48);
         limit_value.push_str(digits.format(shown.limit));

@@ -34,7 +34,7 @@ use crate::backend::redis::{BatchSettings, RedisOptions};
 use crate::limiter::LimiterOptions;
 use crate::limiter::lease::LeaseOptions;
 use crate::quota::QuotaOptions;
-use crate::rls::RequestBounds;
+use crate::rls::{HeaderOptions, RequestBounds};
 
 pub use self::admin::AdminArgs;
 pub use self::commands::{
@@ -183,20 +183,20 @@ pub struct Settings {
     #[arg(long, env = "SLUICE_RESPONSE_DYNAMIC_METADATA", default_value_t = false, action = clap::ArgAction::Set)]
     pub response_dynamic_metadata: bool,
 
-    #[arg(long, env = "SLUICE_HEADER_LIMIT", default_value = "x-ratelimit-limit")]
+    #[arg(long, env = "SLUICE_HEADER_LIMIT", default_value = HeaderOptions::DEFAULT_LIMIT)]
     pub header_limit: String,
 
     #[arg(
         long,
         env = "SLUICE_HEADER_REMAINING",
-        default_value = "x-ratelimit-remaining"
+        default_value = HeaderOptions::DEFAULT_REMAINING
     )]
     pub header_remaining: String,
 
-    #[arg(long, env = "SLUICE_HEADER_RESET", default_value = "x-ratelimit-reset")]
+    #[arg(long, env = "SLUICE_HEADER_RESET", default_value = HeaderOptions::DEFAULT_RESET)]
     pub header_reset: String,
 
-    #[arg(long, env = "SLUICE_HEADER_RETRY_AFTER", default_value = "retry-after")]
+    #[arg(long, env = "SLUICE_HEADER_RETRY_AFTER", default_value = HeaderOptions::DEFAULT_RETRY_AFTER)]
     pub header_retry_after: String,
 
     /// Header naming the failure policies that decided a degraded response (sent with the
@@ -204,7 +204,7 @@ pub struct Settings {
     #[arg(
         long,
         env = "SLUICE_HEADER_DEGRADED",
-        default_value = "x-ratelimit-degraded"
+        default_value = HeaderOptions::DEFAULT_DEGRADED
     )]
     pub header_degraded: String,
 

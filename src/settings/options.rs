@@ -1,15 +1,15 @@
 //! Parsed flags → the engine's option structs. The one place the command line meets the engine:
 //! the structs and their defaults live in `sluice-engine`, which knows no flags.
 
-use super::{CallerArgs, ListenerArgs, RedisModeArg, Settings};
+use super::{CallerArgs, ListenerArgs, RedisModeArg, ResponseHeaders, Settings};
 use crate::backend::breaker::BreakerSettings;
 use crate::backend::memory::MemoryOptions;
 use crate::backend::redis::{BatchSettings, RedisMode, RedisOptions};
 use crate::limiter::LimiterOptions;
 use crate::limiter::lease::LeaseOptions;
 use crate::quota::QuotaOptions;
-use crate::rls::RequestBounds;
 use crate::rls::caller::CallerPolicy;
+use crate::rls::{HeaderMode, HeaderOptions, RequestBounds};
 use crate::security::listener::ConnectionLimits;
 
 fn to_usize(n: u64) -> usize {
@@ -130,6 +130,30 @@ impl From<&Settings> for RequestBounds {
     }
 }
 
+impl From<ResponseHeaders> for HeaderMode {
+    fn from(flag: ResponseHeaders) -> Self {
+        match flag {
+            ResponseHeaders::All => HeaderMode::All,
+            ResponseHeaders::RetryAfter => HeaderMode::RetryAfter,
+            ResponseHeaders::None => HeaderMode::None,
+        }
+    }
+}
+
+impl From<&Settings> for HeaderOptions {
+    fn from(settings: &Settings) -> Self {
+        HeaderOptions {
+            mode: settings.response_headers.into(),
+            limit: settings.header_limit.clone(),
+            remaining: settings.header_remaining.clone(),
+            reset: settings.header_reset.clone(),
+            retry_after: settings.header_retry_after.clone(),
+            degraded: settings.header_degraded.clone(),
+            dynamic_metadata: settings.response_dynamic_metadata,
+        }
+    }
+}
+
 impl From<&CallerArgs> for CallerPolicy {
     fn from(args: &CallerArgs) -> Self {
         CallerPolicy {
@@ -204,6 +228,25 @@ mod tests {
         assert_eq!(flags.max_key_bytes, edge.max_key_bytes);
         assert_eq!(flags.max_hits_addend, edge.max_hits_addend);
         assert_eq!(flags.policy, edge.policy);
+        let (flags, edge) = (HeaderOptions::from(&settings), HeaderOptions::default());
+        assert_eq!(flags.mode, edge.mode);
+        assert_eq!(
+            [
+                flags.limit,
+                flags.remaining,
+                flags.reset,
+                flags.retry_after,
+                flags.degraded
+            ],
+            [
+                edge.limit,
+                edge.remaining,
+                edge.reset,
+                edge.retry_after,
+                edge.degraded
+            ]
+        );
+        assert_eq!(flags.dynamic_metadata, edge.dynamic_metadata);
         assert_eq!(
             ConnectionLimits::from(&settings.security.listener),
             ConnectionLimits::default()
