@@ -8,16 +8,24 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
-use sluice_harness::{RedisServer, without_sluice_env, workspace_bin};
+use sluice_harness::{RedisServer, SluiceBuilder, SluiceProcess, without_sluice_env};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_sluice-bench");
 
-/// A server child that printed `... grpc=ADDR ...`; SIGTERM then reaped on drop.
+/// sluice on the bench's own config (`integration/bench/config`), the flags after it.
+fn sluice(args: &[&str]) -> SluiceProcess {
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    SluiceBuilder::config(&config)
+        .args(["--log-level", "warn"])
+        .args(args)
+        .start()
+}
+
+/// The no-op server (`sluice-bench noop`), a child that printed `... grpc=ADDR ...`; SIGTERM then
+/// reaped on drop. sluice itself runs under the harness's [`SluiceBuilder`].
 struct Server {
     child: Child,
     addr: String,
-    /// The admin listener, where the ready line names one (`admin=ADDR`).
-    admin: String,
 }
 
 impl Server {
@@ -42,23 +50,12 @@ impl Server {
                 .map(str::to_string)
         };
         let addr = field("grpc=").unwrap_or_else(|| panic!("no ready line: {line:?}"));
-        let admin = field("admin=").unwrap_or_default();
-        Server { child, addr, admin }
+        Server { child, addr }
     }
 
     fn noop() -> Server {
         let mut cmd = Command::new(BENCH);
         cmd.args(["noop", "--addr", "127.0.0.1:0"]);
-        Server::start(cmd)
-    }
-
-    fn sluice(args: &[&str]) -> Server {
-        let mut cmd = Command::new(workspace_bin("sluice"));
-        cmd.args(["serve", "--config", "config"])
-            .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
-            .args(["--log-level", "warn"])
-            .args(args)
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
         Server::start(cmd)
     }
 
@@ -176,10 +173,11 @@ fn generator_drives_the_noop_server_closed_and_open_loop() {
 #[test]
 fn generator_mix_reaches_over_limit_keys_on_sluice_memory() {
     let dir = tempfile::tempdir().unwrap();
-    let sluice = Server::sluice(&["--backend", "memory"]);
+    let sluice = sluice(&["--backend", "memory"]);
+    let addr = sluice.grpc.to_string();
     let pid = format!("sluice={}", sluice.pid());
     let report = load(
-        &sluice.addr,
+        &addr,
         &[
             "--over-limit-share",
             "0.5",
@@ -204,7 +202,7 @@ fn generator_counts_redis_commands_and_the_floor_runs() {
     let dir = tempfile::tempdir().unwrap();
     let redis = RedisServer::start();
     let url = redis.url();
-    let sluice = Server::sluice(&[
+    let sluice = sluice(&[
         "--backend",
         "redis",
         "--redis-url",
@@ -215,12 +213,13 @@ fn generator_counts_redis_commands_and_the_floor_runs() {
         "--redis-max-batch",
         "1",
     ]);
+    let addr = sluice.grpc.to_string();
     let pids = [
         format!("sluice={}", sluice.pid()),
         format!("redis={}", redis.pid()),
     ];
     let report = load(
-        &sluice.addr,
+        &addr,
         &["--redis-url", &url, "--pid", &pids[0], "--pid", &pids[1]],
         &dir.path().join("redis.json"),
     );
@@ -330,15 +329,16 @@ fn sweep_writes_points_and_a_plot() {
 #[test]
 fn rlqs_generator_reports_usage_and_counts_assignments_on_sluice_memory() {
     let dir = tempfile::tempdir().unwrap();
-    let sluice = Server::sluice(&["--backend", "memory", "--rlqs-push-interval", "100ms"]);
+    let sluice = sluice(&["--backend", "memory", "--rlqs-push-interval", "100ms"]);
+    let (addr, admin) = (sluice.grpc.to_string(), sluice.admin.to_string());
     let pid = format!("sluice={}", sluice.pid());
     let rlqs = |extra: &[&str], name: &str| {
         let mut args = vec![
             "rlqs",
             "--target",
-            &sluice.addr,
+            &addr,
             "--admin",
-            &sluice.admin,
+            &admin,
             "--streams",
             "3",
             "--buckets",
