@@ -302,5 +302,11 @@ async fn a_killed_redis_opens_the_breaker_within_one_window() {
         "opened {opened:?} after the kill"
     );
     assert!(breaker_failed > 0, "calls are skipped once open");
+    // Each skipped call is one `circuit_open` error, as the app counts them.
+    assert_eq!(
+        redis_errors(&sluice, "circuit_open").await,
+        breaker_failed as u64,
+        "sluice_redis_errors_total{{kind=\"circuit_open\"}} counts the skipped calls"
+    );
     sluice.stop().await;
 }

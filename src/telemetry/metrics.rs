@@ -345,6 +345,13 @@ impl Inner {
                 .record(started.elapsed().as_secs_f64(), &self.response_time_attrs);
         }
     }
+
+    /// One Redis decision call failed (or was skipped by an open breaker) with `error`.
+    fn count_redis_error(&self, error: &BackendError) {
+        if let Some(i) = REDIS_ERROR_KINDS.iter().position(|k| *k == error.kind()) {
+            self.shared.redis_errors[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Observes the Redis backend's calls: spans always, metrics when they are on.
@@ -377,10 +384,14 @@ impl RedisObserver for RedisCalls {
     fn call_timed(&self, elapsed: Duration, outcome: Result<(), &BackendError>) {
         let Some(inner) = &self.0 else { return };
         inner.redis_duration.record(elapsed.as_secs_f64(), &[]);
-        if let Err(e) = outcome
-            && let Some(i) = REDIS_ERROR_KINDS.iter().position(|k| *k == e.kind())
-        {
-            inner.shared.redis_errors[i].fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = outcome {
+            inner.count_redis_error(e);
+        }
+    }
+
+    fn call_skipped(&self) {
+        if let Some(inner) = &self.0 {
+            inner.count_redis_error(&BackendError::CircuitOpen);
         }
     }
 

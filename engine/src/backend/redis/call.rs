@@ -103,7 +103,7 @@ impl Call<'_> {
     /// Runs `call` (the script over `keys` keys, on `endpoint`, in `slot` when known) through
     /// the endpoint's breaker and within the deadline: skipped at once while the breaker is
     /// open, and its outcome (a timeout is a failure) reported back. A call that is made is
-    /// timed, counted and traced; a skipped one is none of these, as no Redis call happened.
+    /// timed, counted and traced; a skipped one is only counted (no Redis call happened).
     pub(super) async fn guarded<T>(
         self,
         endpoint: &Endpoint,
@@ -112,6 +112,9 @@ impl Call<'_> {
         call: impl Future<Output = Result<T, BackendError>>,
     ) -> Result<T, BackendError> {
         let Some(permit) = endpoint.admit() else {
+            if self.timed {
+                self.observer.call_skipped();
+            }
             return Err(BackendError::CircuitOpen);
         };
         let span = self.observer.call_span(keys, endpoint.name(), slot);

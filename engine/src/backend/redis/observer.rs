@@ -36,6 +36,10 @@ pub trait RedisObserver: Send + Sync + 'static {
         let _ = (elapsed, outcome);
     }
 
+    /// A decision's call (not a health probe's) was not made: the endpoint's breaker is open
+    /// and the call failed at once with [`BackendError::CircuitOpen`].
+    fn call_skipped(&self) {}
+
     /// One batched script call is sent for `requests` requests.
     fn batch_sent(&self, requests: usize) {
         let _ = requests;
