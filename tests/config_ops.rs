@@ -402,14 +402,17 @@ async fn explain_and_healthcheck_endpoints() {
         "{json}"
     );
 
-    // An RLQS bucket id, in any order: placed as tenant, then path.
-    let (code, body) = get("/explain?domain=edge&bucket=path%3D%252Fa%2Ctenant%3Dacme")
+    // An RLQS bucket id, in any order: placed as tenant, then path; values in the one form.
+    let (code, body) = get("/explain?domain=edge&bucket=path%3D%252Fa%252Cb%2Ctenant%3Dacme")
         .await
         .unwrap();
     assert_eq!(code, 200, "{body}");
     let json: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(json["placed"]["rule"]["path"], "edge.tenant.path");
-    assert_eq!(json["pool_key"], "sluice:{edge|tenant=acme}|path=/a");
+    assert_eq!(json["pool_key"], "sluice:{edge|tenant=acme}|path=/a%2Cb");
+    assert_eq!(json["bucket_id"][0]["value"], "/a%2Cb", "{json}");
+    assert_eq!(json["placed"]["descriptor"][0]["value"], "acme", "{json}");
+    assert_eq!(json["placed"]["descriptor"][1]["value"], "/a%2Cb", "{json}");
     let (code, _) = get("/explain?domain=edge&bucket=a%3D1&descriptor=a%3D1")
         .await
         .unwrap();

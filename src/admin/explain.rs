@@ -14,8 +14,8 @@ use axum::routing::get;
 
 /// `GET /explain?domain=D&descriptor=k=v,k2=v2`: the [`crate::explain::Report`] as JSON, against the live config;
 /// `GET /explain?domain=D&bucket=k=v,...`: the [`crate::explain::BucketReport`] of an RLQS bucket id.
-/// The descriptor is in [`value_text`]'s form, as it is (`descriptor=tenant=%FF` names the byte
-/// 0xFF); the values in the answer's `descriptor` are in that form too.
+/// The descriptor or bucket id is in [`value_text`]'s form, as it is (`descriptor=tenant=%FF`
+/// names the byte 0xFF); the values in the answer are in that form too.
 pub fn router(store: Arc<ConfigStore>, options: ExplainOptions) -> Router {
     Router::new()
         .route("/explain", get(explain_handler))
@@ -108,7 +108,11 @@ async fn explain_handler(
     let (domain, entries) = (&selected.domain, &selected.entries);
     if selected.is_bucket {
         return match explain_bucket(&config, domain, entries, options) {
-            Ok(report) => Json(report).into_response(),
+            Ok(report) => {
+                let mut report = serde_json::to_value(report).unwrap_or_default();
+                show_bucket_values(&mut report, entries);
+                Json(report).into_response()
+            }
             Err(e) => error(StatusCode::BAD_REQUEST, format!("bucket: {e}")),
         };
     }
@@ -116,6 +120,25 @@ async fn explain_handler(
         serde_json::to_value(explain(&config, domain, entries, options)).unwrap_or_default();
     show_values(&mut report, entries);
     Json(report).into_response()
+}
+
+/// A bucket report's values — the bucket id's, and the placed descriptor's and its steps' — in
+/// [`value_text`]'s form, as `/buckets` shows them. A bucket id's keys are distinct (a repeated
+/// key is refused), so each value is found by its key whatever order the entries were placed in.
+fn show_bucket_values(report: &mut serde_json::Value, entries: &[Entry]) {
+    let text = |view: &serde_json::Value| {
+        let key = view["key"].as_str()?;
+        let entry = entries.iter().find(|e| e.key == key)?;
+        Some(value_text::encode(entry.value.as_bytes()))
+    };
+    for path in ["/bucket_id", "/placed/descriptor", "/placed/steps"] {
+        let list = report.pointer_mut(path).and_then(|l| l.as_array_mut());
+        for view in list.into_iter().flatten() {
+            if let Some(value) = text(view) {
+                view["value"] = value.into();
+            }
+        }
+    }
 }
 
 /// The report's descriptor values and matching steps' values in [`value_text`]'s form.
