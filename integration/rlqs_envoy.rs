@@ -81,6 +81,59 @@ descriptors:
     );
 }
 
+/// A rule whose burst lasts less than a push interval (10,000 a second, burst 1,000: 100 ms of
+/// it, pushed every 200 ms): each share's part of the capacity cannot pay a bucket of a push's
+/// rate as well as the push's rate, and the bucket Envoy gets must still hold more than one
+/// token. Five clients send one request each at the same moment every 50 ms (100 a second, far
+/// below the share): Envoy admits every one. A one-token bucket refused 4 of each 5.
+#[test]
+fn bunched_requests_far_below_the_share_are_all_admitted() {
+    let rules = r#"
+domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 10000, burst: 1000}
+"#;
+    let sluice = SluiceProcess::start(&[("edge.yaml", rules)], &[]);
+    let envoy = Envoy::start(&quota_bootstrap(&[sluice.grpc]));
+    let user: &[(&str, &[u8])] = &[("x-user", b"bunched")];
+    let mut first = envoy.client();
+    assert_eq!(first.get("/", user).status, 200);
+    wait_for_assignment(&sluice);
+    const CLIENTS: usize = 5;
+    let mut clients: Vec<HttpClient> = (0..CLIENTS).map(|_| envoy.client()).collect();
+    let bunch = std::sync::Barrier::new(CLIENTS);
+    let statuses: Vec<u16> = std::thread::scope(|scope| {
+        let workers: Vec<_> = clients
+            .iter_mut()
+            .map(|client| {
+                let bunch = &bunch;
+                scope.spawn(move || {
+                    let mut statuses = Vec::new();
+                    // 3 s, past several pushes and Envoy's first demand-based share.
+                    for _ in 0..60 {
+                        bunch.wait();
+                        statuses.push(client.get("/", user).status);
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    statuses
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect()
+    });
+    let denied = statuses.iter().filter(|s| **s != 200).count();
+    println!(
+        "{} requests in bunches of {CLIENTS}, {denied} denied",
+        statuses.len()
+    );
+    assert_eq!(denied, 0, "{statuses:?}");
+    assert!(assignments_sent(&sluice, "token_bucket") > 1.0);
+}
+
 /// A slow rule (`20 per day`) still admits through Envoy: a token every 72 minutes, the bucket
 /// starting full with the rule's burst, not DENY_ALL for a share below one token an hour.
 #[test]

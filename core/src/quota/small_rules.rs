@@ -1,7 +1,9 @@
 //! Rules whose capacity is a token or two (`1/min`, `1/day`, `2/s`), pushed at Envoy's cadence
 //! (every second, early by up to a fifth at random, assignments of 3 s, reports every 5 s): the
 //! data plane gets its first token at the first push, its assignment does not flip between a
-//! token bucket and DENY_ALL, and the pool never holds a token it has not assigned.
+//! token bucket and DENY_ALL, and the pool never holds a token it has not assigned. And the same
+//! path for a large rule whose capacity is one push interval of its rate: its data plane's bucket
+//! holds more than one token.
 
 use super::tests::{DataPlane, ENVOY, Shared};
 use super::*;
@@ -176,4 +178,26 @@ fn two_data_planes_on_one_token_get_it_whole_one_of_them() {
     pool.leave(0);
     pool.leave(1);
     assert_eq!(pool.drain(), Some(0));
+}
+
+/// A rule of 1,000,000 a second with the default burst (one second of it), pushed every second:
+/// each share's part of the capacity is one horizon of it, the case a one-token bucket once took.
+/// The data plane's requests come 15 to a millisecond (15k a second, far below its share): every
+/// one after the first push is admitted, from a bucket that holds a tenth of the part.
+#[test]
+fn a_large_rule_pushed_every_second_admits_bunched_requests() {
+    let seen = run(per(1_000_000, 1_000), 15_000.0, 10_000);
+    let Some(Strategy::TokenBucket(last)) = seen.assigned.last().copied() else {
+        panic!("a token bucket: {:?}", seen.assigned);
+    };
+    assert!(last.max_tokens >= 1_000, "{last:?}");
+    assert!(last.rate_per_s() >= 15_000.0, "{last:?}");
+    // 15 per ms from the first push (1 s) to the end (10 s).
+    let offered_after_first_push = 15 * 9_000;
+    assert!(
+        seen.admitted >= offered_after_first_push,
+        "{} admitted of {offered_after_first_push} offered after the first push: {:?}",
+        seen.admitted,
+        seen.assigned
+    );
 }
