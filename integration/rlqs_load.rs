@@ -1,7 +1,8 @@
 //! RLQS load never costs RLS its decisions: one stream subscribing `--rlqs-max-buckets-per-stream`
 //! (10,000) buckets of a rule while another client calls RLS on one redis-server, at sluice's
 //! default Redis deadline. Before the push was chunked, every push asked Redis for every pool at
-//! once and RLS calls timed out behind it into their `closed` failure policy.
+//! once and a quarter of the RLS calls timed out behind it into their `closed` failure policy;
+//! now only a call the machine itself delays past the deadline can.
 //! (`cargo nextest run -p sluice --test rlqs_load --no-capture` prints the figures.)
 
 use std::sync::Arc;
@@ -41,6 +42,8 @@ const BUCKETS: usize = 10_000;
 /// RLS calls, 50 a second.
 const CALLS: u32 = 400;
 const CALL_EVERY: Duration = Duration::from_millis(20);
+/// RLS calls past the deadline tolerated out of [`CALLS`] (3 %): see the assertion.
+const MAX_REFUSED: u32 = 12;
 
 fn report(buckets: usize) -> RateLimitQuotaUsageReports {
     RateLimitQuotaUsageReports {
@@ -130,9 +133,14 @@ async fn rls_keeps_its_decisions_while_rlqs_pushes_ten_thousand_buckets() {
          buckets ({:.1} pushes of {BUCKETS})",
         pushed as f64 / BUCKETS as f64
     );
-    assert_eq!(
-        refused, 0,
-        "RLS calls answered by the closed failure policy"
+    // Pushes asking Redis for every pool at once (PUSH_CHUNK = 10,000) cost 104–106 of these
+    // 400 calls; chunked, 0 on a quiet machine and 0–5 on this 2-core one while the suite's
+    // other work or a CPU hog shares it (a call descheduled past the 15 ms deadline). The bound
+    // tells those apart without depending on the machine being quiet.
+    assert!(
+        refused <= MAX_REFUSED,
+        "{refused} of {CALLS} RLS calls answered by the closed failure policy (at most \
+         {MAX_REFUSED}: pushes are blocking Redis or the serving threads)"
     );
     assert!(
         pushed >= BUCKETS as u64,
