@@ -106,7 +106,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 /// `d` as `parse_duration` reads it back: whole seconds as `1s`, else milliseconds (`15ms`).
 pub fn duration_text(d: Duration) -> String {
     let ms = d.as_millis();
-    if ms % 1_000 == 0 {
+    if ms.is_multiple_of(1_000) {
         format!("{}s", ms / 1_000)
     } else {
         format!("{ms}ms")

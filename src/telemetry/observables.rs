@@ -75,7 +75,6 @@ pub struct BreakerReading {
 
 pub(super) type BreakerSource = Box<dyn Fn() -> Vec<BreakerReading> + Send + Sync>;
 pub(super) type GaugeSource = Box<dyn Fn() -> u64 + Send + Sync>;
-/// Calls its argument with each point of a labelled counter.
 
 /// The atomics and sources the observable instruments read.
 pub(super) struct Shared {
