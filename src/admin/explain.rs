@@ -126,41 +126,36 @@ async fn explain_handler(
 /// [`value_text`]'s form, as `/buckets` shows them. A bucket id's keys are distinct (a repeated
 /// key is refused), so each value is found by its key whatever order the entries were placed in.
 fn show_bucket_values(report: &mut serde_json::Value, entries: &[Entry]) {
-    let text = |view: &serde_json::Value| {
+    let by_key = |_: usize, view: &serde_json::Value| {
         let key = view["key"].as_str()?;
-        let entry = entries.iter().find(|e| e.key == key)?;
-        Some(value_text::encode(entry.value.as_bytes()))
+        entries.iter().find(|e| e.key == key)
     };
     for path in ["/bucket_id", "/placed/descriptor", "/placed/steps"] {
-        let list = report.pointer_mut(path).and_then(|l| l.as_array_mut());
-        for view in list.into_iter().flatten() {
-            if let Some(value) = text(view) {
-                view["value"] = value.into();
-            }
+        if let Some(list) = report.pointer_mut(path) {
+            show_list(list, by_key);
         }
     }
 }
 
-/// The report's descriptor values and matching steps' values in [`value_text`]'s form.
+/// The report's descriptor values and matching steps' values in [`value_text`]'s form: the
+/// descriptor's by position, a step's by the entry it names.
 fn show_values(report: &mut serde_json::Value, entries: &[Entry]) {
-    let text = |i: usize| {
-        entries
-            .get(i)
-            .map(|e| value_text::encode(e.value.as_bytes()))
-    };
-    if let Some(shown) = report["descriptor"].as_array_mut() {
-        for (i, view) in shown.iter_mut().enumerate() {
-            if let Some(value) = text(i) {
-                view["value"] = value.into();
-            }
-        }
-    }
-    if let Some(steps) = report["steps"].as_array_mut() {
-        for step in steps {
-            let entry = step["entry"].as_u64().and_then(|n| usize::try_from(n).ok());
-            if let Some(value) = entry.and_then(|n| text(n.wrapping_sub(1))) {
-                step["value"] = value.into();
-            }
+    show_list(&mut report["descriptor"], |i, _| entries.get(i));
+    show_list(&mut report["steps"], |_, step| {
+        let entry = usize::try_from(step["entry"].as_u64()?).ok()?;
+        entries.get(entry.wrapping_sub(1))
+    });
+}
+
+/// Rewrites the `value` of each view in `list` (a JSON array; anything else is left alone) as
+/// the [`value_text`] form of the entry `entry_of(position, view)` names, where it names one.
+fn show_list<'e>(
+    list: &mut serde_json::Value,
+    entry_of: impl Fn(usize, &serde_json::Value) -> Option<&'e Entry>,
+) {
+    for (i, view) in list.as_array_mut().into_iter().flatten().enumerate() {
+        if let Some(entry) = entry_of(i, view) {
+            view["value"] = value_text::encode(entry.value.as_bytes()).into();
         }
     }
 }

@@ -78,6 +78,12 @@ const RESERVE_FROM: u64 = 10;
 /// (measured through Envoy 1.40: 10–27 % of 12–18k requests a second under a 50k/s bucket).
 const BURST_PART: f64 = 0.1;
 
+/// The bucket a part of `part` tokens keeps when it cannot pay a full one: [`BURST_PART`] of it,
+/// whole, at least one token.
+fn part_burst(part: f64) -> f64 {
+    (part * BURST_PART).floor().max(1.0)
+}
+
 /// Below this, a fraction of a token is float error, not a token.
 const WHOLE_EPSILON: f64 = 1e-9;
 
@@ -557,7 +563,7 @@ fn whole_parts(parts: &mut [f64], order: &[usize]) {
 fn fitted(part: f64, planned: Strategy, options: &PoolOptions) -> Strategy {
     let horizon = options.horizon_ms as f64;
     let ceiling_per_s = planned.rate_per_ms() * 1000.0;
-    let burst = (part * BURST_PART).floor().max(1.0);
+    let burst = part_burst(part);
     let rate_per_s = ((part - burst).max(0.0) * 1000.0 / horizon.max(1.0)).min(ceiling_per_s);
     let Some(bucket) = TokenBucket::for_rate(rate_per_s, options.burst_ms) else {
         // One token pays a single-token bucket whose rate comes due no earlier than the refill.
@@ -601,7 +607,7 @@ fn sustained(share_per_s: f64, part: f64, horizon_s: f64) -> Strategy {
     if !(share_per_s > 0.0 && share_per_s.is_finite()) {
         return Strategy::DenyAll;
     }
-    let burst = (part * BURST_PART).floor().max(1.0);
+    let burst = part_burst(part);
     let roomy = (part - burst) / horizon_s.max(1e-3);
     let lagged = 1.0 / (1.0 / share_per_s + horizon_s);
     let (rate, max_tokens) = if roomy >= lagged {
