@@ -5,13 +5,14 @@
 //! itself ([`SlowApp`]: the most requests of a tenant it served at once).
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 use sluice_harness::rls::{http_as_operator, operator_token_file};
-use sluice_harness::{Bootstrap, Envoy, HttpClient, RedisServer, SlowApp, SluiceProcess};
+use sluice_harness::{
+    Bootstrap, Envoy, HttpClient, RedisServer, SlowApp, SluiceProcess, concurrently,
+};
 
 const CAP: u64 = 2;
 
@@ -84,24 +85,12 @@ fn the_cap_holds_across_two_envoys_and_two_replicas() {
         envoy_for(replicas[1].grpc, &app),
     ];
     let ingress: Vec<SocketAddr> = envoys.iter().map(|e| e.ingress).collect();
-    let start = Arc::new(Barrier::new(20));
-    let clients: Vec<_> = (0..20)
-        .map(|i| {
-            let (addr, start) = (ingress[i % 2], start.clone());
-            let tenant = if i % 4 < 2 { "acme" } else { "globex" };
-            thread::spawn(move || {
-                let mut client = HttpClient::new(addr);
-                start.wait();
-                (0..6)
-                    .map(|_| get(&mut client, tenant, 200))
-                    .collect::<Vec<u16>>()
-            })
-        })
-        .collect();
-    let statuses: Vec<u16> = clients
-        .into_iter()
-        .flat_map(|c| c.join().unwrap())
-        .collect();
+    let statuses = concurrently(20, |i, start| {
+        let tenant = if i % 4 < 2 { "acme" } else { "globex" };
+        let mut client = HttpClient::new(ingress[i % 2]);
+        start.wait();
+        (0..6).map(|_| get(&mut client, tenant, 200)).collect()
+    });
     let admitted = statuses.iter().filter(|s| **s == 200).count();
     let refused = statuses.iter().filter(|s| **s == 429).count();
     assert_eq!(admitted + refused, statuses.len(), "{statuses:?}");

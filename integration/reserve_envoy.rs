@@ -7,13 +7,14 @@
 //! measured by what the app served, not by what the limiter says.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use sluice_harness::costs_envoy::{Budget, acme_bucket, check_then_charge, now};
-use sluice_harness::{Bootstrap, Envoy, HttpClient, RedisServer, SlowApp, SluiceProcess};
+use sluice_harness::{
+    Bootstrap, Envoy, HttpClient, RedisServer, SlowApp, SluiceProcess, concurrently,
+};
 
 /// 300 tokens per minute per tenant.
 const BUDGET: Budget = Budget { per_minute: 300 };
@@ -161,35 +162,25 @@ impl Load {
 /// `span` (25 ms apart after a refusal), every response held 150 ms and costing 20..=100
 /// (varied per client and request).
 fn load(ingress: &[SocketAddr], app: &SlowApp, span: Duration) -> Load {
-    let start = Arc::new(Barrier::new(20));
     let started = now();
-    let clients: Vec<_> = (0..20u64)
-        .map(|i| {
-            let (addr, start) = (ingress[i as usize % ingress.len()], start.clone());
-            thread::spawn(move || {
-                let mut client = HttpClient::new(addr);
-                start.wait();
-                let until = now() + span;
-                let mut statuses = Vec::new();
-                let mut n = 0u64;
-                while now() < until {
-                    let cost = 20 + (i * 37 + n * 53) % 81;
-                    let status = get(&mut client, cost, 150);
-                    if status == 429 {
-                        // A client backs off a little after a refusal.
-                        thread::sleep(Duration::from_millis(25));
-                    }
-                    statuses.push(status);
-                    n += 1;
-                }
-                statuses
-            })
-        })
-        .collect();
-    let statuses: Vec<u16> = clients
-        .into_iter()
-        .flat_map(|c| c.join().unwrap())
-        .collect();
+    let statuses = concurrently(20, |i, start| {
+        let mut client = HttpClient::new(ingress[i % ingress.len()]);
+        start.wait();
+        let until = now() + span;
+        let mut statuses = Vec::new();
+        let mut n = 0u64;
+        while now() < until {
+            let cost = 20 + (i as u64 * 37 + n * 53) % 81;
+            let status = get(&mut client, cost, 150);
+            if status == 429 {
+                // A client backs off a little after a refusal.
+                thread::sleep(Duration::from_millis(25));
+            }
+            statuses.push(status);
+            n += 1;
+        }
+        statuses
+    });
     let elapsed = started.elapsed();
     let admitted = statuses.iter().filter(|s| **s == 200).count();
     let refused = statuses.iter().filter(|s| **s == 429).count();

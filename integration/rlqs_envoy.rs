@@ -10,7 +10,7 @@ use sluice_harness::rlqs_envoy::{
     DATA_PLANE_SLACK, TIGHT_RULE, assert_within_bound, assignments_sent, bucket_settings, get_all,
     hammer, now, quota_bootstrap, wait_for_assignment,
 };
-use sluice_harness::{Bootstrap, Envoy, HttpClient, SluiceProcess};
+use sluice_harness::{Bootstrap, Envoy, HttpClient, SluiceProcess, concurrently};
 
 /// `deploy/envoy/envoy-rlqs.yaml` and `config/` as shipped (ports substituted), sluice's
 /// defaults: tenants are served through their assignments and Envoy survives every state a
@@ -101,28 +101,16 @@ descriptors:
     assert_eq!(first.get("/", user).status, 200);
     wait_for_assignment(&sluice);
     const CLIENTS: usize = 5;
-    let mut clients: Vec<HttpClient> = (0..CLIENTS).map(|_| envoy.client()).collect();
-    let bunch = std::sync::Barrier::new(CLIENTS);
-    let statuses: Vec<u16> = std::thread::scope(|scope| {
-        let workers: Vec<_> = clients
-            .iter_mut()
-            .map(|client| {
-                let bunch = &bunch;
-                scope.spawn(move || {
-                    let mut statuses = Vec::new();
-                    // 3 s, past several pushes and Envoy's first demand-based share.
-                    for _ in 0..60 {
-                        bunch.wait();
-                        statuses.push(client.get("/", user).status);
-                        std::thread::sleep(Duration::from_millis(50));
-                    }
-                    statuses
-                })
+    let statuses = concurrently(CLIENTS, |_, bunch| {
+        let mut client = envoy.client();
+        // 3 s, past several pushes and Envoy's first demand-based share.
+        (0..60)
+            .map(|_| {
+                bunch.wait();
+                let status = client.get("/", user).status;
+                std::thread::sleep(Duration::from_millis(50));
+                status
             })
-            .collect();
-        workers
-            .into_iter()
-            .flat_map(|w| w.join().unwrap())
             .collect()
     });
     let denied = statuses.iter().filter(|s| **s != 200).count();

@@ -4,6 +4,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::Barrier;
 use std::time::Duration;
 
 /// One response: status, every header line (name lower-cased, value as bytes), body.
@@ -161,4 +162,26 @@ fn read_chunked(reader: &mut BufReader<TcpStream>) -> std::io::Result<Vec<u8>> {
         line.clear();
         reader.read_line(&mut line)?;
     }
+}
+
+/// Runs `client(i, start)` for each `i` in `0..n`, every one on its own thread at once, and
+/// returns the statuses they return, client by client. `start` is a barrier of `n` the bodies
+/// wait on: once, to begin together, or every round, to send their requests in bunches.
+pub fn concurrently<F>(n: usize, client: F) -> Vec<u16>
+where
+    F: Fn(usize, &Barrier) -> Vec<u16> + Sync,
+{
+    let start = Barrier::new(n);
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..n)
+            .map(|i| {
+                let (client, start) = (&client, &start);
+                scope.spawn(move || client(i, start))
+            })
+            .collect();
+        threads
+            .into_iter()
+            .flat_map(|t| t.join().expect("a client thread panicked"))
+            .collect()
+    })
 }

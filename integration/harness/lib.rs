@@ -37,7 +37,7 @@ use std::time::Duration;
 pub use app::SlowApp;
 pub use cluster::RedisCluster;
 pub use envoy::{Bootstrap, Envoy};
-pub use http::{HttpClient, HttpResponse};
+pub use http::{HttpClient, HttpResponse, concurrently};
 pub use process::{SluiceBuilder, SluiceProcess, sluice_command};
 pub use redis::RedisServer;
 pub use sentinel::RedisSentinel;
